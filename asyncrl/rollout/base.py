@@ -1,0 +1,112 @@
+"""The RolloutServer interface: what every inference backend (torch, vllm) offers.
+
+A server takes token ids and returns token ids with, per generated token, the log-prob
+of the sampled token and the policy version that produced it. Weights are replaced in
+place (`update_weights`), after which the prefix / KV cache is dropped and the version
+the server stamps on new tokens is bumped.
+
+Log-prob definition (shared with the trainer's `compute_logprobs`): the log-softmax of
+`logits / temperature` at the sampled token, before top-k / top-p filtering. RL recipes
+keep top_k / top_p off so that this is the sampling distribution exactly.
+
+Pause modes, used around a weight update:
+- `abort`: in-flight requests return at once with what they have (`finish_reason="abort"`),
+  so the caller can resubmit prompt + partial tokens (partial rollout);
+- `wait`: stop admitting new work and wait for in-flight requests to finish (drain);
+- `keep`: in-flight requests continue; tokens produced after the update carry the new version.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Iterable, Literal
+
+PauseMode = Literal["abort", "wait", "keep"]
+PAUSE_MODES = ("abort", "wait", "keep")
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one request."""
+
+    temperature: float = 1.0
+    """Softmax temperature; 0 means greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]; 1 disables it."""
+    top_k: int = -1
+    """Keep the k most likely tokens; -1 disables it."""
+    max_tokens: int = 64
+    """Most tokens to generate for this request."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Generation stops after emitting any of these (the EOS token is added by the server)."""
+    seed: int | None = None
+    """Per-request seed; with it a request samples the same tokens on every run."""
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"sampling.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"sampling.top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if self.max_tokens < 1:
+            raise ValueError(f"sampling.max_tokens must be >= 1, got {self.max_tokens}")
+
+
+@dataclass
+class GenerateOutput:
+    """Result of one request. All lists have one entry per generated token."""
+
+    request_id: str
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    """Policy version that produced each token."""
+    finish_reason: str
+    """`stop`, `length` or `abort`."""
+
+
+@dataclass
+class ServerStats:
+    version: int
+    in_flight: int
+    paused: bool
+    generated_tokens: int
+    """Tokens generated since start."""
+    tokens_per_s: float
+    """Recent generation throughput."""
+    healthy: bool = True
+
+
+class RolloutServer(abc.ABC):
+    """One inference server. Async methods are called from one asyncio event loop."""
+
+    @abc.abstractmethod
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None = None
+    ) -> GenerateOutput: ...
+
+    @abc.abstractmethod
+    async def pause(self, mode: PauseMode = "wait") -> None: ...
+
+    @abc.abstractmethod
+    async def resume(self) -> None: ...
+
+    @abc.abstractmethod
+    async def update_weights(self, named_tensors: Iterable[tuple[str, "object"]], version: int) -> None:
+        """Load (name, tensor) pairs (HF state-dict names, any order, possibly a subset) in place,
+        drop the prefix / KV cache, and set the version stamped on tokens from now on."""
+
+    @abc.abstractmethod
+    async def reset_prefix_cache(self) -> None: ...
+
+    @abc.abstractmethod
+    def stats(self) -> ServerStats: ...
+
+    @property
+    @abc.abstractmethod
+    def version(self) -> int: ...
+
+    async def close(self) -> None:
+        """Release processes and memory. Idempotent."""
