@@ -1,0 +1,97 @@
+"""The data-plane contract: how one bucket's bytes get from the sender's slot to a receiver.
+
+A backend is a pair. The `SenderTransport` owns the two slot buffers the packer fills
+(double buffering) and either *pushes* a bucket (collectives: gloo, nccl) or does
+nothing and lets receivers *pull* it (local, shm, nixl). The `ReceiverTransport`
+returns a fresh uint8 buffer with the bucket's bytes that the caller owns. Everything
+else (metadata, acks, versions, eviction) is the sender's and receiver's job and is the
+same for every backend; `local` defines the semantics and is the test double.
+
+Collective backends additionally build a process group per membership *epoch*: when a
+member is evicted, survivors form a new group and the failed bucket is pushed again.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import torch
+
+from checkpoint_engine.config import WeightSyncConfig
+from checkpoint_engine.wire import BucketMeta
+
+
+class SenderTransport(abc.ABC):
+    collective: bool = False
+    """True when `send` is a collective every group member must join (gloo, nccl)."""
+
+    def __init__(self, config: WeightSyncConfig):
+        self.config = config
+        self.slots: list[torch.Tensor] = []
+
+    @abc.abstractmethod
+    def begin_info(self) -> dict[str, Any]:
+        """What a receiver needs to attach (msgpack-able values only)."""
+
+    def form_group(self, epoch: int, world_size: int) -> None:
+        """Collectives: build group `epoch` with the sender as rank 0. Blocks for all ranks."""
+
+    @abc.abstractmethod
+    def send(self, meta: BucketMeta) -> None:
+        """Push bucket `meta` from `self.slots[meta.slot]` (no-op for pull backends)."""
+
+    def close(self) -> None:
+        self.slots = []
+
+
+class ReceiverTransport(abc.ABC):
+    def __init__(self, config: WeightSyncConfig):
+        self.config = config
+
+    @abc.abstractmethod
+    def attach(self, info: dict[str, Any]) -> None:
+        """Connect to the sender's data plane described by `Begin.info` (idempotent)."""
+
+    def form_group(self, epoch: int, rank: int, world_size: int) -> None:
+        """Collectives: join group `epoch` as `rank`. Raises on timeout."""
+
+    @abc.abstractmethod
+    def recv(self, meta: BucketMeta) -> torch.Tensor:
+        """The bucket's first `meta.nbytes` bytes in a new uint8 tensor the caller owns."""
+
+    def close(self) -> None:
+        pass
+
+
+def make_sender_transport(config: WeightSyncConfig) -> SenderTransport:
+    """The factory, keyed by `config.backend` (heavy imports stay in the chosen module)."""
+    if config.backend == "local":
+        from checkpoint_engine.backends.local import LocalSenderTransport
+        return LocalSenderTransport(config)
+    if config.backend == "shm":
+        from checkpoint_engine.backends.shm import ShmSenderTransport
+        return ShmSenderTransport(config)
+    if config.backend in ("gloo", "nccl"):
+        from checkpoint_engine.backends.gloo_nccl import CollectiveSenderTransport
+        return CollectiveSenderTransport(config)
+    if config.backend == "nixl":
+        from checkpoint_engine.backends.nixl import NixlSenderTransport
+        return NixlSenderTransport(config)
+    raise ValueError(f"weights.backend: no transport for {config.backend!r}")
+
+
+def make_receiver_transport(config: WeightSyncConfig) -> ReceiverTransport:
+    if config.backend == "local":
+        from checkpoint_engine.backends.local import LocalReceiverTransport
+        return LocalReceiverTransport(config)
+    if config.backend == "shm":
+        from checkpoint_engine.backends.shm import ShmReceiverTransport
+        return ShmReceiverTransport(config)
+    if config.backend in ("gloo", "nccl"):
+        from checkpoint_engine.backends.gloo_nccl import CollectiveReceiverTransport
+        return CollectiveReceiverTransport(config)
+    if config.backend == "nixl":
+        from checkpoint_engine.backends.nixl import NixlReceiverTransport
+        return NixlReceiverTransport(config)
+    raise ValueError(f"weights.backend: no transport for {config.backend!r}")

@@ -1,0 +1,88 @@
+"""`shm`: same-host transfer through two files in /dev/shm that the sender fills once.
+
+The sender creates and maps the two slots when it starts; a receiver maps them on
+`Begin` and copies each bucket out (one memcpy per receiver, all receivers in parallel).
+Plain `mmap` of a /dev/shm file is used instead of `multiprocessing.shared_memory`
+because the latter's resource tracker unlinks segments when an *attaching* process
+exits (Python < 3.13), which would break the sender whenever a receiver dies.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import uuid
+from typing import Any
+
+import numpy as np
+import torch
+
+from checkpoint_engine.backends.base import ReceiverTransport, SenderTransport
+from checkpoint_engine.config import WeightSyncConfig
+from checkpoint_engine.wire import BucketMeta
+
+SHM_DIR = "/dev/shm"
+
+
+def _map(path: str, size: int, create: bool) -> mmap.mmap:
+    flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+    fd = os.open(path, flags, 0o600)
+    try:
+        if create:
+            os.ftruncate(fd, size)
+        return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)
+
+
+class ShmSenderTransport(SenderTransport):
+    def __init__(self, config: WeightSyncConfig):
+        super().__init__(config)
+        size = config.bucket_bytes
+        tag = f"asyncrl-weights-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.paths = [os.path.join(SHM_DIR, f"{tag}-{i}") for i in range(2)]
+        self._maps = [_map(p, size, create=True) for p in self.paths]
+        self.slots = [torch.from_numpy(np.frombuffer(m, dtype=np.uint8)) for m in self._maps]
+
+    def begin_info(self) -> dict[str, Any]:
+        return {"paths": self.paths, "size": self.config.bucket_bytes}
+
+    def send(self, meta: BucketMeta) -> None:
+        pass
+
+    def close(self) -> None:
+        super().close()
+        for m in self._maps:
+            m.close()
+        self._maps = []
+        for p in self.paths:
+            if os.path.exists(p):
+                os.unlink(p)
+
+
+class ShmReceiverTransport(ReceiverTransport):
+    def __init__(self, config: WeightSyncConfig):
+        super().__init__(config)
+        self.paths: list[str] = []
+        self._maps: list[mmap.mmap] = []
+        self._views: list[torch.Tensor] = []
+
+    def attach(self, info: dict[str, Any]) -> None:
+        if info["paths"] == self.paths:
+            return
+        self.close()
+        self.paths = list(info["paths"])
+        self._maps = [_map(p, info["size"], create=False) for p in self.paths]
+        self._views = [torch.from_numpy(np.frombuffer(m, dtype=np.uint8)) for m in self._maps]
+
+    def recv(self, meta: BucketMeta) -> torch.Tensor:
+        out = torch.empty(meta.nbytes, dtype=torch.uint8)
+        out.copy_(self._views[meta.slot][: meta.nbytes])
+        return out
+
+    def close(self) -> None:
+        self._views = []
+        for m in self._maps:
+            m.close()
+        self._maps = []
+        self.paths = []

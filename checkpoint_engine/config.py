@@ -1,0 +1,73 @@
+"""`WeightSyncConfig`: the one config record of the weight plane.
+
+The sender (trainer side) and every receiver (rollout server side) are built from the
+same record, so a field means the same thing at both ends. Validation runs at
+construction and names the key to change (`weights.<field>`), so a bad YAML value fails
+at load, not in the middle of the first publish.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BACKENDS = ("local", "shm", "gloo", "nccl", "nixl")
+
+
+@dataclass
+class WeightSyncConfig:
+    """How weights travel from the trainer to the rollout servers."""
+
+    backend: str = "shm"
+    """Data plane for bucket bytes: `local` (in-process reference), `shm` (same host,
+    /dev/shm), `gloo` (torch.distributed broadcast, CPU), `nccl` (the same on GPU) or
+    `nixl` (receivers READ the sender's registered buckets)."""
+
+    bucket_size_mb: float = 64.0
+    """Size of one flat bucket in MiB. The sender holds two of them (double buffering);
+    tensors larger than a bucket are split across consecutive buckets."""
+
+    checksum: bool = True
+    """Send a CRC32 of every bucket; a receiver refuses a bucket whose bytes do not match."""
+
+    timeout_s: float = 30.0
+    """Seconds a receiver may take to acknowledge a bucket (or join a group) before the
+    sender evicts it from the update in progress."""
+
+    host: str = "127.0.0.1"
+    """Address the sender binds its control socket (and gloo/nccl store) to."""
+
+    port: int = 0
+    """Control socket port (ZeroMQ ROUTER); 0 picks a free port (read `Sender.endpoint`)."""
+
+    store_port: int = 0
+    """TCP store port of the gloo/nccl groups; 0 picks a free port."""
+
+    device: str = "cpu"
+    """Device of the bucket buffers: `cpu`, or `cuda`/`cuda:N` (required by `nccl`)."""
+
+    nixl_backend: str = "UCX"
+    """NIXL transport plugin used by the `nixl` backend."""
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"weights.backend must be one of {BACKENDS}, got {self.backend!r}")
+        if not self.bucket_size_mb > 0:
+            raise ValueError(f"weights.bucket_size_mb must be > 0, got {self.bucket_size_mb}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"weights.timeout_s must be > 0, got {self.timeout_s}")
+        for key in ("port", "store_port"):
+            value = getattr(self, key)
+            if not 0 <= value < 65536:
+                raise ValueError(f"weights.{key} must be in [0, 65535], got {value}")
+        if not self.host:
+            raise ValueError("weights.host must be a non-empty address")
+        if self.backend == "nccl" and not self.device.startswith("cuda"):
+            raise ValueError(f"weights.device must be cuda[:N] with backend nccl, got {self.device!r}")
+        if self.backend in ("local", "shm", "gloo") and self.device != "cpu":
+            raise ValueError(f"weights.device must be cpu with backend {self.backend}, got {self.device!r}")
+
+    @property
+    def bucket_bytes(self) -> int:
+        """Bucket size in bytes, rounded up to a multiple of 64 for aligned tensor starts."""
+        n = int(self.bucket_size_mb * (1 << 20))
+        return max(64, (n + 63) // 64 * 64)

@@ -1,0 +1,89 @@
+"""`Membership`: the one owner of the weight plane's asynchronous rules.
+
+Rules it owns (and nothing else decides them):
+- versions only grow: a publish must carry a version above the last one, and a receiver
+  is only ever sent the current version;
+- who takes part in an update: receivers joined *before* it starts; one that joins during
+  an update waits for the next publish or `Sender.sync()` (late join);
+- eviction: a receiver that does not acknowledge a bucket within `timeout_s`, or refuses
+  one (checksum), leaves the update in progress; the others go on. It stays known as
+  *behind* and is re-synced by the next publish / `sync()` once it joins again.
+
+Example trace (timeout 2 s):
+
+    t=0.0  join r0 (v=-1), join r1 (v=-1)      members {r0,r1}, both behind
+    t=0.1  publish v=1 -> update {r0,r1}
+    t=0.4  r1 killed; bucket 3 acked by r0 only
+    t=2.4  r1 evicted (timeout); r0 finishes     r0@1, r1 evicted -> behind
+    t=5.0  r1' joins again (v=-1)               pending, behind
+    t=5.1  sync() -> update {r1'} at v=1        r0@1, r1'@1
+    t=6.0  publish v=1 again -> ValueError (versions only grow)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ReceiverState:
+    receiver_id: str
+    version: int = -1
+    """Last version this receiver acknowledged in full (-1: none)."""
+    alive: bool = True
+    """False once evicted, until it joins again."""
+
+
+@dataclass
+class UpdateOutcome:
+    """What one `publish` / `sync` did; returned to the caller and kept for `stats`."""
+
+    version: int
+    completed: list[str] = field(default_factory=list)
+    """Receivers that now hold `version`."""
+    evicted: dict[str, str] = field(default_factory=dict)
+    """Receiver id -> reason (`timeout`, `checksum`, ...)."""
+    seconds: float = 0.0
+    bytes: int = 0
+    """State-dict bytes sent (once; each receiver got all of them)."""
+    buckets: int = 0
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+
+class Membership:
+    """Receivers known to a sender, their versions, and the current version."""
+
+    def __init__(self) -> None:
+        self.receivers: dict[str, ReceiverState] = {}
+        self.version = -1
+
+    def join(self, receiver_id: str, version: int) -> None:
+        """(Re)admit a receiver; it is behind until it acknowledges the current version."""
+        self.receivers[receiver_id] = ReceiverState(receiver_id, version, alive=True)
+
+    def check_next(self, version: int) -> None:
+        if version <= self.version:
+            raise ValueError(
+                f"publish version {version} must exceed the last published version {self.version}")
+
+    def live(self) -> list[str]:
+        return sorted(r for r, s in self.receivers.items() if s.alive)
+
+    def behind(self) -> list[str]:
+        """Live receivers that do not hold the current version."""
+        return [r for r in self.live() if self.receivers[r].version < self.version]
+
+    def evict(self, receiver_id: str) -> None:
+        self.receivers[receiver_id].alive = False
+
+    def complete(self, receiver_id: str, version: int) -> None:
+        self.receivers[receiver_id].version = version
+
+    def commit(self, version: int) -> None:
+        self.version = max(self.version, version)
+
+    def evicted(self) -> list[str]:
+        return sorted(r for r, s in self.receivers.items() if not s.alive)

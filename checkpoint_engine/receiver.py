@@ -1,0 +1,147 @@
+"""`Receiver`: the rollout-server end of the weight plane.
+
+A rollout server process builds one `Receiver`, which joins the sender over ZeroMQ, and
+for every update hands the server an iterator of (name, tensor) that yields tensors as
+their buckets land, so the engine loads early tensors while later buckets are still in
+flight:
+
+    rx = Receiver(cfg, "server-0", endpoint=sender_endpoint)
+    while (update := rx.next_update()) is not None:
+        await server.pause("keep")
+        await server.update_weights(update, update.version)   # load, drop KV, bump version
+        await server.resume()
+
+Yielded tensors are views of freshly allocated buffers the receiver never touches again.
+An update must be consumed to the end; a consumer that stalls is evicted by the sender
+after `timeout_s`. A bucket whose checksum does not match is refused (the sender is told,
+the iterator raises `ChecksumError`) and the receiver stays at its old version until the
+next publish / sync re-sends everything.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+import torch
+import zmq
+
+from checkpoint_engine.backends import make_receiver_transport
+from checkpoint_engine.buckets import TensorAssembler, crc32
+from checkpoint_engine.config import WeightSyncConfig
+from checkpoint_engine.wire import Abort, Ack, Begin, Bucket, End, Group, Join, Nack, decode, encode
+
+READY = -1
+GROUP = -2
+
+
+class ChecksumError(RuntimeError):
+    """A bucket's bytes did not match its checksum; the update was refused."""
+
+
+class UpdateAborted(RuntimeError):
+    """The sender evicted this receiver from the update (timeout, checksum) or closed."""
+
+
+class Receiver:
+    def __init__(self, config: WeightSyncConfig, receiver_id: str, endpoint: str | None = None,
+                 version: int = -1):
+        self.config = config
+        self.receiver_id = receiver_id
+        self.version = version
+        """Version of the weights last received in full (-1: none)."""
+        self.transport = make_receiver_transport(config)
+        self._ctx = zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.IDENTITY, receiver_id.encode())
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(endpoint or f"tcp://{config.host}:{config.port}")
+        self._send(Join(receiver_id, version))
+
+    def _send(self, msg) -> None:
+        self._sock.send(encode(msg))
+
+    def _recv(self, timeout_s: float | None):
+        ms = -1 if timeout_s is None else max(0, int(timeout_s * 1000))
+        if not self._sock.poll(ms):
+            raise TimeoutError(f"receiver {self.receiver_id}: no message from the sender in {timeout_s} s")
+        return decode(self._sock.recv())
+
+    def next_update(self, timeout_s: float | None = None) -> "Update":
+        """Block until the sender begins an update for this receiver; attach to its data plane."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            msg = self._recv(left)
+            if isinstance(msg, Begin):
+                if msg.version < self.version:
+                    raise RuntimeError(f"versions only grow: got {msg.version} after {self.version}")
+                self.transport.attach(msg.info)
+                self._send(Ack(msg.update_id, READY))
+                return Update(self, msg.update_id, msg.version)
+            if isinstance(msg, Abort) and msg.reason == "sender closed":
+                raise UpdateAborted("sender closed")
+            # anything else belongs to an update this receiver already left: drop it
+
+    def receive(self, timeout_s: float | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """The next update as a plain (name, tensor) iterator; `self.version` is bumped at its end."""
+        yield from self.next_update(timeout_s)
+
+    def close(self) -> None:
+        self._sock.close(0)
+        self.transport.close()
+
+
+class Update:
+    """One update in progress; iterate it once to receive its tensors."""
+
+    def __init__(self, receiver: Receiver, update_id: int, version: int):
+        self.receiver = receiver
+        self.update_id = update_id
+        self.version = version
+        self.buckets = 0
+        self.bytes = 0
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        rx, uid = self.receiver, self.update_id
+        transport = rx.transport
+        assembler = TensorAssembler()
+        landed: set[int] = set()
+        timeout = rx.config.timeout_s * 3 + 5.0
+        while True:
+            msg = rx._recv(timeout)
+            if getattr(msg, "update_id", uid) != uid:
+                continue
+            if isinstance(msg, Group):
+                try:
+                    transport.form_group(msg.epoch, msg.rank, msg.world_size)
+                except RuntimeError:  # translated: the sender retries with who answers
+                    rx._send(Nack(uid, GROUP, "transport"))
+            elif isinstance(msg, Bucket):
+                meta = msg.meta
+                try:
+                    buf = transport.recv(meta)
+                except RuntimeError:  # translated: a group member died; await a new group
+                    rx._send(Nack(uid, meta.index, "transport"))
+                    continue
+                if meta.index in landed:  # re-sent after a regroup; already loaded
+                    rx._send(Ack(uid, meta.index))
+                    continue
+                if meta.checksum is not None and crc32(buf) != meta.checksum:
+                    rx._send(Nack(uid, meta.index, "checksum"))
+                    raise ChecksumError(
+                        f"receiver {rx.receiver_id}: bucket {meta.index} of version {self.version} "
+                        "failed its checksum; update refused")
+                rx._send(Ack(uid, meta.index))
+                landed.add(meta.index)
+                self.buckets += 1
+                self.bytes += meta.nbytes
+                yield from assembler.add(meta, buf)
+            elif isinstance(msg, End):
+                missing = assembler.incomplete()
+                if missing:
+                    raise RuntimeError(f"update {uid} ended with incomplete tensors {missing[:5]}")
+                rx.version = msg.version
+                return
+            elif isinstance(msg, Abort):
+                raise UpdateAborted(f"receiver {rx.receiver_id} left update {uid}: {msg.reason}")

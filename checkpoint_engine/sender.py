@@ -1,0 +1,252 @@
+"""`Sender`: the trainer end of the weight plane.
+
+`publish(named_tensors, version)` packs the caller's (name, tensor) stream into buckets on
+a producer thread while this thread ships the previous bucket and collects acks, so
+gathering / casting / copying bucket i+1 overlaps sending bucket i. Only two bucket
+buffers exist (double buffering): a slot is refilled only after every live receiver has
+acknowledged the bucket in it. Metadata and acks travel over a ZeroMQ ROUTER socket
+(msgpack); bucket bytes over the backend's data plane.
+
+What it does not know: where tensors come from (FSDP, a plain model) and what a receiver
+does with them. Versions and eviction are decided by `Membership`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Callable, Iterable
+
+import torch
+import zmq
+
+from checkpoint_engine.backends import make_sender_transport
+from checkpoint_engine.buckets import BucketPacker
+from checkpoint_engine.config import WeightSyncConfig
+from checkpoint_engine.membership import Membership, UpdateOutcome
+from checkpoint_engine.wire import Abort, Ack, Begin, Bucket, BucketMeta, End, Group, Join, Nack, decode, encode
+
+NamedTensors = Iterable[tuple[str, torch.Tensor]]
+READY = -1
+GROUP = -2
+
+
+class Sender:
+    """Publishes versions of a state dict to every joined receiver.
+
+    Example:
+        sender = Sender(WeightSyncConfig(backend="shm"), state_fn=model_state)
+        ... rollout servers start `Receiver(cfg, "server-0", endpoint=sender.endpoint)` ...
+        out = sender.publish(model.state_dict().items(), version=1)
+        out.completed, out.evicted   # who holds v1 now, who was dropped and why
+        sender.sync()                # late joiners / returning receivers get v1
+    """
+
+    def __init__(self, config: WeightSyncConfig, state_fn: Callable[[], NamedTensors] | None = None):
+        self.config = config
+        self.state_fn = state_fn
+        self.membership = Membership()
+        self.transport = make_sender_transport(config)
+        self._ctx = zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        if config.port:
+            self._sock.bind(f"tcp://{config.host}:{config.port}")
+            self.port = config.port
+        else:
+            self.port = self._sock.bind_to_random_port(f"tcp://{config.host}")
+        self._update_id = 0
+        self._epoch = 0
+        self._rejoined: set[str] = set()
+        """Receivers that sent Join during the update in progress (a restarted process)."""
+        self.last: UpdateOutcome | None = None
+
+    @property
+    def endpoint(self) -> str:
+        """ZeroMQ address receivers connect to."""
+        return f"tcp://{self.config.host}:{self.port}"
+
+    # ---- control plane -------------------------------------------------------------
+    def _send(self, rid: str, msg) -> None:
+        self._sock.send_multipart([rid.encode(), encode(msg)])
+
+    def _recv(self, timeout_s: float) -> tuple[str, object] | None:
+        if not self._sock.poll(max(0, int(timeout_s * 1000))):
+            return None
+        ident, data = self._sock.recv_multipart()
+        rid = ident.decode()
+        msg = decode(data)
+        if isinstance(msg, Join):
+            self.membership.join(rid, msg.version)
+            self._rejoined.add(rid)
+        return rid, msg
+
+    def poll(self, timeout_s: float = 0.0) -> list[str]:
+        """Process pending joins; returns the live receivers."""
+        deadline = time.monotonic() + timeout_s
+        while self._recv(max(0.0, deadline - time.monotonic())) is not None:
+            pass
+        return self.membership.live()
+
+    def wait_for(self, n: int, timeout_s: float) -> list[str]:
+        """Block until at least `n` receivers are live (joined); TimeoutError otherwise."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.poll(0.05)) < n:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(self.membership.live())} of {n} receivers joined")
+        return self.membership.live()
+
+    def _collect(self, uid: int, index: int, members: list[str], timeout_s: float,
+                 outcome: UpdateOutcome) -> tuple[set[str], set[str]]:
+        """Wait for every member's Ack/Nack of `index`. Returns (acked, need_regroup);
+        silent or refusing members are evicted from `members` in place."""
+        acked: set[str] = set()
+        regroup: set[str] = set()
+        deadline = time.monotonic() + timeout_s
+        while len(acked | regroup) < len(members):
+            got = self._recv(deadline - time.monotonic())
+            if got is None:
+                break
+            rid, msg = got
+            if rid in self._rejoined and rid in members:
+                self._evict(rid, "rejoined", members, outcome, tell=False)
+            elif isinstance(msg, Ack) and msg.update_id == uid and msg.index == index:
+                acked.add(rid)
+            elif isinstance(msg, Nack) and msg.update_id == uid and rid in members:
+                if msg.reason == "transport":
+                    regroup.add(rid)
+                else:
+                    self._evict(rid, msg.reason, members, outcome)
+        for rid in [r for r in members if r not in acked and r not in regroup]:
+            self._evict(rid, "timeout", members, outcome)
+        return acked, regroup
+
+    def _evict(self, rid: str, reason: str, members: list[str], outcome: UpdateOutcome,
+               tell: bool = True) -> None:
+        members.remove(rid)
+        outcome.evicted[rid] = reason
+        if tell:
+            self._send(rid, Abort(self._update_id, reason))
+            self.membership.evict(rid)
+
+    def _form_group(self, uid: int, members: list[str], outcome: UpdateOutcome) -> None:
+        """gloo/nccl: (re)build the group sender + `members`; retried when one is missing."""
+        while members:
+            self._epoch += 1
+            for rank, rid in enumerate(members, start=1):
+                self._send(rid, Group(uid, self._epoch, rank, len(members) + 1))
+            try:
+                self.transport.form_group(self._epoch, len(members) + 1)
+                return
+            except RuntimeError:  # deliberate retry: someone never joined the group
+                self._collect(uid, GROUP, members, self.config.timeout_s, outcome)
+
+    # ---- one update ----------------------------------------------------------------
+    def publish(self, named_tensors: NamedTensors, version: int) -> UpdateOutcome:
+        """Send `named_tensors` as `version` to every live receiver; returns when each one
+        acknowledged everything or was evicted."""
+        self.membership.check_next(version)
+        self.poll()
+        out = self._run(named_tensors, version, self.membership.live())
+        self.membership.commit(version)
+        return out
+
+    def sync(self, named_tensors: NamedTensors | None = None) -> UpdateOutcome | None:
+        """Bring receivers that are behind (late joiners, returning evictees) to the current
+        version; `named_tensors` defaults to `state_fn()`. None when nobody is behind."""
+        self.poll()
+        behind = self.membership.behind()
+        if not behind or self.membership.version < 0:
+            return None
+        if named_tensors is None:
+            if self.state_fn is None:
+                raise ValueError("sync() needs named_tensors or a Sender(state_fn=...)")
+            named_tensors = self.state_fn()
+        return self._run(named_tensors, self.membership.version, behind)
+
+    def _run(self, named_tensors: NamedTensors, version: int, members: list[str]) -> UpdateOutcome:
+        t0 = time.perf_counter()
+        self._update_id += 1
+        uid = self._update_id
+        self._rejoined = set()
+        members = list(members)
+        outcome = UpdateOutcome(version)
+        begin = Begin(uid, version, self.transport.begin_info())
+        for rid in members:
+            self._send(rid, begin)
+        self._collect(uid, READY, members, self.config.timeout_s, outcome)
+        if self.transport.collective:
+            self._form_group(uid, members, outcome)
+
+        free: queue.Queue[int] = queue.Queue()
+        ready: queue.Queue[BucketMeta | BaseException | None] = queue.Queue()
+        for s in range(len(self.transport.slots)):
+            free.put(s)
+        stop = threading.Event()
+        packer = BucketPacker(named_tensors, self.config.bucket_bytes)
+
+        def produce() -> None:
+            try:
+                while True:
+                    slot = free.get()
+                    if stop.is_set():
+                        return
+                    meta = packer.fill(self.transport.slots[slot], slot, self.config.checksum)
+                    ready.put(meta)
+                    if meta is None:
+                        return
+            except BaseException as e:  # handed to the publishing thread, which re-raises
+                ready.put(e)
+
+        producer = threading.Thread(target=produce, name="weights-pack", daemon=True)
+        producer.start()
+        try:
+            while (item := ready.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                self._ship(uid, item, members, outcome)
+                free.put(item.slot)
+                outcome.buckets += 1
+        finally:
+            stop.set()
+            free.put(0)
+            producer.join()
+        for rid in members:
+            self._send(rid, End(uid, version))
+            self.membership.complete(rid, version)
+        outcome.completed = members
+        outcome.bytes = packer.total_bytes
+        outcome.seconds = time.perf_counter() - t0
+        self.last = outcome
+        return outcome
+
+    def _ship(self, uid: int, meta: BucketMeta, members: list[str], outcome: UpdateOutcome) -> None:
+        """Deliver one bucket to every member, regrouping collectives after an eviction."""
+        while members:
+            for rid in members:
+                self._send(rid, Bucket(uid, meta))
+            failed = False
+            if self.transport.collective:
+                try:
+                    self.transport.send(meta)
+                except RuntimeError:  # translated: a member is gone; acks tell which
+                    failed = True
+            else:
+                self.transport.send(meta)
+            wait = self.config.timeout_s * (1.2 if self.transport.collective else 1.0) + 1.0
+            before = len(members)
+            _, regroup = self._collect(uid, meta.index, members, wait, outcome)
+            if not self.transport.collective or not (failed or regroup or len(members) < before):
+                return
+            self._form_group(uid, members, outcome)
+
+    def stats(self) -> dict[str, object]:
+        return {"version": self.membership.version, "live": self.membership.live(),
+                "behind": self.membership.behind(), "evicted": self.membership.evicted()}
+
+    def close(self) -> None:
+        for rid in self.membership.live():
+            self._send(rid, Abort(self._update_id, "sender closed"))
+        self._sock.close(0)
+        self.transport.close()
