@@ -1,0 +1,125 @@
+"""Wire codec: msgpack for structure, raw buffers with dtype and shape for tensors.
+
+Nothing here can execute what a peer sends: no pickle, no msgpack ext types, a closed
+list of dtypes, and explicit size limits. Every failure to decode raises `WireError`,
+which services count and answer with an error instead of crashing.
+
+Tensors are carried as numpy arrays internally; torch tensors are viewed as numpy
+without a copy (bfloat16, which numpy lacks, travels as int16 bits with the tag
+`bfloat16`). torch is imported only when a torch tensor is seen or asked for.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import numpy as np
+
+# numpy dtype strings accepted on the wire (little-endian, no objects)
+_DTYPES = {
+    "bool": "|b1", "int8": "|i1", "uint8": "|u1", "int16": "<i2", "uint16": "<u2",
+    "int32": "<i4", "uint32": "<u4", "int64": "<i8", "uint64": "<u8",
+    "float16": "<f2", "float32": "<f4", "float64": "<f8", "bfloat16": "<i2",
+}
+_MAX_DIMS = 16
+
+
+class WireError(ValueError):
+    """A message or tensor header that does not decode into a valid value."""
+
+
+def pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def unpack(data: bytes | memoryview, max_bytes: int) -> Any:
+    """Decode one msgpack message; anything malformed, truncated or too big is a WireError."""
+    if len(data) > max_bytes:
+        raise WireError(f"message of {len(data)} bytes exceeds the limit of {max_bytes}")
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
+    except Exception as e:  # msgpack raises several unrelated types for bad input
+        raise WireError(f"not a msgpack message ({type(e).__name__}: {e})") from e
+
+
+def expect_map(obj: Any, keys: dict[str, type | tuple[type, ...]], what: str) -> dict:
+    """Check that `obj` is a map holding `keys` with the given types."""
+    if not isinstance(obj, dict):
+        raise WireError(f"{what}: expected a map, got {type(obj).__name__}")
+    for k, t in keys.items():
+        if k not in obj:
+            raise WireError(f"{what}: missing {k!r}")
+        if not isinstance(obj[k], t) or (isinstance(obj[k], bool) and bool not in _as_tuple(t)):
+            raise WireError(f"{what}: {k!r} has type {type(obj[k]).__name__}")
+    return obj
+
+
+def _as_tuple(t: type | tuple[type, ...]) -> tuple[type, ...]:
+    return t if isinstance(t, tuple) else (t,)
+
+
+# ---- tensors -------------------------------------------------------------
+def to_numpy(t: Any) -> tuple[np.ndarray, str]:
+    """A C-contiguous little-endian numpy view of `t` (copy only if needed) and its dtype tag."""
+    tag = None
+    if type(t).__module__.startswith("torch"):
+        import torch
+
+        t = t.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        if t.dtype == torch.bfloat16:
+            t, tag = t.view(torch.int16), "bfloat16"
+        t = t.contiguous().numpy()
+    arr = np.ascontiguousarray(t)
+    if arr.dtype.byteorder == ">":
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    name = tag or arr.dtype.name
+    if name not in _DTYPES:
+        raise WireError(f"dtype {arr.dtype} cannot travel on the wire")
+    return arr, name
+
+
+def tensor_header(arr: np.ndarray, tag: str) -> dict[str, Any]:
+    return {"dtype": tag, "shape": list(arr.shape), "nbytes": int(arr.nbytes)}
+
+
+def check_header(h: Any, max_bytes: int) -> tuple[np.dtype, tuple[int, ...], int]:
+    """Validate a tensor header; returns (numpy dtype, shape, nbytes)."""
+    expect_map(h, {"dtype": str, "shape": list, "nbytes": int}, "tensor header")
+    if h["dtype"] not in _DTYPES:
+        raise WireError(f"tensor header: unknown dtype {h['dtype']!r}")
+    shape = h["shape"]
+    if len(shape) > _MAX_DIMS or any(not isinstance(d, int) or isinstance(d, bool) or d < 0 for d in shape):
+        raise WireError(f"tensor header: bad shape {shape!r}")
+    dt = np.dtype(_DTYPES[h["dtype"]])
+    n = dt.itemsize
+    for d in shape:
+        n *= d
+    if n != h["nbytes"] or n > max_bytes:
+        raise WireError(f"tensor header: nbytes {h['nbytes']} does not match shape {shape} (limit {max_bytes})")
+    return dt, tuple(shape), n
+
+
+def from_buffer(h: dict[str, Any], buf: Any, max_bytes: int) -> np.ndarray:
+    """A zero-copy numpy view of `buf` described by header `h`."""
+    dt, shape, n = check_header(h, max_bytes)
+    mv = memoryview(buf).cast("B")
+    if len(mv) != n:
+        raise WireError(f"tensor buffer has {len(mv)} bytes, header says {n}")
+    return np.frombuffer(mv, dtype=dt).reshape(shape)
+
+
+def as_output(arr: np.ndarray, tag: str, as_torch: bool) -> Any:
+    """Turn a decoded numpy view into what the caller asked for, without a copy."""
+    if not as_torch:
+        return arr
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():  # read-only views (received frames): treat as read-only
+        warnings.simplefilter("ignore", UserWarning)
+        t = torch.from_numpy(arr)
+    return t.view(torch.bfloat16) if tag == "bfloat16" else t

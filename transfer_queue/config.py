@@ -1,0 +1,100 @@
+"""Configuration of a TransferQueue: which metadata backend, which data plane, how big.
+
+One dataclass, defaults on the fields, validated in `__post_init__` with errors that
+name the key to change (`queue.<field>`). It knows nothing about the asyncrl config
+tree; asyncrl nests it under `queue:`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+METADATA_BACKENDS = ("memory", "redis")
+STORAGE_PLANES = ("local", "shm", "zmq", "nixl")
+
+
+@dataclass
+class TransferQueueConfig:
+    metadata: str = "memory"
+    """Metadata backend: `memory` (one controller process; other processes reach it over
+    ZeroMQ at `controller_address`) or `redis` (Redis Streams at `redis_url`, durable)."""
+
+    storage: str = "shm"
+    """Data plane for tensors: `local` (in-process only), `shm` (same host, producer writes
+    once into /dev/shm, consumers map it), `zmq` (a storage unit served over ZeroMQ),
+    `nixl` (the producer registers its memory with NIXL; consumers READ it)."""
+
+    capacity: int = 4096
+    """Records resident at once (put and not yet acked by every consumer group).
+    `put` waits while the queue is full."""
+
+    consumer_groups: list[str] = field(default_factory=lambda: ["trainer"])
+    """Consumer groups that each see every record (e.g. `trainer`, `eval`). A record is
+    freed once every group acked it or dropped it by a counted rule."""
+
+    lease_timeout_s: float = 60.0
+    """A batch handed to a consumer and neither acked nor renewed within this time is
+    redelivered to the next consumer of the same group."""
+
+    put_timeout_s: float | None = None
+    """How long `put` waits for space before raising `TimeoutError`; None waits forever."""
+
+    controller_address: str = ""
+    """ZeroMQ address of a memory controller service (`tcp://127.0.0.1:5555`). Empty: the
+    controller lives in this process (memory backend only)."""
+
+    bind_host: str = "127.0.0.1"
+    """Interface every endpoint of this package binds to."""
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """Redis server of the `redis` backend."""
+
+    run_id: str = "default"
+    """Namespace of every Redis key (`tq:<run_id>:...`), so runs never share state."""
+
+    storage_address: str = ""
+    """ZeroMQ address of the `zmq` storage unit. Empty: start one in this process."""
+
+    shm_dir: str = "/dev/shm"
+    """Directory of the `shm` plane's segments (a tmpfs)."""
+
+    nixl_arena_bytes: int = 1 << 30
+    """Bytes each producer registers once with its NIXL agent (`nixl` plane)."""
+
+    nixl_backend: str = "UCX"
+    """NIXL backend plugin used by the `nixl` plane."""
+
+    max_message_bytes: int = 16 << 20
+    """Largest control message (metadata, not tensors) a service accepts; larger ones are
+    rejected and counted."""
+
+    max_tensor_bytes: int = 4 << 30
+    """Largest single tensor a storage unit accepts."""
+
+    def __post_init__(self) -> None:
+        if self.metadata not in METADATA_BACKENDS:
+            raise ValueError(f"queue.metadata={self.metadata!r}: expected one of {METADATA_BACKENDS}")
+        if self.storage not in STORAGE_PLANES:
+            raise ValueError(f"queue.storage={self.storage!r}: expected one of {STORAGE_PLANES}")
+        if self.capacity < 1:
+            raise ValueError(f"queue.capacity={self.capacity}: must be >= 1")
+        if not self.consumer_groups or len(set(self.consumer_groups)) != len(self.consumer_groups):
+            raise ValueError(f"queue.consumer_groups={self.consumer_groups!r}: must be non-empty and unique")
+        if any(not isinstance(g, str) or not g or ":" in g for g in self.consumer_groups):
+            raise ValueError(f"queue.consumer_groups={self.consumer_groups!r}: names must be non-empty strings without ':'")
+        if self.lease_timeout_s <= 0:
+            raise ValueError(f"queue.lease_timeout_s={self.lease_timeout_s}: must be > 0")
+        if self.put_timeout_s is not None and self.put_timeout_s < 0:
+            raise ValueError(f"queue.put_timeout_s={self.put_timeout_s}: must be >= 0 or None")
+        if self.controller_address and self.metadata != "memory":
+            raise ValueError("queue.controller_address: only the memory backend has a controller service")
+        if self.controller_address and self.storage == "local":
+            raise ValueError("queue.storage='local' keeps tensors in one process; use shm, zmq or nixl with queue.controller_address")
+        if not self.run_id or ":" in self.run_id:
+            raise ValueError(f"queue.run_id={self.run_id!r}: must be non-empty without ':'")
+        if self.nixl_arena_bytes < 1 << 20:
+            raise ValueError(f"queue.nixl_arena_bytes={self.nixl_arena_bytes}: must be >= 1 MiB")
+        if self.max_message_bytes < 1024:
+            raise ValueError(f"queue.max_message_bytes={self.max_message_bytes}: must be >= 1024")
+        if self.max_tensor_bytes < 1:
+            raise ValueError(f"queue.max_tensor_bytes={self.max_tensor_bytes}: must be >= 1")

@@ -1,0 +1,133 @@
+"""The metadata store: the controller's table of records, groups, deliveries and acks.
+
+Every backend (`memory`, the `memory` service's remote proxy, `redis`) implements this
+base with the same semantics, defined by `MemoryController`:
+
+- `put` waits for space (back-pressure) and never drops;
+- `get` returns whole groups whose records hold the asked fields (or are sealed), drops
+  groups older than `max_staleness` with a counted `stale` drop, and leases the batch;
+- `ack` / `drop` finish records for one consumer group (idempotent); `nack` or lease expiry
+  makes them deliverable again; a record is freed (its storage handles passed to `on_free`)
+  once every consumer group finished it.
+
+It never touches tensor bytes: handles only.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from transfer_queue.codec import WireError, expect_map
+from transfer_queue.records import Batch, QueueStats, SampleMeta
+
+DROP_CAUSES = ("stale", "failed", "filtered")
+FreeHook = Callable[[list[dict[str, Any]]], None]
+
+
+def default_consumer_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class GetRequest:
+    """What a consumer asks `get` for. Exactly one of `num_groups` / `num_samples`."""
+
+    consumer: str
+    """Consumer group (each group sees every record)."""
+    consumer_id: str = ""
+    """Instance asking, for lease bookkeeping; empty -> host:pid."""
+    num_groups: int | None = None
+    num_samples: int | None = None
+    """Whole groups are added until at least this many samples are in the batch."""
+    group_size: int | None = None
+    """Only groups of this size (None: any)."""
+    fields: list[str] | None = None
+    """Tensor fields that must be written; None: the record must be sealed."""
+    max_staleness: int | None = None
+    current_version: int | None = None
+    timeout: float | None = 0.0
+    """Seconds to wait for a full batch; None forever."""
+    allow_partial: bool = False
+    """On timeout return what is ready instead of an empty batch."""
+
+    def __post_init__(self) -> None:
+        if not self.consumer_id:
+            self.consumer_id = default_consumer_id()
+        if (self.num_groups is None) == (self.num_samples is None):
+            if self.num_groups is None and self.num_samples is None:
+                self.num_groups = 1
+            else:
+                raise ValueError("get: give num_groups or num_samples, not both")
+        n = self.num_groups if self.num_groups is not None else self.num_samples
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"get: batch size must be >= 1, got {n!r}")
+        if self.fields is not None and (not isinstance(self.fields, list) or not all(isinstance(f, str) for f in self.fields)):
+            raise ValueError(f"get: fields must be a list of names, got {self.fields!r}")
+        for k in ("group_size", "max_staleness", "current_version"):
+            if getattr(self, k) is not None and not isinstance(getattr(self, k), int):
+                raise ValueError(f"get: {k} must be an int")
+        if self.timeout is not None and (not isinstance(self.timeout, (int, float)) or self.timeout < 0):
+            raise ValueError(f"get: timeout must be >= 0 or None, got {self.timeout!r}")
+        if self.max_staleness is not None and self.current_version is None:
+            raise ValueError("get: max_staleness needs current_version")
+
+    def to_wire(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_wire(cls, d: Any) -> "GetRequest":
+        expect_map(d, {"consumer": str, "consumer_id": str}, "get request")
+        try:
+            return cls(**d)
+        except (TypeError, ValueError) as e:
+            raise WireError(f"get request: {e}") from e
+
+    def enough(self, groups: int, samples: int) -> bool:
+        if self.num_groups is not None:
+            return groups >= self.num_groups
+        return samples >= self.num_samples  # type: ignore[operator]
+
+
+class MetadataStore(ABC):
+    """Records, groups, leases and acks for every consumer group of one run."""
+
+    consumer_groups: list[str]
+
+    @abstractmethod
+    def put(self, samples: list[SampleMeta], timeout: float | None = None) -> None:
+        """Add records; waits while the queue is full; TimeoutError after `timeout`."""
+
+    @abstractmethod
+    def update(self, uid: str, handles: dict[str, dict[str, Any]], meta: dict[str, Any] | None = None,
+               seal: bool = True) -> None:
+        """Add fields (their handles) and metadata to a record already put."""
+
+    @abstractmethod
+    def get(self, req: GetRequest) -> Batch:
+        """A leased batch of whole groups; empty when nothing fitted before the timeout."""
+
+    @abstractmethod
+    def ack(self, consumer: str, uids: list[str]) -> int:
+        """Finish records for a consumer group; returns how many were newly acked."""
+
+    @abstractmethod
+    def nack(self, consumer: str, lease_id: str, uids: list[str]) -> int:
+        """Give records back for redelivery now; returns how many were returned."""
+
+    @abstractmethod
+    def drop(self, consumer: str, uids: list[str], cause: str) -> int:
+        """Finish records without training on them, counted under `cause`."""
+
+    @abstractmethod
+    def renew(self, consumer: str, lease_id: str, uids: list[str]) -> bool:
+        """Extend a lease (a consumer still working on a batch)."""
+
+    @abstractmethod
+    def stats(self) -> QueueStats: ...
+
+    def close(self) -> None:
+        """Release connections; the store's contents are untouched."""

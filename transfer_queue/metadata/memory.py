@@ -1,0 +1,275 @@
+"""The in-memory controller: the reference semantics of every metadata backend.
+
+One object, one lock, thread-safe; it lives in one process. Other processes reach it
+through `transfer_queue.service` (ZeroMQ). It holds handles, never tensor bytes, and it
+frees a record's storage (through `on_free`) once every consumer group acked or dropped
+it. Back-pressure is owned by `BackPressure`, redelivery by `LeaseTable`.
+
+Per consumer group a record is in exactly one state:
+    waiting (group incomplete or fields missing) -> ready -> leased -> acked | dropped
+                                                     ^----------'  (nack, lease expiry)
+so `put == acked + dropped + in flight` holds for every consumer group at any time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, OrderedDict, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from transfer_queue.metadata.base import DROP_CAUSES, FreeHook, GetRequest, MetadataStore
+from transfer_queue.records import Batch, QueueStats, SampleMeta
+from transfer_queue.rules import BackPressure, LeaseTable
+
+
+@dataclass
+class _Entry:
+    sample: SampleMeta
+    done: set[str] = field(default_factory=set)
+    """Consumer groups that acked or dropped this record."""
+
+
+class MemoryController(MetadataStore):
+    """Example:
+        ctl = MemoryController(capacity=8, consumer_groups=["trainer"], lease_timeout_s=30)
+        ctl.put([SampleMeta("a", "g", 1, 0, {}, {}, True)])
+        batch = ctl.get(GetRequest("trainer", num_groups=1))
+        ctl.ack("trainer", batch.uids)     # record freed: on_free(handles)
+    """
+
+    def __init__(self, capacity: int, consumer_groups: list[str], lease_timeout_s: float,
+                 on_free: FreeHook | None = None) -> None:
+        self.consumer_groups = list(consumer_groups)
+        self._cond = threading.Condition()
+        self._space = BackPressure(capacity, self._cond)
+        self._leases = LeaseTable(lease_timeout_s)
+        self._on_free = on_free or (lambda handles: None)
+        self._records: dict[str, _Entry] = {}
+        self._groups: dict[str, list[str]] = {}
+        self._complete: set[str] = set()
+        self._avail: dict[str, OrderedDict[str, None]] = {c: OrderedDict() for c in self.consumer_groups}
+        self._put = 0
+        self._acked = Counter({c: 0 for c in self.consumer_groups})
+        self._dropped = {c: Counter({k: 0 for k in DROP_CAUSES}) for c in self.consumer_groups}
+        self._redelivered = Counter({c: 0 for c in self.consumer_groups})
+        self._staleness: dict[str, Counter] = {c: Counter() for c in self.consumer_groups}
+        self._t0 = time.monotonic()
+
+    # ---- producers -------------------------------------------------------
+    def put(self, samples: list[SampleMeta], timeout: float | None = None) -> None:
+        with self._cond:
+            self._check_new(samples)
+            self._space.reserve(len(samples), timeout)
+            try:
+                self._check_new(samples)  # the lock was released while waiting
+            except ValueError:
+                self._space.release(len(samples))
+                raise
+            for s in samples:
+                self._records[s.uid] = _Entry(s)
+                members = self._groups.setdefault(s.group_id, [])
+                members.append(s.uid)
+                if len(members) == s.group_size:
+                    self._complete.add(s.group_id)
+                    for avail in self._avail.values():
+                        avail[s.group_id] = None
+            self._put += len(samples)
+            self._cond.notify_all()
+
+    def _check_new(self, samples: list[SampleMeta]) -> None:
+        sizes: dict[str, int] = {}
+        counts: Counter = Counter()
+        for s in samples:
+            if s.uid in self._records:
+                raise ValueError(f"put: uid {s.uid!r} is already in the queue")
+            first = self._groups.get(s.group_id)
+            size = self._records[first[0]].sample.group_size if first else sizes.setdefault(s.group_id, s.group_size)
+            if s.group_size != size:
+                raise ValueError(f"put: group {s.group_id!r} has group_size {size}, record {s.uid!r} says {s.group_size}")
+            counts[s.group_id] += 1
+            if len(first or ()) + counts[s.group_id] > size:
+                raise ValueError(f"put: group {s.group_id!r} already has {size} records")
+        if len({s.uid for s in samples}) != len(samples):
+            raise ValueError("put: duplicate uids in one call")
+
+    def update(self, uid: str, handles: dict[str, dict[str, Any]], meta: dict[str, Any] | None = None,
+               seal: bool = True) -> None:
+        with self._cond:
+            entry = self._records.get(uid)
+            if entry is None:
+                raise KeyError(f"update: no record {uid!r} in the queue")
+            old = [entry.sample.handles[k] for k in handles if k in entry.sample.handles]
+            entry.sample.handles.update(handles)
+            entry.sample.meta.update(meta or {})
+            entry.sample.sealed = entry.sample.sealed or seal
+            self._cond.notify_all()
+        if old:
+            self._on_free(old)
+
+    # ---- consumers -------------------------------------------------------
+    def get(self, req: GetRequest) -> Batch:
+        self._check_consumer(req.consumer)
+        deadline = None if req.timeout is None else time.monotonic() + req.timeout
+        freed: list[dict[str, Any]] = []
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                self._expire(now)
+                picked, full = self._take(req, freed)
+                if full or (deadline is not None and now >= deadline):
+                    if not full and not req.allow_partial:
+                        picked = []
+                    batch = self._lease(req, picked, now)
+                    break
+                waits = [t - now for t in (deadline, self._leases.next_deadline()) if t is not None]
+                self._cond.wait(max(min(waits), 0.001) if waits else None)
+        if freed:
+            self._on_free(freed)
+        return batch
+
+    def _take(self, req: GetRequest, freed: list[dict[str, Any]]) -> tuple[list[str], bool]:
+        """Pick ready whole groups in arrival order; drop stale ones on the way."""
+        c, avail = req.consumer, self._avail[req.consumer]
+        picked: list[str] = []
+        groups = 0
+        gone = []
+        for gid in avail:
+            if gid not in self._complete:  # freed, or a reused id not yet complete
+                gone.append(gid)
+                continue
+            members = [u for u in self._groups[gid]
+                       if c not in self._records[u].done and not self._leases.holds(c, u)]
+            if not members:
+                gone.append(gid)
+                continue
+            first = self._records[members[0]].sample
+            if req.group_size is not None and first.group_size != req.group_size:
+                continue
+            if req.max_staleness is not None:
+                version = min(self._records[u].sample.version for u in members)
+                if req.current_version - version > req.max_staleness:  # type: ignore[operator]
+                    gone.append(gid)
+                    self._dropped[c]["stale"] += len(members)
+                    freed.extend(self._finish(c, members))
+                    continue
+            if not all(self._ready(self._records[u].sample, req.fields) for u in members):
+                continue
+            picked.extend(members)
+            groups += 1
+            if req.enough(groups, len(picked)):
+                break
+        for gid in gone:
+            avail.pop(gid, None)
+        return picked, req.enough(groups, len(picked))
+
+    @staticmethod
+    def _ready(s: SampleMeta, fields: list[str] | None) -> bool:
+        return s.sealed if fields is None else all(f in s.handles for f in fields)
+
+    def _lease(self, req: GetRequest, picked: list[str], now: float) -> Batch:
+        if not picked:
+            return Batch(req.consumer, "", [], req.current_version)
+        lease = self._leases.grant(req.consumer, req.consumer_id, picked, now)
+        for u in picked:
+            self._avail[req.consumer].pop(self._records[u].sample.group_id, None)
+        samples = [self._records[u].sample for u in picked]
+        if req.current_version is not None:
+            self._staleness[req.consumer].update(req.current_version - s.version for s in samples)
+        # copies: the caller may be in this process and must not alias the table
+        return Batch(req.consumer, lease.lease_id, [SampleMeta.from_wire(s.to_wire()) for s in samples],
+                     req.current_version)
+
+    def _expire(self, now: float) -> None:
+        for lease in self._leases.expired(now):
+            self._redelivered[lease.consumer] += len(lease.uids)
+            self._make_available(lease.consumer, lease.uids)
+
+    def _make_available(self, consumer: str, uids: set[str] | list[str]) -> None:
+        avail = self._avail[consumer]
+        for gid in dict.fromkeys(self._records[u].sample.group_id for u in uids if u in self._records):
+            avail[gid] = None
+            avail.move_to_end(gid, last=False)  # redeliveries go first
+        self._cond.notify_all()
+
+    def ack(self, consumer: str, uids: list[str]) -> int:
+        return self._settle(consumer, uids, None)
+
+    def drop(self, consumer: str, uids: list[str], cause: str) -> int:
+        if cause not in DROP_CAUSES:
+            raise ValueError(f"drop: cause {cause!r} is not one of {DROP_CAUSES}")
+        return self._settle(consumer, uids, cause)
+
+    def _settle(self, consumer: str, uids: list[str], cause: str | None) -> int:
+        self._check_consumer(consumer)
+        with self._cond:
+            todo = [u for u in dict.fromkeys(uids) if u in self._records and consumer not in self._records[u].done]
+            if cause is None:
+                self._acked[consumer] += len(todo)
+            else:
+                self._dropped[consumer][cause] += len(todo)
+            self._leases.settle(consumer, todo)
+            freed = self._finish(consumer, todo)
+        if freed:
+            self._on_free(freed)
+        return len(todo)
+
+    def _finish(self, consumer: str, uids: list[str]) -> list[dict[str, Any]]:
+        """Mark done for one consumer group; free records every group is done with."""
+        freed = []
+        for u in uids:
+            entry = self._records[u]
+            entry.done.add(consumer)
+            if len(entry.done) == len(self.consumer_groups):
+                del self._records[u]
+                gid = entry.sample.group_id
+                members = self._groups[gid]
+                members.remove(u)
+                if not members:  # stale entries in `_avail` are skipped and removed by `_take`
+                    del self._groups[gid]
+                    self._complete.discard(gid)
+                freed.extend(entry.sample.handles.values())
+                self._space.release(1)
+        return freed
+
+    def nack(self, consumer: str, lease_id: str, uids: list[str]) -> int:
+        self._check_consumer(consumer)
+        with self._cond:
+            back = self._leases.settle(consumer, uids)
+            self._make_available(consumer, back)
+            return len(back)
+
+    def renew(self, consumer: str, lease_id: str, uids: list[str]) -> bool:
+        with self._cond:
+            return self._leases.renew(lease_id, time.monotonic())
+
+    def _check_consumer(self, consumer: str) -> None:
+        if consumer not in self._avail:
+            raise ValueError(f"unknown consumer group {consumer!r}; queue.consumer_groups={self.consumer_groups}")
+
+    # ---- observability ---------------------------------------------------
+    def stats(self) -> QueueStats:
+        with self._cond:
+            self._expire(time.monotonic())
+            depth: dict[str, dict[str, int]] = defaultdict(lambda: {"ready": 0, "waiting": 0, "leased": 0})
+            complete = 0
+            for gid, members in self._groups.items():
+                full = gid in self._complete
+                complete += full
+                for c in self.consumer_groups:
+                    for u in members:
+                        s = self._records[u]
+                        if c in s.done:
+                            continue
+                        state = ("leased" if self._leases.holds(c, u) else
+                                 "ready" if full and s.sample.sealed else "waiting")
+                        depth[c][state] += 1
+            up = max(time.monotonic() - self._t0, 1e-9)
+            return QueueStats(
+                capacity=self._space.capacity, resident=self._space.resident, put=self._put,
+                complete_groups=complete, depth={c: dict(depth[c]) for c in self.consumer_groups},
+                acked=dict(self._acked), dropped={c: dict(v) for c, v in self._dropped.items()},
+                redelivered=dict(self._redelivered),
+                staleness={c: dict(h) for c, h in self._staleness.items()},
+                rates={"put_per_s": self._put / up, "ack_per_s": sum(self._acked.values()) / up})

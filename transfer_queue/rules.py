@@ -1,0 +1,129 @@
+"""The two asynchronous rules of the in-memory controller, one owner class each.
+
+`BackPressure` bounds the records resident in the queue: producers wait, nothing is
+dropped. `LeaseTable` owns redelivery: a batch handed to a consumer is leased; a lease
+that expires (the consumer died) or is released by `nack` returns its records.
+
+Both are plain objects driven under the controller's lock; neither knows about
+storage, groups or wires.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from dataclasses import dataclass
+
+
+class BackPressure:
+    """Bounded capacity: `put` waits while `resident + n > capacity`.
+
+    Trace (capacity 4):
+        reserve(3)  -> resident 3
+        reserve(2)  -> waits (3 + 2 > 4)
+        release(1)  -> resident 2, wakes the waiter -> resident 4
+        reserve(5)  -> ValueError (can never fit)
+    """
+
+    def __init__(self, capacity: int, cond: threading.Condition) -> None:
+        self.capacity = capacity
+        self.resident = 0
+        self._cond = cond
+
+    def reserve(self, n: int, timeout: float | None) -> None:
+        """Call with the lock held; raises TimeoutError if no space within `timeout`."""
+        if n > self.capacity:
+            raise ValueError(f"put of {n} records exceeds queue.capacity={self.capacity}")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.resident + n > self.capacity:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"queue full ({self.resident}/{self.capacity}) for {timeout}s")
+            self._cond.wait(left)
+        self.resident += n
+
+    def release(self, n: int) -> None:
+        """Call with the lock held; wakes waiting producers."""
+        self.resident -= n
+        assert self.resident >= 0, "released more records than reserved"
+        self._cond.notify_all()
+
+
+@dataclass
+class Lease:
+    lease_id: str
+    consumer: str
+    """Consumer group."""
+    consumer_id: str
+    """Instance that holds the lease (host:pid by default)."""
+    uids: set[str]
+    deadline: float
+
+
+class LeaseTable:
+    """Redelivery: what was delivered and not acked comes back after `timeout_s`.
+
+    Trace (timeout 30 s):
+        t=0   grant(trainer, w0, {a, b}) -> L1, deadline 30
+        t=10  renew(L1)                  -> deadline 40
+        t=12  settle({a})                -> L1 holds {b}
+        t=41  expired(41)                -> [L1 with {b}]  (controller makes b ready again)
+        t=42  settle({b}) (late ack)     -> no lease holds b; the ack still counts once
+    """
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._leases: dict[str, Lease] = {}
+        self._holder: dict[tuple[str, str], str] = {}  # (consumer, uid) -> lease id
+        self._ids = itertools.count()
+
+    def grant(self, consumer: str, consumer_id: str, uids: list[str], now: float) -> Lease:
+        lease = Lease(f"{consumer}-{next(self._ids)}", consumer, consumer_id, set(uids), now + self.timeout_s)
+        self._leases[lease.lease_id] = lease
+        for u in uids:
+            self._holder[(consumer, u)] = lease.lease_id
+        return lease
+
+    def renew(self, lease_id: str, now: float) -> bool:
+        lease = self._leases.get(lease_id)
+        if lease is not None:
+            lease.deadline = now + self.timeout_s
+        return lease is not None
+
+    def holds(self, consumer: str, uid: str) -> bool:
+        return (consumer, uid) in self._holder
+
+    def settle(self, consumer: str, uids: list[str]) -> list[str]:
+        """Remove `uids` from whatever lease holds them; returns those that were leased."""
+        out = []
+        for u in uids:
+            lid = self._holder.pop((consumer, u), None)
+            if lid is None:
+                continue
+            out.append(u)
+            lease = self._leases[lid]
+            lease.uids.discard(u)
+            if not lease.uids:
+                del self._leases[lid]
+        return out
+
+    def release(self, lease_id: str) -> Lease | None:
+        """End a lease early (`nack`); its records are returned to the caller."""
+        lease = self._leases.pop(lease_id, None)
+        if lease is not None:
+            for u in lease.uids:
+                self._holder.pop((lease.consumer, u), None)
+        return lease
+
+    def expired(self, now: float) -> list[Lease]:
+        out = [lease for lease in self._leases.values() if lease.deadline <= now]
+        for lease in out:
+            self.release(lease.lease_id)
+        return out
+
+    def next_deadline(self) -> float | None:
+        return min((lease.deadline for lease in self._leases.values()), default=None)
+
+    def leased(self, consumer: str) -> int:
+        return sum(len(lease.uids) for lease in self._leases.values() if lease.consumer == consumer)

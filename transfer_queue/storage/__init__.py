@@ -1,0 +1,33 @@
+"""Data planes and their factory: `make_storage(config)` picks one by `queue.storage`."""
+
+from __future__ import annotations
+
+from transfer_queue.config import TransferQueueConfig
+from transfer_queue.storage.base import Handle, StoragePlane
+
+
+def make_storage(config: TransferQueueConfig, storage_address: str | None = None) -> StoragePlane:
+    """The plane named by `config.storage`; heavy imports (zmq, nixl) only for the chosen one."""
+    kw = {"max_tensor_bytes": config.max_tensor_bytes}
+    if config.storage == "local":
+        from transfer_queue.storage.local import LocalStorage
+
+        return LocalStorage(**kw)
+    if config.storage == "shm":
+        from transfer_queue.storage.shm import ShmStorage
+
+        return ShmStorage(shm_dir=config.shm_dir, run_id=config.run_id, **kw)
+    if config.storage == "zmq":
+        from transfer_queue.storage.zmq import ZmqStorage
+
+        address = config.storage_address if storage_address is None else storage_address
+        return ZmqStorage(address=address, bind_host=config.bind_host, **kw)
+    if config.storage == "nixl":
+        from transfer_queue.storage.nixl import NixlStorage
+
+        return NixlStorage(arena_bytes=config.nixl_arena_bytes, backend=config.nixl_backend,
+                           bind_host=config.bind_host, **kw)
+    raise ValueError(f"queue.storage={config.storage!r}: no such plane")
+
+
+__all__ = ["Handle", "StoragePlane", "make_storage"]

@@ -1,0 +1,95 @@
+"""Data planes: where tensor bytes live between `put` and `fetch`.
+
+A plane writes each tensor field once and returns a *handle*: a small msgpack map that
+the controller stores and hands to consumers. Every handle carries
+    {"plane": <kind>, "dtype": <tag>, "shape": [...], "nbytes": <int>, ...plane fields}
+so any process holding a handle can read or free it with a plane of the same kind.
+Tensors of at most `inline_max_bytes` travel inside the handle (`plane: "inline"`) and
+never touch the plane: small per-record fields (a reward, a few token ids) cost no
+segment, socket round trip or registration.
+
+A plane does not know about records, groups or acks: the controller decides when a
+handle is freed (every consumer group acked) and calls `free`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+
+from transfer_queue.codec import WireError, check_header, from_buffer, tensor_header, to_numpy
+
+Handle = dict[str, Any]
+
+
+class StoragePlane(ABC):
+    """Write once, read zero-copy where the plane allows, free when told."""
+
+    kind: str = ""
+
+    def __init__(self, inline_max_bytes: int = 1024, max_tensor_bytes: int = 4 << 30) -> None:
+        self.inline_max_bytes = inline_max_bytes
+        self.max_tensor_bytes = max_tensor_bytes
+
+    def write(self, uid: str, tensors: dict[str, Any]) -> dict[str, Handle]:
+        """Store every field of one record; returns field -> handle."""
+        arrays = {}
+        for name, t in tensors.items():
+            arr, tag = to_numpy(t)
+            if arr.nbytes > self.max_tensor_bytes:
+                raise ValueError(f"field {name!r} of {uid!r}: {arr.nbytes} bytes > queue.max_tensor_bytes")
+            arrays[name] = (arr, tag)
+        handles = {n: _inline(a, t) for n, (a, t) in arrays.items() if a.nbytes <= self.inline_max_bytes}
+        big = {n: v for n, v in arrays.items() if n not in handles}
+        if big:
+            handles.update(self._write(uid, big))
+        return handles
+
+    def read(self, handles: list[Handle]) -> list[np.ndarray]:
+        """Arrays for `handles`, in order; views of plane memory where possible."""
+        out: list[np.ndarray | None] = [None] * len(handles)
+        remote = []
+        for i, h in enumerate(handles):
+            if h.get("plane") == "inline":
+                out[i] = from_buffer(h, h["data"], self.max_tensor_bytes)
+            elif h.get("plane") != self.kind:
+                raise WireError(f"handle of plane {h.get('plane')!r} given to the {self.kind!r} plane")
+            else:
+                check_header(h, self.max_tensor_bytes)
+                remote.append(i)
+        if remote:
+            for i, arr in zip(remote, self._read([handles[i] for i in remote])):
+                out[i] = arr
+        return out  # type: ignore[return-value]
+
+    def free(self, handles: list[Handle]) -> None:
+        """Release the memory behind `handles` (any process may call it)."""
+        mine = [h for h in handles if h.get("plane") == self.kind]
+        if mine:
+            self._free(mine)
+
+    @abstractmethod
+    def _write(self, uid: str, arrays: dict[str, tuple[np.ndarray, str]]) -> dict[str, Handle]: ...
+
+    @abstractmethod
+    def _read(self, handles: list[Handle]) -> list[np.ndarray]: ...
+
+    @abstractmethod
+    def _free(self, handles: list[Handle]) -> None: ...
+
+    def address(self) -> str:
+        """Where other processes reach this plane's storage unit ('' if they need none)."""
+        return ""
+
+    def close(self) -> None:
+        """Stop serving; memory still referenced by handles of other processes may be lost."""
+
+
+def _inline(arr: np.ndarray, tag: str) -> Handle:
+    return {"plane": "inline", **tensor_header(arr, tag), "data": arr.tobytes()}
+
+
+def handle_of(kind: str, arr: np.ndarray, tag: str, **where: Any) -> Handle:
+    return {"plane": kind, **tensor_header(arr, tag), **where}

@@ -1,0 +1,175 @@
+"""`zmq` plane: a storage unit that holds tensors and serves them over ZeroMQ (cross host).
+
+`ZmqStorageUnit` is the server: a ROUTER socket on one thread. PUT keeps the received
+frames as they are (no copy after the kernel's), GET sends the same frames back with
+`copy=False`, FREE forgets them. `ZmqStorage` is the plane that producers and consumers
+use: it sends tensors as separate frames without copying them (ZeroMQ copies frames
+below its `COPY_THRESHOLD`, 64 KiB, anyway) and returns arrays that are views of the
+received frames.
+
+Wire (after the ROUTER identity): [msgpack header, data frame, ...]; header
+`{"op": "put"|"get"|"free"|"stats", "keys": [...]}`. Anything else (garbage, truncated,
+too many or too big frames) is rejected, counted in `rejected`, and answered with an error.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from typing import Any
+
+import numpy as np
+import zmq
+
+from transfer_queue.codec import WireError, from_buffer, pack, unpack
+from transfer_queue.storage.base import Handle, StoragePlane, handle_of
+
+_OPS = ("put", "get", "free", "stats")
+
+
+class ZmqStorageUnit:
+    """Example: `unit = ZmqStorageUnit(); plane = ZmqStorage(address=unit.address)`."""
+
+    def __init__(self, bind_host: str = "127.0.0.1", port: int = 0, max_message_bytes: int = 16 << 20,
+                 max_tensor_bytes: int = 4 << 30) -> None:
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, max_tensor_bytes)
+        if port:
+            self._sock.bind(f"tcp://{bind_host}:{port}")
+        else:
+            port = self._sock.bind_to_random_port(f"tcp://{bind_host}")
+        self.address = f"tcp://{bind_host}:{port}"
+        self.max_message_bytes = max_message_bytes
+        self._frames: dict[str, zmq.Frame] = {}
+        self.rejected = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="tq-zmq-unit", daemon=True)
+        self._thread.start()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(f.buffer) for f in list(self._frames.values()))
+
+    def _loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        while not self._stop.is_set():
+            if not poller.poll(100):
+                continue
+            msg = self._sock.recv_multipart(copy=False)
+            ident, rest = msg[0], msg[1:]
+            try:
+                reply = self._handle(rest)
+            except WireError as e:
+                self.rejected += 1
+                reply = [pack({"ok": False, "error": str(e)})]
+            if reply is not None:
+                self._sock.send_multipart([ident, *reply], copy=False)
+        self._sock.close(0)
+        self._ctx.term()
+
+    def _handle(self, frames: list[zmq.Frame]) -> list[Any] | None:
+        if not frames:
+            raise WireError("empty message")
+        req = unpack(frames[0].buffer, self.max_message_bytes)
+        if not isinstance(req, dict) or req.get("op") not in _OPS:
+            raise WireError("header must be a map with op in put/get/free/stats")
+        keys = req.get("keys", [])
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            raise WireError("keys must be a list of strings")
+        op, data = req["op"], frames[1:]
+        if op == "put":
+            if len(data) != len(keys):
+                raise WireError(f"put: {len(keys)} keys but {len(data)} data frames")
+            self._frames.update(zip(keys, data))
+            return [pack({"ok": True})]
+        if op == "get":
+            missing = [k for k in keys if k not in self._frames]
+            if missing:
+                raise WireError(f"get: unknown keys {missing[:3]}")
+            return [pack({"ok": True}), *[self._frames[k] for k in keys]]
+        if op == "free":
+            for k in keys:
+                self._frames.pop(k, None)
+            return None
+        return [pack({"ok": True, "count": len(self._frames), "nbytes": self.nbytes, "rejected": self.rejected})]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class ZmqStorage(StoragePlane):
+    kind = "zmq"
+
+    def __init__(self, address: str = "", bind_host: str = "127.0.0.1", timeout_s: float = 120.0, **kw) -> None:
+        super().__init__(**kw)
+        self._unit = None if address else ZmqStorageUnit(bind_host, max_tensor_bytes=self.max_tensor_bytes)
+        self._address = address or self._unit.address  # type: ignore[union-attr]
+        self._ctx = zmq.Context()
+        self._local = threading.local()
+        self._socks: list[zmq.Socket] = []
+        self._prefix = f"{os.getpid()}-{os.urandom(4).hex()}-"
+        self._ids = itertools.count()
+        self._timeout_ms = int(timeout_s * 1000)
+
+    def address(self) -> str:
+        return self._address
+
+    def _sock(self, address: str) -> zmq.Socket:
+        socks = self._local.__dict__.setdefault("socks", {})
+        if address not in socks:
+            s = self._ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.LINGER, 1000)
+            s.connect(address)
+            socks[address] = s
+            self._socks.append(s)
+        return socks[address]
+
+    def _call(self, address: str, header: dict[str, Any], data: list[Any]) -> tuple[dict, list[zmq.Frame]]:
+        s = self._sock(address)
+        s.send_multipart([pack(header), *data], copy=False)
+        if not s.poll(self._timeout_ms):
+            raise TimeoutError(f"zmq storage unit {address} did not answer {header['op']}")
+        frames = s.recv_multipart(copy=False)
+        rep = unpack(frames[0].buffer, 1 << 20)
+        if not rep.get("ok"):
+            raise WireError(f"zmq storage unit {address}: {rep.get('error')}")
+        return rep, frames[1:]
+
+    def _write(self, uid: str, arrays: dict[str, tuple[np.ndarray, str]]) -> dict[str, Handle]:
+        keys = {name: f"{self._prefix}{next(self._ids)}" for name in arrays}
+        self._call(self._address, {"op": "put", "keys": list(keys.values())}, [a for a, _ in arrays.values()])
+        return {n: handle_of(self.kind, a, t, address=self._address, key=keys[n]) for n, (a, t) in arrays.items()}
+
+    def _read(self, handles: list[Handle]) -> list[np.ndarray]:
+        out: list[np.ndarray | None] = [None] * len(handles)
+        by_addr: dict[str, list[int]] = {}
+        for i, h in enumerate(handles):
+            by_addr.setdefault(str(h.get("address")), []).append(i)
+        for addr, idx in by_addr.items():
+            _, frames = self._call(addr, {"op": "get", "keys": [handles[i]["key"] for i in idx]}, [])
+            for i, f in zip(idx, frames):
+                out[i] = from_buffer(handles[i], f.buffer, self.max_tensor_bytes)
+        return out  # type: ignore[return-value]
+
+    def _free(self, handles: list[Handle]) -> None:
+        by_addr: dict[str, list[str]] = {}
+        for h in handles:
+            by_addr.setdefault(str(h.get("address")), []).append(h["key"])
+        for addr, keys in by_addr.items():
+            self._sock(addr).send_multipart([pack({"op": "free", "keys": keys})])
+
+    def unit_stats(self, address: str | None = None) -> dict[str, Any]:
+        """`count`, `nbytes` and `rejected` of a storage unit."""
+        return self._call(address or self._address, {"op": "stats"}, [])[0]
+
+    def close(self) -> None:
+        for s in self._socks:
+            s.close()
+        self._socks.clear()
+        if self._unit is not None:
+            self._unit.close()
