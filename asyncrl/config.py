@@ -17,17 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-
-@dataclass
-class TransferQueueConfig:  # placeholder until transfer_queue ships its config
-    backend: str = "memory"
-    """Metadata backend."""
-
-
-@dataclass
-class WeightSyncConfig:  # placeholder until checkpoint_engine ships its config
-    backend: str = "local"
-    """Weight transport."""
+from checkpoint_engine.config import WeightSyncConfig
+from transfer_queue.config import TransferQueueConfig
 
 MODES = ("sync", "one_step_off", "fully_async")
 
@@ -283,7 +274,7 @@ class Config:
 
 def _translate(e: Exception) -> ConfigError:
     key = getattr(e, "full_key", None)
-    msg = getattr(e, "msg", None) or str(e).splitlines()[0]
+    msg = (getattr(e, "msg", None) or str(e)).splitlines()[0]
     return ConfigError(f"{key}: {msg}" if key else msg)
 
 

@@ -1,0 +1,138 @@
+"""`asyncrl` command line: train, bench, config.
+
+    asyncrl train [CONFIG.yaml] [key=value ...]   run a job (no CONFIG: the embedded demo)
+    asyncrl bench rollout|queue|weights [--json]  measurements, ratios against baselines
+    asyncrl config [CONFIG.yaml] [key=value ...] [--doc]
+                                                  print the resolved config, or document every key
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+BENCHES = {
+    "rollout": "asyncrl.bench.rollout",
+    "queue": "asyncrl.bench.queue",
+    "weights": "asyncrl.bench.weights",
+}
+
+
+def _split(args: list[str]) -> tuple[str | None, list[str]]:
+    if args and "=" not in args[0]:
+        return args[0], args[1:]
+    return None, args
+
+
+def _seed(seed: int) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def train(args: list[str]) -> int:
+    from asyncrl.config import dump_resolved, load, to_dict
+    from asyncrl.run_dir import resolve_run_dir, write_status
+
+    path, overrides = _split(args)
+    cfg = load(path, overrides)
+    run_dir = resolve_run_dir(cfg)
+    dump_resolved(cfg, run_dir / "config.yaml")
+    write_status(run_dir, state="starting", step=0)
+    print(f"asyncrl: run directory {run_dir}", flush=True)
+    _seed(cfg.seed)
+
+    from asyncrl.controller import Pipeline
+    from asyncrl.launch import build
+    from asyncrl.metrics import MetricsLogger
+
+    parts = build(cfg)
+    metrics = MetricsLogger(cfg.logging, run_dir, to_dict(cfg))
+    metrics.artifact(run_dir / "config.yaml")
+    pipeline = Pipeline(cfg, parts, run_dir, metrics)
+
+    async def go() -> dict:
+        try:
+            return await pipeline.run()
+        finally:
+            await parts.close()
+
+    try:
+        summary = asyncio.run(go())
+    except BaseException as e:
+        write_status(run_dir, state="failed", step=pipeline.step, error=f"{type(e).__name__}: {e}"[:500])
+        metrics.close("FAILED" if not isinstance(e, KeyboardInterrupt) else "KILLED")
+        raise
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    metrics.artifact(run_dir / "summary.json")
+    metrics.artifact(run_dir / "reward_curve.png")
+    metrics.close()
+    write_status(run_dir, state="finished", step=pipeline.step)
+    s = {k: v for k, v in summary.items() if k != "curve"}
+    print("asyncrl: finished  " + "  ".join(f"{k}={v}" for k, v in s.items()), flush=True)
+    return 0
+
+
+def config_cmd(args: list[str]) -> int:
+    from omegaconf import OmegaConf
+
+    from asyncrl.config import document, load, to_dict
+
+    if "--doc" in args:
+        print("| key | default | meaning |\n|---|---|---|")
+        for key, default, doc in document():
+            print(f"| `{key}` | `{default}` | {doc} |")
+        return 0
+    path, overrides = _split(args)
+    print(OmegaConf.to_yaml(OmegaConf.create(to_dict(load(path, overrides)))), end="")
+    return 0
+
+
+def bench(args: list[str]) -> int:
+    import importlib
+
+    if not args or args[0] not in BENCHES:
+        print(f"usage: asyncrl bench {{{','.join(BENCHES)}}} [--json] [--quick]", file=sys.stderr)
+        return 2
+    mod = importlib.import_module(BENCHES[args[0]])
+    return int(mod.main(args[1:]) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from asyncrl.config import ConfigError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="asyncrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["train", "bench", "config", "status"])
+    if not argv or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    try:
+        if cmd == "train":
+            return train(rest)
+        if cmd == "bench":
+            return bench(rest)
+        if cmd == "config":
+            return config_cmd(rest)
+        if cmd == "status":
+            from asyncrl.status import main as status_main
+
+            return status_main(rest)
+    except ConfigError as e:
+        print(f"asyncrl: config error: {e}", file=sys.stderr)
+        return 2
+    parser.error(f"unknown command {cmd!r}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

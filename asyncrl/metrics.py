@@ -1,0 +1,69 @@
+"""Metrics sink of a run: MLflow (the only module that imports mlflow) plus `metrics.jsonl`.
+
+Every `log(step, metrics)` goes to both: MLflow for browsing (`mlflow ui`, file store
+`./mlruns` by default) and a jsonl file in the run directory that `asyncrl status` and
+tests read without MLflow. On resume the same MLflow run continues (its id is kept in
+the run directory).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from asyncrl.config import LoggingConfig
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+class MetricsLogger:
+    def __init__(self, cfg: LoggingConfig, run_dir: Path, params: dict[str, Any]) -> None:
+        self.run_dir = run_dir
+        self._jsonl = (run_dir / "metrics.jsonl").open("a")
+        self._mlflow = None
+        if cfg.mlflow:
+            os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+            import mlflow
+
+            uri = cfg.tracking_uri or Path("mlruns").resolve().as_uri()
+            mlflow.set_tracking_uri(uri)
+            mlflow.set_experiment(cfg.experiment)
+            id_file = run_dir / "mlflow_run_id"
+            run_id = id_file.read_text().strip() if id_file.exists() else None
+            run = mlflow.start_run(run_id=run_id, run_name=None if run_id else run_dir.name)
+            id_file.write_text(run.info.run_id)
+            if run_id is None:
+                flat = {k: str(v)[:500] for k, v in _flatten(params).items()}
+                items = list(flat.items())
+                for i in range(0, len(items), 100):
+                    mlflow.log_params(dict(items[i : i + 100]))
+            self._mlflow = mlflow
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
+        self._jsonl.write(json.dumps({"step": step, "time": time.time(), **clean}) + "\n")
+        self._jsonl.flush()
+        if self._mlflow is not None:
+            self._mlflow.log_metrics(clean, step=step)
+
+    def artifact(self, path: Path) -> None:
+        if self._mlflow is not None and path.exists():
+            self._mlflow.log_artifact(str(path))
+
+    def close(self, status: str = "FINISHED") -> None:
+        self._jsonl.close()
+        if self._mlflow is not None:
+            self._mlflow.end_run(status=status)
+            self._mlflow = None

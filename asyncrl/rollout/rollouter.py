@@ -1,0 +1,88 @@
+"""Rollouter: starts groups of AgentLoops under the admission rule and queues finished groups.
+
+It waits on `StalenessManager.acquire()` before starting each group (that is where the
+mode lives), runs the group's `group_size` agent loops concurrently against the router,
+and hands the finished group to `sink(group)`. A group whose every reward failed is
+dropped and counted (`dropped["reward_failed"]`), so a broken reward function shows up
+in the metrics instead of silently training on zeros. An exception inside an agent loop
+stops the run loudly (errors propagate through `run`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Awaitable, Callable, Iterator
+
+from agents.base import AgentLoop, LLMClient, Sample
+from asyncrl.data.datasets import Prompt
+from asyncrl.staleness import StalenessManager
+from asyncrl.types import Trajectory
+
+
+class Rollouter:
+    def __init__(
+        self,
+        *,
+        agent: AgentLoop,
+        llm: LLMClient,
+        prompts: Iterator[Prompt],
+        staleness: StalenessManager,
+        sink: Callable[[list[Trajectory]], Awaitable[None]],
+        group_size: int,
+    ) -> None:
+        self.agent, self.llm, self.prompts = agent, llm, prompts
+        self.staleness, self.sink, self.group_size = staleness, sink, group_size
+        self.reward_failures = 0
+        self.generated_tokens = 0
+        self._tasks: set[asyncio.Task] = set()
+        self._error: BaseException | None = None
+        self._run_task: asyncio.Task | None = None
+
+    async def run(self) -> None:
+        """Start groups forever (until cancelled); raises the first error of any group."""
+        self._run_task = asyncio.current_task()
+        try:
+            while True:
+                await self.staleness.acquire()
+                prompt = next(self.prompts)
+                t = asyncio.create_task(self._run_group(prompt))
+                self._tasks.add(t)
+                t.add_done_callback(self._done)
+        except asyncio.CancelledError:
+            if self._error is not None:
+                raise self._error from None
+            raise
+        finally:
+            for t in self._tasks:
+                t.cancel()
+
+    def _done(self, t: asyncio.Task) -> None:
+        self._tasks.discard(t)
+        if not t.cancelled() and t.exception() is not None and self._error is None:
+            self._error = t.exception()
+            self._run_task.cancel()  # run() re-raises the group's error
+
+    async def _run_group(self, prompt: Prompt) -> None:
+        gid = uuid.uuid4().hex[:12]
+        samples = [
+            Sample(
+                uid=f"{gid}-{i}",
+                group_id=gid,
+                index_in_group=i,
+                group_size=self.group_size,
+                prompt_ids=prompt.prompt_ids,
+                answer=prompt.answer,
+                meta={"data_index": prompt.index},
+            )
+            for i in range(self.group_size)
+        ]
+        group = list(await asyncio.gather(*(self.agent.run(s, self.llm) for s in samples)))
+        self.generated_tokens += sum(t.num_generated_tokens for t in group)
+        failed = sum("failed" in t.reward_info for t in group)
+        self.reward_failures += failed
+        if failed == len(group):
+            await self.staleness.finish(accepted=False, cause="reward_failed")
+            return
+        await self.sink(group)
+        await self.staleness.finish(accepted=True)

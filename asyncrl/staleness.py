@@ -1,0 +1,86 @@
+"""Version accounting and the admission rule: the one owner of "how stale may a sample be".
+
+Version = the trainer's optimizer-step count at publication. A new group may start only
+while `(eta + version + 1) * batch_groups > accepted + running`, where `accepted` counts
+groups that finished and were queued for training (dropped ones do not count) and
+`running` counts groups in generation. So no group starts more than `eta` versions
+before the trainer uses it, and staleness <= eta holds by construction. The modes are
+this one rule with different `eta`: `sync` is eta = 0 (a batch is generated with the
+current weights, then trained, then published), `one_step_off` is eta = 1,
+`fully_async` is the configured eta.
+
+Trace (batch_groups=2, eta=0, i.e. sync):
+    version 0: start g0, g1 (2 > 0, 2 > 1); g2 waits (2 > 2 is false)
+    g0, g1 finish -> accepted 2; trainer takes both, steps, publishes version 1
+    version 1: (0+1+1)*2 = 4 > 2 -> start g2, g3; both are trained at version 1: staleness 0
+
+A sample that still exceeds eta when the trainer takes it (e.g. after a resume) is
+dropped and counted under `dropped["stale"]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+
+class StalenessManager:
+    def __init__(self, *, batch_groups: int, eta: int) -> None:
+        if batch_groups < 1 or eta < 0:
+            raise ValueError(f"batch_groups must be >= 1 and eta >= 0, got {batch_groups}, {eta}")
+        self.batch_groups, self.eta = batch_groups, eta
+        self.version = 0
+        self.accepted = 0
+        self.running = 0
+        self.dropped: Counter[str] = Counter()
+        self._changed = asyncio.Condition()
+
+    def can_start(self) -> bool:
+        return (self.eta + self.version + 1) * self.batch_groups > self.accepted + self.running
+
+    async def acquire(self) -> None:
+        """Wait until a new group may start, and count it as running."""
+        async with self._changed:
+            await self._changed.wait_for(self.can_start)
+            self.running += 1
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def finish(self, accepted: bool, cause: str = "") -> None:
+        """A started group ended: queued for training (`accepted`) or dropped for `cause`."""
+        self.running -= 1
+        if accepted:
+            self.accepted += 1
+        else:
+            self.dropped[cause or "failed"] += 1
+        await self._notify()
+
+    async def drop_accepted(self, cause: str, n: int = 1) -> None:
+        """Groups that were accepted but are not trained on (too stale, filtered)."""
+        self.accepted -= n
+        self.dropped[cause] += n
+        await self._notify()
+
+    async def set_version(self, version: int) -> None:
+        if version < self.version:
+            raise ValueError(f"versions only grow: {version} < {self.version}")
+        self.version = version
+        await self._notify()
+
+    def staleness(self, min_version: int) -> int:
+        return self.version - min_version
+
+    def too_stale(self, min_version: int) -> bool:
+        return self.staleness(min_version) > self.eta
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "accepted": self.accepted, "dropped": dict(self.dropped)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore after resume: in-flight groups were lost with the process, so `running` is 0."""
+        self.version, self.accepted = int(state["version"]), int(state["accepted"])
+        self.dropped = Counter(state["dropped"])
+        self.running = 0
