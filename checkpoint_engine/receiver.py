@@ -57,6 +57,8 @@ class Receiver:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(endpoint or f"tcp://{config.host}:{config.port}")
         self._send(Join(receiver_id, version))
+        self._rejoin = False
+        """Set when the sender dropped us from an update; the next `next_update` joins again."""
 
     def _send(self, msg) -> None:
         self._sock.send(encode(msg))
@@ -70,6 +72,9 @@ class Receiver:
     def next_update(self, timeout_s: float | None = None) -> "Update":
         """Block until the sender begins an update for this receiver; attach to its data plane."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        if self._rejoin:
+            self._send(Join(self.receiver_id, self.version))
+            self._rejoin = False
         while True:
             left = None if deadline is None else deadline - time.monotonic()
             msg = self._recv(left)
@@ -108,6 +113,7 @@ class Update:
         assembler = TensorAssembler()
         landed: set[int] = set()
         timeout = rx.config.timeout_s * 3 + 5.0
+        rx._rejoin = True  # cleared only by a complete update: any failure below re-joins
         while True:
             msg = rx._recv(timeout)
             if getattr(msg, "update_id", uid) != uid:
@@ -142,6 +148,7 @@ class Update:
                 if missing:
                     raise RuntimeError(f"update {uid} ended with incomplete tensors {missing[:5]}")
                 rx.version = msg.version
+                rx._rejoin = False
                 return
             elif isinstance(msg, Abort):
                 raise UpdateAborted(f"receiver {rx.receiver_id} left update {uid}: {msg.reason}")

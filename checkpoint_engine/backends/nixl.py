@@ -1,0 +1,110 @@
+"""`nixl`: receivers READ buckets straight out of the sender's registered slots.
+
+The sender registers its two slot buffers with a NIXL agent once and sends, in
+`Begin.info`, its agent metadata and the slot addresses. Each receiver registers one
+landing buffer of bucket size, READs the first `nbytes` of the announced slot into it,
+and copies them out into a buffer it hands to the caller. Only two large regions are
+registered per side (registration is costly; the agent is used from one thread only).
+Here the memory is DRAM over UCX; with `device=cuda` it is VRAM and the same calls
+become GPU-direct RDMA.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import torch
+
+from checkpoint_engine.backends.base import ReceiverTransport, SenderTransport
+from checkpoint_engine.config import WeightSyncConfig
+from checkpoint_engine.wire import BucketMeta
+
+
+def _agent(name: str, backend: str):
+    try:
+        from nixl._api import nixl_agent, nixl_agent_config
+    except ImportError:  # the CUDA-12 wheel names its module nixl_cu12
+        from nixl_cu12._api import nixl_agent, nixl_agent_config
+    return nixl_agent(name, nixl_agent_config(backends=[backend]))
+
+
+def _mem(device: torch.device) -> tuple[str, int]:
+    return ("VRAM", device.index or 0) if device.type == "cuda" else ("DRAM", 0)
+
+
+class NixlSenderTransport(SenderTransport):
+    def __init__(self, config: WeightSyncConfig):
+        super().__init__(config)
+        self.name = f"weights-sender-{uuid.uuid4().hex[:8]}"
+        self.agent = _agent(self.name, config.nixl_backend)
+        self.slots = [torch.empty(config.bucket_bytes, dtype=torch.uint8, device=config.device)
+                      for _ in range(2)]
+        self._reg = self.agent.register_memory(self.agent.get_reg_descs(self.slots))
+
+    def begin_info(self) -> dict[str, Any]:
+        mem, dev = _mem(self.slots[0].device)
+        return {"agent": self.name, "metadata": self.agent.get_agent_metadata(), "mem": mem,
+                "slots": [[s.data_ptr(), s.numel(), dev] for s in self.slots]}
+
+    def send(self, meta: BucketMeta) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.slots:
+            self.agent.deregister_memory(self._reg)
+        super().close()
+
+
+class NixlReceiverTransport(ReceiverTransport):
+    def __init__(self, config: WeightSyncConfig):
+        super().__init__(config)
+        self.name = f"weights-receiver-{uuid.uuid4().hex[:8]}"
+        self.agent = _agent(self.name, config.nixl_backend)
+        self.landing = torch.empty(config.bucket_bytes, dtype=torch.uint8, device=config.device)
+        self._reg = self.agent.register_memory(self.agent.get_reg_descs([self.landing]))
+        self.remote: str | None = None
+        self.info: dict[str, Any] = {}
+
+    def attach(self, info: dict[str, Any]) -> None:
+        if info["agent"] != self.remote:
+            if self.remote is not None:
+                self.agent.remove_remote_agent(self.remote)
+            self.remote = self.agent.add_remote_agent(info["metadata"])
+            if isinstance(self.remote, bytes):
+                self.remote = self.remote.decode()
+        self.info = info
+
+    def recv(self, meta: BucketMeta) -> torch.Tensor:
+        n = meta.nbytes
+        out = torch.empty(n, dtype=torch.uint8, device=self.config.device)
+        if n == 0:
+            return out
+        addr, _, dev = self.info["slots"][meta.slot]
+        mem, local_dev = _mem(self.landing.device)
+        local = self.agent.get_xfer_descs([(self.landing.data_ptr(), n, local_dev)], mem)
+        remote = self.agent.get_xfer_descs([(addr, n, dev)], self.info["mem"])
+        handle = self.agent.initialize_xfer("READ", local, remote, self.remote)
+        try:
+            state = self.agent.transfer(handle)
+            deadline = time.monotonic() + self.config.timeout_s
+            while state != "DONE":
+                if state == "ERR":
+                    raise RuntimeError(f"nixl READ of bucket {meta.index} failed")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"nixl READ of bucket {meta.index} timed out")
+                time.sleep(0.0001)
+                state = self.agent.check_xfer_state(handle)
+        finally:
+            self.agent.release_xfer_handle(handle)
+        out.copy_(self.landing[:n])
+        return out
+
+    def close(self) -> None:
+        if self.landing is not None:
+            self.agent.deregister_memory(self._reg)
+            self.landing = None
+        if self.remote is not None:
+            self.agent.remove_remote_agent(self.remote)
+            self.remote = None
