@@ -1,0 +1,52 @@
+"""Trainer checkpoints with torch.distributed.checkpoint (DCP): model, optimizer, LR schedule, step.
+
+Each rank writes and reads only its own shards, so a checkpoint costs no gather and
+scales with the pool; DCP reshards on load, so a run saved with N ranks resumes on M.
+The reference model is not saved: it is always the initial weights of `model_path`.
+
+This module knows the engine's attributes (`model`, `optimizer`, `scheduler`, `step`)
+and nothing about run directories or retention (the controller owns those).
+
+    engine.save("runs/x/checkpoints/step_20")      # every rank calls it
+    fresh = TrainerEngine(path, trainer=..., algorithm=...)
+    fresh.load("runs/x/checkpoints/step_20")       # fresh.step == 20, same weights and Adam moments
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
+
+if TYPE_CHECKING:
+    from asyncrl.trainer.engine import TrainerEngine
+
+
+class TrainerState(Stateful):
+    """The engine's resumable state as DCP sees it; (de)serialised lazily at save/load time."""
+
+    def __init__(self, engine: "TrainerEngine") -> None:
+        self.engine = engine
+
+    def state_dict(self) -> dict[str, Any]:
+        e = self.engine
+        model_sd, optim_sd = get_state_dict(e.model, e.optimizer)
+        return {"model": model_sd, "optim": optim_sd, "scheduler": e.scheduler.state_dict(), "step": e.step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        e = self.engine
+        set_state_dict(e.model, e.optimizer, model_state_dict=state_dict["model"], optim_state_dict=state_dict["optim"])
+        e.scheduler.load_state_dict(state_dict["scheduler"])
+        e.step = int(state_dict["step"])
+
+
+def save(engine: "TrainerEngine", path: str) -> None:
+    """Write the engine's state under the folder `path` (collective: every rank calls it)."""
+    dcp.save({"trainer": TrainerState(engine)}, checkpoint_id=str(path))
+
+
+def load(engine: "TrainerEngine", path: str) -> None:
+    """Restore model, optimizer, schedule and step from `path` into an engine built with the same model."""
+    dcp.load({"trainer": TrainerState(engine)}, checkpoint_id=str(path))

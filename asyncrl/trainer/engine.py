@@ -1,0 +1,284 @@
+"""TrainerEngine: one FSDP2 rank of the trainer pool; log-probs, the optimizer step, full weights.
+
+Plain Python on torch.distributed, no Ray: the same class runs in a unit test, under
+`torchrun` and inside the Ray shell (`actor.py`). If no process group exists it starts a
+1-rank one (gloo on CPU, nccl on GPU) on a free 127.0.0.1 port, so `fully_shard` always
+applies and one code path serves 1 and N ranks.
+
+Every rank receives the same full `TrainBatch` and takes its shard (`TrainBatch.shard`).
+Loss normalisers (`num_tokens`, `num_seqs`) come from the full batch and the rank's loss
+is scaled by the world size before FSDP averages gradients, so N ranks take exactly the
+step one rank would. The
+algorithm is chosen by name from the registries in `advantages.py` / `losses.py`; this
+file has no per-algorithm branches.
+
+It does not know about queues, versions beyond its own `step`, or how weights are
+published: `iter_full_params` hands full tensors to whoever publishes them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from functools import partial
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from asyncrl.config import AlgorithmConfig, TrainerConfig
+from asyncrl.trainer.batch import TrainBatch
+from asyncrl.trainer.losses import POLICY_LOSSES, agg_loss, entropy_from_logits, kl_penalty, token_logprobs
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pick_device(setting: str) -> torch.device:
+    """`trainer.device` -> this rank's device (cuda:LOCAL_RANK on GPU)."""
+    use_cuda = setting == "cuda" or (setting == "auto" and torch.cuda.is_available())
+    if not use_cuda:
+        return torch.device("cpu")
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    return dev
+
+
+def ensure_process_group(device: torch.device) -> bool:
+    """Use the existing process group, or start a 1-rank one; True if this call started it."""
+    if dist.is_initialized():
+        return False
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if "RANK" in os.environ and "MASTER_ADDR" in os.environ:  # torchrun / the Ray shell
+        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+    else:
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    return True
+
+
+def lr_factor(step: int, *, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
+    """Multiplier of the peak lr at optimizer step `step` (0-based): linear warm-up, then constant or cosine."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def load_sharded_model(path: str, device: torch.device, dtype: torch.dtype, trainable: bool) -> torch.nn.Module:
+    """HF causal LM in fp32 master weights, `fully_shard` per decoder layer and at the root.
+
+    Non-fp32 `dtype` becomes the FSDP compute dtype (gradients reduced in fp32).
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
+    model.eval()  # no dropout: the trainer must score tokens as the rollout engine does
+    model.requires_grad_(trainable)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype != torch.float32 else MixedPrecisionPolicy()
+    layer_types = set(getattr(model, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in layer_types]
+    if not layers:
+        raise ValueError(f"{path}: no decoder layers found to shard (model._no_split_modules={sorted(layer_types)})")
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    return model
+
+
+class TrainerEngine:
+    """One FSDP2 rank: `compute_logprobs`, `train_step`, `iter_full_params`, `save` / `load`.
+
+        engine = TrainerEngine(path, trainer=cfg.trainer, algorithm=cfg.algorithm)
+        batch = batch.replace(old_logprobs=engine.compute_logprobs(batch))  # optional: proximal / recompute
+        metrics = engine.train_step(batch)        # one optimizer step; engine.step += 1
+        for name, tensor in engine.iter_full_params(): ...
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        trainer: TrainerConfig,
+        algorithm: AlgorithmConfig,
+        dtype: str = "float32",
+        temperature: float = 1.0,
+        seed: int = 0,
+    ) -> None:
+        if algorithm.loss not in POLICY_LOSSES:
+            raise KeyError(f"algorithm.loss: unknown {algorithm.loss!r}, known {sorted(POLICY_LOSSES)}")
+        if dtype not in DTYPES:
+            raise ValueError(f"model.dtype: must be one of {sorted(DTYPES)}, got {dtype!r}")
+        self.trainer, self.algorithm, self.temperature = trainer, algorithm, temperature
+        self.dtype = DTYPES[dtype]
+        if trainer.threads:
+            torch.set_num_threads(trainer.threads)
+        self.device = pick_device(trainer.device)
+        self._owns_process_group = ensure_process_group(self.device)
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        torch.manual_seed(seed)
+        self.model = load_sharded_model(model_path, self.device, self.dtype, trainable=True)
+        self.ref_model = load_sharded_model(model_path, self.device, self.dtype, trainable=False) if algorithm.kl_coef > 0 else None
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=trainer.lr, betas=(trainer.betas[0], trainer.betas[1]), weight_decay=trainer.weight_decay
+        )
+        schedule = partial(
+            lr_factor, warmup=trainer.warmup_steps, total=trainer.total_steps, schedule=trainer.lr_schedule, min_ratio=trainer.min_lr_ratio
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
+        self.step = 0
+        """Optimizer steps taken: the policy version of the current weights."""
+
+    # ---- scoring --------------------------------------------------------
+    def _logprobs_and_logits(self, model: torch.nn.Module, mb: TrainBatch) -> tuple[Tensor, Tensor]:
+        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
+        return token_logprobs(logits, mb.input_ids, self.temperature), logits
+
+    @torch.no_grad()
+    def _score(self, model: torch.nn.Module, batch: TrainBatch) -> Tensor:
+        """[B, T] log-probs of the full batch under `model`: each rank scores its shard, then all-gather."""
+        shard = batch.shard(self.rank, self.world).to(self.device)
+        width = batch.input_ids.shape[1]
+        parts = []
+        for mb in shard.micro_batches(self.trainer.micro_batch_size):
+            lp, _ = self._logprobs_and_logits(model, mb)
+            parts.append(torch.nn.functional.pad(lp, (0, width - lp.shape[1])))
+        local = torch.cat(parts) * shard.attention_mask
+        if self.world > 1:
+            gathered = [torch.empty_like(local) for _ in range(self.world)]
+            dist.all_gather(gathered, local)
+            local = torch.cat(gathered)
+        out = local[: len(batch)].float().cpu()
+        out[:, 0] = 0.0
+        return out
+
+    def compute_logprobs(self, batch: TrainBatch) -> Tensor:
+        """[B, T] log p(input_ids[b, t] | input_ids[b, :t]) at `temperature` under the current weights (0 at t=0 and padding)."""
+        return self._score(self.model, batch)
+
+    def compute_ref_logprobs(self, batch: TrainBatch) -> Tensor:
+        """Same under the frozen reference policy (the initial weights); needs `algorithm.kl_coef > 0`."""
+        if self.ref_model is None:
+            raise RuntimeError("compute_ref_logprobs: no reference model (algorithm.kl_coef is 0)")
+        return self._score(self.ref_model, batch)
+
+    # ---- training -------------------------------------------------------
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimizer step over the global batch; returns its metrics (see `forward_backward`)."""
+        metrics = self.forward_backward(batch)
+        metrics.update(self.optimizer_step())
+        return metrics
+
+    def forward_backward(self, batch: TrainBatch) -> dict[str, float]:
+        """Accumulate gradients of the globally normalised loss over this rank's micro-batches.
+
+        Metrics: `loss`, `pg_loss` (aggregated as `algorithm.loss_agg`), token means over the
+        batch's loss tokens of `kl`, `entropy`, `clip_frac`, `ratio_mean`, and `ratio_max`,
+        `ratio_min`, `tokens` (loss tokens), `seqs`.
+        """
+        alg = self.algorithm
+        if alg.kl_coef > 0 and batch.ref_logprobs is None:
+            batch = batch.replace(ref_logprobs=self.compute_ref_logprobs(batch))
+        num_tokens, num_seqs = batch.num_tokens, float(len(batch))
+        norm = dict(num_tokens=num_tokens, num_seqs=num_seqs)
+        loss_fn = POLICY_LOSSES[alg.loss]
+        shard = batch.shard(self.rank, self.world).to(self.device)
+        # sums: loss, pg_loss, kl, entropy, clipped, ratio ; extremes: max ratio, -min ratio
+        sums = torch.zeros(6, dtype=torch.float64, device=self.device)
+        extremes = torch.full((2,), -math.inf, dtype=torch.float64, device=self.device)
+        for mb in shard.micro_batches(self.trainer.micro_batch_size):
+            mask = mb.loss_mask
+            logprobs, logits = self._logprobs_and_logits(self.model, mb)
+            with torch.set_grad_enabled(alg.entropy_coef > 0):
+                entropy = torch.nn.functional.pad(entropy_from_logits(logits[:, :-1] / self.temperature), (1, 0))
+            out = loss_fn(
+                logprobs, mb.old_logprobs, mb.advantages,
+                clip_ratio_low=alg.clip_ratio_low, clip_ratio_high=alg.clip_ratio_high, proximal_logprobs=None,
+            )
+            pg_loss = agg_loss(out.loss, mask, alg.loss_agg, **norm)
+            loss = pg_loss - alg.entropy_coef * agg_loss(entropy, mask, alg.loss_agg, **norm) if alg.entropy_coef > 0 else pg_loss
+            kl = torch.zeros_like(logprobs)
+            if mb.ref_logprobs is not None:
+                kl = kl_penalty(logprobs, mb.ref_logprobs, alg.kl_estimator)
+                if alg.kl_coef > 0:
+                    loss = loss + alg.kl_coef * agg_loss(kl, mask, alg.loss_agg, **norm)
+            # FSDP averages gradients over ranks; the loss is already globally normalised, so undo the mean
+            # (a divide factor of 1 would need PREMUL_SUM, which gloo lacks)
+            (loss * self.world).backward()
+            with torch.no_grad():
+                tok = lambda t: (t.detach().double() * mask).sum()  # noqa: E731
+                sums += torch.stack([loss.detach().double(), pg_loss.detach().double(), tok(kl), tok(entropy), tok(out.clipped), tok(out.ratio)])
+                if mask.any():
+                    r = out.ratio[mask > 0].double()
+                    extremes = torch.maximum(extremes, torch.stack([r.max(), -r.min()]))
+        if self.world > 1:
+            dist.all_reduce(sums)
+            dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
+        s, e = sums.tolist(), extremes.tolist()
+        per_token = 1.0 / max(num_tokens, 1.0)
+        return {
+            "loss": s[0], "pg_loss": s[1], "kl": s[2] * per_token, "entropy": s[3] * per_token,
+            "clip_frac": s[4] * per_token, "ratio_mean": s[5] * per_token,
+            "ratio_max": e[0] if num_tokens else 0.0, "ratio_min": -e[1] if num_tokens else 0.0,
+            "tokens": num_tokens, "seqs": num_seqs,
+        }  # fmt: skip
+
+    def optimizer_step(self) -> dict[str, float]:
+        """Clip, AdamW step, advance the schedule; `step` += 1. Returns `grad_norm` (before clipping) and `lr` used."""
+        max_norm = self.trainer.grad_clip if self.trainer.grad_clip > 0 else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=max_norm)
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        if not math.isfinite(grad_norm):
+            raise FloatingPointError(f"trainer step {self.step}: gradient norm is {grad_norm} (non-finite loss or logits)")
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.step += 1
+        return {"grad_norm": grad_norm, "lr": lr}
+
+    # ---- weights ----------------------------------------------------------
+    def iter_full_params(self) -> Iterator[tuple[str, Tensor]]:
+        """(HF name, full CPU tensor in the model dtype), one at a time; every rank must iterate (all-gathers)."""
+        for name, t in self.model.state_dict().items():
+            full = t.full_tensor() if hasattr(t, "full_tensor") else t
+            yield name, full.detach().to(self.dtype).cpu()
+
+    def state_dict_for_save(self) -> dict[str, object]:
+        from asyncrl.trainer.checkpoint import TrainerState
+
+        return {"trainer": TrainerState(self)}
+
+    def save(self, path: str) -> None:
+        from asyncrl.trainer.checkpoint import save
+
+        save(self, path)
+
+    def load(self, path: str) -> None:
+        from asyncrl.trainer.checkpoint import load
+
+        load(self, path)
+
+    def close(self) -> None:
+        """Release the models; tear down the process group only if this engine started it."""
+        self.model = self.ref_model = None  # type: ignore[assignment]
+        if self._owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self._owns_process_group = False
+
+
+if __name__ == "__main__":
+    from asyncrl.trainer.smoke import main
+
+    main()
