@@ -38,9 +38,13 @@ def unpack(data: bytes | memoryview, max_bytes: int) -> Any:
     if len(data) > max_bytes:
         raise WireError(f"message of {len(data)} bytes exceeds the limit of {max_bytes}")
     try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
+        return msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True, ext_hook=_no_ext)
     except Exception as e:  # msgpack raises several unrelated types for bad input
         raise WireError(f"not a msgpack message ({type(e).__name__}: {e})") from e
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise ValueError(f"msgpack ext type {code} is not accepted")
 
 
 def expect_map(obj: Any, keys: dict[str, type | tuple[type, ...]], what: str) -> dict:

@@ -24,6 +24,10 @@ from transfer_queue.records import Batch, QueueStats, SampleMeta
 from transfer_queue.rules import BackPressure, LeaseTable
 
 
+def _copy(s: SampleMeta) -> SampleMeta:
+    return SampleMeta(s.uid, s.group_id, s.group_size, s.version, dict(s.meta), dict(s.handles), s.sealed)
+
+
 @dataclass
 class _Entry:
     sample: SampleMeta
@@ -178,8 +182,7 @@ class MemoryController(MetadataStore):
         if req.current_version is not None:
             self._staleness[req.consumer].update(req.current_version - s.version for s in samples)
         # copies: the caller may be in this process and must not alias the table
-        return Batch(req.consumer, lease.lease_id, [SampleMeta.from_wire(s.to_wire()) for s in samples],
-                     req.current_version)
+        return Batch(req.consumer, lease.lease_id, [_copy(s) for s in samples], req.current_version)
 
     def _expire(self, now: float) -> None:
         for lease in self._leases.expired(now):
@@ -217,7 +220,8 @@ class MemoryController(MetadataStore):
 
     def _finish(self, consumer: str, uids: list[str]) -> list[dict[str, Any]]:
         """Mark done for one consumer group; free records every group is done with."""
-        freed = []
+        freed: list[dict[str, Any]] = []
+        n = 0
         for u in uids:
             entry = self._records[u]
             entry.done.add(consumer)
@@ -230,7 +234,9 @@ class MemoryController(MetadataStore):
                     del self._groups[gid]
                     self._complete.discard(gid)
                 freed.extend(entry.sample.handles.values())
-                self._space.release(1)
+                n += 1
+        if n:
+            self._space.release(n)
         return freed
 
     def nack(self, consumer: str, lease_id: str, uids: list[str]) -> int:

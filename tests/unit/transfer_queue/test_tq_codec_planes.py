@@ -1,0 +1,107 @@
+"""Codec (no pickle, closed dtypes, limits), config validation, and the in-process planes."""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+
+from transfer_queue import Record, TransferQueueConfig, WireError, connect
+from transfer_queue.codec import check_header, from_buffer, pack, tensor_header, to_numpy, unpack
+from transfer_queue.storage.shm import ShmStorage
+from transfer_queue.storage.zmq import ZmqStorage
+
+
+def test_tensor_roundtrip_keeps_dtype_shape_and_bfloat16():
+    for t in [np.arange(12, dtype=np.float32).reshape(3, 4), torch.arange(6, dtype=torch.bfloat16).view(2, 3),
+              np.array([True, False]), torch.zeros(0, 5, dtype=torch.int64)]:
+        arr, tag = to_numpy(t)
+        h = tensor_header(arr, tag)
+        back = from_buffer(unpack(pack(h), 1 << 10), arr.tobytes(), 1 << 20)
+        assert back.shape == tuple(t.shape) and back.tobytes() == arr.tobytes()
+        assert (tag == "bfloat16") == (getattr(t, "dtype", None) == torch.bfloat16)
+
+
+def test_codec_rejects_what_a_peer_could_abuse():
+    with pytest.raises(WireError):
+        to_numpy(np.array([object()]))
+    with pytest.raises(WireError):
+        unpack(msgpack.packb(msgpack.ExtType(1, b"x")) + b"", 100)  # ext types never decode to objects
+    with pytest.raises(WireError):
+        unpack(b"\x93\x01", 100)  # truncated array
+    with pytest.raises(WireError):
+        unpack(b"\x00" * 101, 100)  # oversized
+    with pytest.raises(WireError):
+        check_header({"dtype": "object", "shape": [1], "nbytes": 8}, 100)
+    with pytest.raises(WireError):
+        check_header({"dtype": "float32", "shape": [4], "nbytes": 8}, 100)  # nbytes lies
+    with pytest.raises(WireError):
+        from_buffer({"dtype": "float32", "shape": [4], "nbytes": 16}, b"\x00" * 12, 100)  # short buffer
+
+
+def test_config_errors_name_the_key():
+    for kw, key in [({"storage": "nfs"}, "queue.storage"), ({"capacity": 0}, "queue.capacity"),
+                    ({"metadata": "etcd"}, "queue.metadata"), ({"consumer_groups": ["a", "a"]}, "queue.consumer_groups"),
+                    ({"storage": "local", "controller_address": "tcp://127.0.0.1:1"}, "queue.storage"),
+                    ({"lease_timeout_s": 0}, "queue.lease_timeout_s")]:
+        with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+            TransferQueueConfig(**kw)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("plane", ["local", "shm", "zmq"])
+def test_planes_roundtrip_and_free_on_ack(plane, tmp_path):
+    cfg = TransferQueueConfig(storage=plane, capacity=8, shm_dir=str(tmp_path), run_id="t")
+    q = connect(cfg)
+    big = torch.randn(256, 1024)
+    q.put([Record("u", "g", tensors={"big": big, "small": torch.tensor([1, 2, 3])})])
+    b = q.get("trainer", timeout=1)
+    out = q.fetch(b)[0]
+    assert torch.equal(out["big"], big) and out["small"].tolist() == [1, 2, 3]
+    assert b.samples[0].handles["small"]["plane"] == "inline" and b.samples[0].handles["big"]["plane"] == plane
+    if plane == "shm":
+        assert len(os.listdir(tmp_path)) == 1
+        raw = q.fetch(b, ["big"], as_torch=False)[0]["big"]
+        assert isinstance(_root(raw), mmap.mmap) and not np.shares_memory(raw, big.numpy())  # a view of the mapping
+    q.ack(b)
+    if plane == "shm":
+        assert os.listdir(tmp_path) == []
+        assert torch.equal(out["big"], big)  # the consumer's mapping outlives the unlink
+    if plane == "zmq":
+        assert q.storage.unit_stats()["count"] == 0
+    q.close()
+
+
+def _root(arr: np.ndarray):
+    while isinstance(arr, np.ndarray) or isinstance(arr, memoryview):
+        arr = arr.base if isinstance(arr, np.ndarray) else arr.obj
+    return arr
+
+
+def test_shm_refuses_handles_outside_its_directory(tmp_path):
+    plane = ShmStorage(shm_dir=str(tmp_path))
+    with pytest.raises(WireError):
+        plane.read([{"plane": "shm", "dtype": "uint8", "shape": [4], "nbytes": 4, "path": "/etc/passwd"}])
+
+
+@pytest.mark.timeout(30)
+def test_zmq_unit_rejects_and_counts_malformed_messages():
+    plane = ZmqStorage()
+    import zmq
+
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.connect(plane.address())
+    bad = [[b"\xc1"], [pack({"op": "put", "keys": ["a", "b"]}), b"x"], [pack({"op": "rm"})], [pack([1, 2])]]
+    for m in bad:
+        s.send_multipart(m)
+        assert s.poll(5000)
+        assert unpack(s.recv_multipart()[0], 1 << 20)["ok"] is False
+    assert plane.unit_stats()["rejected"] == len(bad)
+    h = plane.write("u", {"x": np.arange(10_000)})
+    assert (plane.read([h["x"]])[0] == np.arange(10_000)).all()
+    s.close(0)
+    plane.close()
