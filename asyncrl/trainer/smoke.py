@@ -89,8 +89,6 @@ def main(argv: list[str] | None = None) -> None:
     if engine.rank == 0 and args.out:
         torch.save(result, args.out)
     engine.close()
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
