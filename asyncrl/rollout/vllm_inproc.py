@@ -119,6 +119,8 @@ class InprocAsyncEngine:
         elif mode == "keep":
             self._frozen = True
             await self._call(lambda: None)  # returns once a step in progress has finished
+            while any(not r.queue.empty() for r in self._requests.values()):
+                await asyncio.sleep(0)  # let consumers take the outputs of that last step
         else:
             raise ValueError(f"pause mode must be abort, wait or keep, got {mode!r}")
         if clear_cache:
@@ -132,6 +134,9 @@ class InprocAsyncEngine:
     async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple = (),
                              kwargs: dict | None = None) -> list[Any]:
         return await self._call(self._engine.collective_rpc, method, timeout, args, kwargs)
+
+    async def update_weight_version(self, version: str) -> None:
+        await self._call(self._engine.set_weight_version, version)
 
     async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         return await self._call(self._engine.reset_prefix_cache, reset_running_requests)

@@ -36,3 +36,12 @@ class HFReference:
 def max_gap(a: list[float], b: list[float]) -> float:
     assert len(a) == len(b)
     return max((abs(x - y) for x, y in zip(a, b)), default=0.0)
+
+
+async def until(cond: Any, timeout: float = 30.0) -> None:
+    """Poll `cond()` on the event loop until it holds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError("condition not reached")
+        await asyncio.sleep(0.002)

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from asyncrl.rollout.base import SamplingParams
-from tests.vllm._helpers import max_gap, run
+from asyncrl.data.tiny_model import EOS_ID
+from tests.vllm._helpers import max_gap, run, until
 
 pytestmark = pytest.mark.vllm
 
@@ -83,3 +84,85 @@ def test_update_weights_matches_fresh_weights_and_drops_prefix_cache(server, loo
     gap_back = _gap_vs_hf(hf[0], prompts, outs, 1.0)
     print(f"after updating back to the start weights: gap {gap_back:.2e}")
     assert gap_back <= LOGPROB_TOL
+
+
+def _start(server, prompts, max_tokens: int) -> list:
+    return [asyncio.ensure_future(server.generate(p, SamplingParams(seed=i, max_tokens=max_tokens)))
+            for i, p in enumerate(prompts)]
+
+
+def _ended_at_eos(o) -> bool:
+    return o.finish_reason == "stop" and o.token_ids[-1] == EOS_ID
+
+
+def test_pause_abort_returns_partial_outputs(server, loop, hf) -> None:
+    async def go():
+        g0 = server.stats().generated_tokens
+        tasks = _start(server, PROMPTS[:2], max_tokens=400)
+        await until(lambda: server.stats().generated_tokens >= g0 + 20)
+        await server.pause("abort")
+        outs = await asyncio.gather(*tasks)
+        stats = server.stats()
+        late = asyncio.ensure_future(server.generate(PROMPTS[0], SamplingParams(max_tokens=4)))
+        await asyncio.sleep(0.3)
+        assert not late.done(), "a request admitted while paused"
+        await server.resume()
+        return outs, stats, await late
+
+    outs, stats, late = run(loop, go())
+    assert stats.paused and stats.in_flight == 0
+    assert all(o.finish_reason == "abort" or _ended_at_eos(o) for o in outs)
+    assert any(o.finish_reason == "abort" and 0 < len(o.token_ids) < 400 for o in outs)
+    assert _gap_vs_hf(hf[0], PROMPTS[:2], outs, 1.0) <= LOGPROB_TOL  # partial outputs are resumable
+    assert late.finish_reason in ("stop", "length") and not server.stats().paused
+
+
+def test_pause_wait_drains_then_holds_new_requests(server, loop) -> None:
+    async def go():
+        g0 = server.stats().generated_tokens
+        tasks = _start(server, PROMPTS, max_tokens=48)
+        await until(lambda: server.stats().generated_tokens > g0)
+        await server.pause("wait")
+        assert all(t.done() for t in tasks) and server.stats().in_flight == 0
+        g1 = server.stats().generated_tokens
+        late = asyncio.ensure_future(server.generate(PROMPTS[0], SamplingParams(max_tokens=4)))
+        await asyncio.sleep(0.3)
+        assert not late.done() and server.stats().generated_tokens == g1
+        await server.resume()
+        return [t.result() for t in tasks], await late
+
+    outs, late = run(loop, go())
+    assert all(o.finish_reason in ("stop", "length") for o in outs)
+    assert any(len(o.token_ids) == 48 for o in outs) or all(_ended_at_eos(o) for o in outs)
+    assert late.finish_reason in ("stop", "length")
+
+
+def test_pause_keep_update_resume_stamps_new_version(server, loop, hf) -> None:
+    v0 = server.version
+    prompts = PROMPTS[:2]
+
+    async def go():
+        g0 = server.stats().generated_tokens
+        tasks = _start(server, prompts, max_tokens=120)
+        await until(lambda: server.stats().generated_tokens >= g0 + 10)
+        await server.pause("keep")
+        g1 = server.stats().generated_tokens
+        await asyncio.sleep(0.3)
+        assert server.stats().generated_tokens == g1, "tokens generated while paused (keep)"
+        await server.update_weights(hf[1].state_dict().items(), version=v0 + 1)
+        await server.resume()
+        return await asyncio.gather(*tasks)
+
+    outs = run(loop, go())
+    switched = 0
+    for p, o in zip(prompts, outs):
+        assert o.versions == sorted(o.versions) and set(o.versions) <= {v0, v0 + 1}
+        k = o.versions.count(v0)
+        assert max_gap(o.logprobs[:k], hf[0].logprobs(p, o.token_ids[:k])) <= LOGPROB_TOL
+        if k < len(o.token_ids):  # continued under the new weights, on recomputed KV
+            switched += 1
+            gap = max_gap(o.logprobs[k:], hf[1].logprobs(p + o.token_ids[:k], o.token_ids[k:]))
+            print(f"\nkeep: {k} old + {len(o.token_ids) - k} new-version tokens, new-part gap {gap:.2e}")
+            assert gap <= LOGPROB_TOL
+    assert switched >= 1
+    run(loop, server.update_weights(hf[0].state_dict().items(), version=v0 + 2))
