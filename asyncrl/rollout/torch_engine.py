@@ -1,0 +1,202 @@
+"""TorchRolloutServer: the embedded rollout engine (HF causal LM, KV cache, continuous batching).
+
+Job: serve `RolloutServer` calls from one asyncio event loop with an HF model on CPU (or one
+GPU): batched decoding of all concurrent requests, per-token log-probs and versions, weight
+updates between decode steps, a prefix cache, and the three pause modes of `base.py`.
+Boundary: one process, one device, full-attention decoder models; no HTTP, no Ray (a fleet
+actor wraps this class). The CPU default and the reference the vLLM backend is checked against.
+
+Threading: one engine thread (`_worker.EngineWorker`) owns the model and all decode state. The
+asyncio side only touches a lock-protected inbox (pending requests, commands, pause state) and
+awaits futures that the engine thread resolves with `loop.call_soon_threadsafe`. torch releases
+the GIL inside its kernels, so the event loop keeps running while a step computes.
+
+Example:
+    server = TorchRolloutServer(path, seed=0)
+    out = await server.generate([5, 6, 7], SamplingParams(max_tokens=8, seed=1))
+    await server.pause("keep"); await server.update_weights(named, version=1); await server.resume()
+    await server.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from typing import Any, Iterable
+
+import torch
+
+from asyncrl.rollout.base import PAUSE_MODES, GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats
+from asyncrl.rollout.torch_kv import PrefixCache
+from asyncrl.rollout.torch_sampling import draw_uniforms
+from asyncrl.rollout.torch_worker import Command, EngineWorker, Inbox, Request
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class TorchRolloutServer(RolloutServer):
+    """The embedded rollout server; see the module docstring. Build it, await its verbs, `close()` it.
+
+    Args:
+        model_path: a local HF model folder (config + safetensors).
+        dtype: `float32`, `bfloat16` or `float16`; the model and KV cache run in it.
+        device: torch device string (`cpu`, `cuda:0`).
+        max_batch_size: most requests decoded together; more wait in the queue.
+        seed: base seed for requests without `SamplingParams.seed` (drawn in arrival order).
+        threads: torch intra-op threads for this process when > 0 (`torch.set_num_threads`).
+        prefix_cache_size: prompts whose KV is kept (exact match, LRU); 0 disables it.
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        max_batch_size: int = 512,
+        seed: int = 0,
+        threads: int = 0,
+        prefix_cache_size: int = 64,
+    ) -> None:
+        from transformers import AutoModelForCausalLM
+
+        if dtype not in DTYPES:
+            raise ValueError(f"TorchRolloutServer dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        if max_batch_size < 1:
+            raise ValueError(f"TorchRolloutServer max_batch_size must be >= 1, got {max_batch_size}")
+        if threads > 0:
+            torch.set_num_threads(threads)
+        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=DTYPES[dtype]).to(device).eval()
+        model.requires_grad_(False)
+        self.model = model
+        self._params: dict[str, torch.Tensor] = dict(model.state_dict(keep_vars=True))
+        eos = model.generation_config.eos_token_id or model.config.eos_token_id
+        self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
+        self.max_model_len = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        self._seeds = torch.Generator().manual_seed(seed)
+        self._inbox = Inbox()
+        self._worker = EngineWorker(
+            model, self._inbox, torch.device(device), max_batch_size=max_batch_size,
+            prefix_cache=PrefixCache(prefix_cache_size), max_model_len=self.max_model_len,
+        )
+        self._thread = threading.Thread(target=self._worker.run, name="torch-rollout-engine", daemon=True)
+        self._thread.start()
+
+    # -- verbs ---------------------------------------------------------------------------
+
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None = None
+    ) -> GenerateOutput:
+        if not prompt_ids:
+            raise ValueError("generate: prompt_ids is empty")
+        if len(prompt_ids) >= self.max_model_len:
+            raise ValueError(f"generate: prompt of {len(prompt_ids)} tokens leaves no room (max_model_len {self.max_model_len})")
+        loop = asyncio.get_running_loop()
+        inbox = self._inbox
+        with inbox.cv:
+            inbox.raise_if_unusable()
+            seed = sampling.seed if sampling.seed is not None else int(torch.randint(2**62, (1,), generator=self._seeds))
+            rid = request_id if request_id is not None else f"req-{inbox.counter}"
+            inbox.counter += 1
+            req = Request(
+                rid=rid, prompt=list(prompt_ids), sampling=sampling,
+                stop_ids=self.eos_token_ids | frozenset(sampling.stop_token_ids),
+                uniforms=draw_uniforms(seed, sampling.max_tokens), loop=loop, future=loop.create_future(),
+            )
+            inbox.pending.append(req)
+            inbox.in_flight += 1
+            inbox.cv.notify()
+        try:
+            return await req.future
+        except asyncio.CancelledError:
+            self._cancel(req)
+            raise
+
+    def _cancel(self, req: Request) -> None:
+        """A caller gave up on `req`: drop it from the queue, or let the engine drop its row."""
+        with self._inbox.cv:
+            if req in self._inbox.pending:
+                self._inbox.pending.remove(req)
+                self._inbox.in_flight -= 1
+                return
+            req.cancelled = True
+            self._inbox.cv.notify()
+
+    async def pause(self, mode: PauseMode = "wait") -> None:
+        """Stop admitting requests (until `resume`), then, by `mode`: `abort` returns every in-flight
+        and queued request at once with what it has; `wait` returns once the running requests have
+        finished; `keep` freezes the running requests (no decode step until `resume`), keeping
+        their state, so after an `update_weights` they continue under the new weights."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
+        with self._inbox.cv:
+            self._inbox.paused = mode
+        kind = {"abort": "abort_all", "wait": "drain", "keep": "barrier"}[mode]
+        await self._command(kind)
+
+    async def resume(self) -> None:
+        with self._inbox.cv:
+            self._inbox.paused = None
+            self._inbox.cv.notify()
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
+        """Copy (name, tensor) pairs into the model between decode steps, drop the prefix cache,
+        recompute the KV of running requests with the new weights, and stamp `version` on every
+        token sampled from then on. All pairs are checked (name, shape, dtype) before any is copied."""
+        updates: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for name, value in named_tensors:
+            tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+            param = self._params.get(name)
+            if param is None:
+                known = ", ".join(list(self._params)[:4])
+                raise KeyError(f"update_weights: model has no parameter {name!r} (names look like: {known}, ...)")
+            if tensor.shape != param.shape:
+                raise ValueError(f"update_weights: {name} has shape {tuple(tensor.shape)}, model expects {tuple(param.shape)}")
+            if tensor.dtype != param.dtype:
+                raise ValueError(f"update_weights: {name} has dtype {tensor.dtype}, model expects {param.dtype}")
+            updates.append((param, tensor))
+        await self._command("update", (updates, int(version)))
+
+    async def reset_prefix_cache(self) -> None:
+        await self._command("reset_prefix_cache")
+
+    def stats(self) -> ServerStats:
+        inbox = self._inbox
+        with inbox.cv:
+            now = time.monotonic()
+            while inbox.recent and inbox.recent[0][0] < now - inbox.rate_window_s:
+                inbox.recent.popleft()
+            span = min(inbox.rate_window_s, now - inbox.first_step_at) if inbox.first_step_at else 0.0
+            rate = sum(n for _, n in inbox.recent) / span if span > 0 else 0.0
+            return ServerStats(
+                version=self._worker.version, in_flight=inbox.in_flight, paused=inbox.paused is not None,
+                generated_tokens=inbox.generated_tokens, tokens_per_s=rate,
+                healthy=inbox.error is None and (inbox.closed or self._thread.is_alive()),
+            )
+
+    @property
+    def version(self) -> int:
+        return self._worker.version
+
+    @property
+    def prefix_cache(self) -> PrefixCache:
+        """The prefix cache (read `hits`, `misses`, `len()`); owned by the engine thread."""
+        return self._worker.prefix_cache
+
+    async def close(self) -> None:
+        """Stop the engine thread; requests still in flight return with `finish_reason="abort"`."""
+        with self._inbox.cv:
+            self._inbox.closed = True
+            self._inbox.cv.notify()
+        await asyncio.to_thread(self._thread.join)
+
+    async def _command(self, kind: str, payload: Any = None) -> None:
+        loop = asyncio.get_running_loop()
+        cmd = Command(kind=kind, payload=payload, loop=loop, future=loop.create_future())
+        with self._inbox.cv:
+            self._inbox.raise_if_unusable()
+            self._inbox.commands.append(cmd)
+            self._inbox.cv.notify()
+        await cmd.future
