@@ -1,0 +1,319 @@
+"""The `redis` metadata backend: Redis Streams with one consumer group per queue consumer group.
+
+All state lives in Redis under `tq:<run_id>:`, so any process (trainer, rollouter,
+`asyncrl status`) on any host sees the same queue, and a process restart loses nothing:
+a batch delivered to a consumer that died stays in the stream's pending entries list and
+is claimed by the next `get` once idle for `lease_timeout_s` (XAUTOCLAIM).
+
+Layout (P = `tq:<run_id>:`):
+    P rec:<uid>   hash   core (msgpack uid/group/version), meta, sealed, gid, h:<field> (handles)
+    P grp:<gid>   hash   size, n (records put), sealed, eid (stream entry once published), done
+    P gm:<gid>    list   member uids
+    P stream      stream one entry per complete, sealed group; consumer group per queue consumer group
+    P resident    int    records held (back-pressure); P stats hash of counters; P hist:<cg> staleness
+
+Differences from the memory backend (documented, not hidden): a group is published once
+all its records are sealed, so `fields` does not make unsealed records deliverable; acks
+and drops apply to whole groups. Scripts touch keys they compute, so a single Redis
+(not Redis Cluster) is assumed. Back-pressure polls: `put` retries every few ms while full.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgpack
+import redis
+
+from transfer_queue.codec import pack
+from transfer_queue.config import TransferQueueConfig
+from transfer_queue.metadata.base import DROP_CAUSES, FreeHook, GetRequest, MetadataStore
+from transfer_queue.records import Batch, QueueStats, SampleMeta
+
+_PUBLISH = """
+local function publish(p, gid)
+  local g = p..'grp:'..gid
+  local v = redis.call('HMGET', g, 'size', 'n', 'sealed', 'eid')
+  if not v[4] and v[1] == v[2] and v[2] == v[3] then
+    redis.call('HSET', g, 'eid', redis.call('XADD', p..'stream', '*', 'gid', gid))
+    redis.call('HINCRBY', p..'stats', 'published', tonumber(v[1]))
+  end
+end
+"""
+
+# ARGV: prefix, capacity, n, then per record: uid, gid, size, sealed, core, meta, nfields, (name, handle)*
+_PUT = _PUBLISH + """
+local p, cap, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+if tonumber(redis.call('GET', p..'resident') or '0') + n > cap then return -1 end
+local recs, i, counts = {}, 4, {}
+for k = 1, n do
+  local r = {uid=ARGV[i], gid=ARGV[i+1], size=ARGV[i+2], sealed=ARGV[i+3], core=ARGV[i+4], meta=ARGV[i+5], h={}}
+  local nf = tonumber(ARGV[i+6]); i = i + 7
+  for f = 1, nf do table.insert(r.h, 'h:'..ARGV[i]); table.insert(r.h, ARGV[i+1]); i = i + 2 end
+  if redis.call('EXISTS', p..'rec:'..r.uid) == 1 then return redis.error_reply('uid '..r.uid..' is already in the queue') end
+  local g = redis.call('HMGET', p..'grp:'..r.gid, 'size', 'n')
+  if g[1] and g[1] ~= r.size then return redis.error_reply('group '..r.gid..' has group_size '..g[1]) end
+  counts[r.gid] = (counts[r.gid] or tonumber(g[2] or '0')) + 1
+  if counts[r.gid] > tonumber(r.size) then return redis.error_reply('group '..r.gid..' already has '..r.size..' records') end
+  table.insert(recs, r)
+end
+for _, r in ipairs(recs) do
+  redis.call('HSET', p..'rec:'..r.uid, 'core', r.core, 'meta', r.meta, 'sealed', r.sealed, 'gid', r.gid, unpack(r.h))
+  local g = p..'grp:'..r.gid
+  redis.call('HSETNX', g, 'size', r.size)
+  redis.call('HINCRBY', g, 'n', 1)
+  redis.call('HINCRBY', g, 'sealed', tonumber(r.sealed))
+  redis.call('RPUSH', p..'gm:'..r.gid, r.uid)
+end
+for _, r in ipairs(recs) do publish(p, r.gid) end
+redis.call('INCRBY', p..'resident', n)
+redis.call('HINCRBY', p..'stats', 'put', n)
+return n
+"""
+
+# ARGV: prefix, uid, meta (msgpack, merged by the caller), seal, (name, handle)*; returns replaced handles
+_UPDATE = _PUBLISH + """
+local p, r = ARGV[1], ARGV[1]..'rec:'..ARGV[2]
+if redis.call('EXISTS', r) == 0 then return redis.error_reply('no record '..ARGV[2]..' in the queue') end
+local old = {}
+for i = 5, #ARGV, 2 do
+  local prev = redis.call('HGET', r, 'h:'..ARGV[i])
+  if prev then table.insert(old, prev) end
+  redis.call('HSET', r, 'h:'..ARGV[i], ARGV[i+1])
+end
+redis.call('HSET', r, 'meta', ARGV[3])
+if ARGV[4] == '1' and redis.call('HGET', r, 'sealed') == '0' then
+  redis.call('HSET', r, 'sealed', '1')
+  local gid = redis.call('HGET', r, 'gid')
+  redis.call('HINCRBY', p..'grp:'..gid, 'sealed', 1)
+  publish(p, gid)
+end
+return old
+"""
+
+# ARGV: prefix, consumer group, number of consumer groups, cause ('' = ack), uids...
+# returns {records finished, handles of freed records...}
+_FINISH = """
+local p, cg, ncg, cause = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local out, seen = {0}, {}
+for i = 5, #ARGV do
+  local gid = redis.call('HGET', p..'rec:'..ARGV[i], 'gid')
+  if gid and not seen[gid] then
+    seen[gid] = true
+    local g = p..'grp:'..gid
+    local eid = redis.call('HGET', g, 'eid')
+    if eid and redis.call('XACK', p..'stream', cg, eid) == 1 then
+      local members = redis.call('LRANGE', p..'gm:'..gid, 0, -1)
+      out[1] = out[1] + #members
+      local key = cause == '' and ('acked:'..cg) or ('dropped:'..cg..':'..cause)
+      redis.call('HINCRBY', p..'stats', key, #members)
+      if redis.call('HINCRBY', g, 'done', 1) == ncg then
+        for _, uid in ipairs(members) do
+          local kv = redis.call('HGETALL', p..'rec:'..uid)
+          for j = 1, #kv, 2 do
+            if string.sub(kv[j], 1, 2) == 'h:' then table.insert(out, kv[j+1]) end
+          end
+          redis.call('DEL', p..'rec:'..uid)
+        end
+        redis.call('DEL', g, p..'gm:'..gid)
+        redis.call('XDEL', p..'stream', eid)
+        redis.call('DECRBY', p..'resident', #members)
+        redis.call('HINCRBY', p..'stats', 'published', -#members)
+      end
+    end
+  end
+end
+return out
+"""
+
+
+class RedisController(MetadataStore):
+    """Example:
+        ctl = RedisController(TransferQueueConfig(metadata="redis", redis_url=url, run_id="r1"))
+        ctl.put(samples); batch = ctl.get(GetRequest("trainer", num_groups=4, timeout=5))
+        ctl.ack("trainer", batch.uids)
+    """
+
+    def __init__(self, config: TransferQueueConfig, on_free: FreeHook | None = None) -> None:
+        self.config = config
+        self.consumer_groups = list(config.consumer_groups)
+        self.on_free = on_free or (lambda handles: None)
+        self.p = f"tq:{config.run_id}:"
+        self.r = redis.Redis.from_url(config.redis_url)
+        self._put, self._update, self._finish = (self.r.register_script(s) for s in (_PUT, _UPDATE, _FINISH))
+        self._lease_ms = int(config.lease_timeout_s * 1000)
+        for cg in self.consumer_groups:
+            try:
+                self.r.xgroup_create(self.p + "stream", cg, id="0", mkstream=True)
+            except redis.ResponseError as e:
+                if "BUSYGROUP" not in str(e):
+                    raise
+        self.r.setnx(self.p + "t0", time.time())
+
+    # ---- producers -------------------------------------------------------
+    def put(self, samples: list[SampleMeta], timeout: float | None = None) -> None:
+        if len(samples) > self.config.capacity:
+            raise ValueError(f"put of {len(samples)} records exceeds queue.capacity={self.config.capacity}")
+        args: list[Any] = [self.p, self.config.capacity, len(samples)]
+        for s in samples:
+            args += [s.uid, s.group_id, s.group_size, int(s.sealed), pack([s.uid, s.group_id, s.group_size, s.version]),
+                     pack(s.meta), len(s.handles)]
+            for name, h in s.handles.items():
+                args += [name, pack(h)]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.001
+        while self._call(self._put, args) == -1:  # full: back-pressure by polling
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"queue full (capacity {self.config.capacity}) for {timeout}s")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)
+
+    def update(self, uid: str, handles: dict[str, dict[str, Any]], meta: dict[str, Any] | None = None,
+               seal: bool = True) -> None:
+        raw = self.r.hget(self.p + f"rec:{uid}", "meta")
+        if raw is None:
+            raise KeyError(f"update: no record {uid!r} in the queue")
+        merged = {**msgpack.unpackb(raw), **(meta or {})}
+        args: list[Any] = [self.p, uid, pack(merged), int(seal)]
+        for name, h in handles.items():
+            args += [name, pack(h)]
+        old = self._call(self._update, args)
+        if old:
+            self.on_free([msgpack.unpackb(h) for h in old])
+
+    def _call(self, script: Any, args: list[Any]) -> Any:
+        try:
+            return script(args=args)
+        except redis.ResponseError as e:  # script errors are bad requests of the caller
+            raise ValueError(str(e)) from e
+
+    # ---- consumers -------------------------------------------------------
+    def get(self, req: GetRequest) -> Batch:
+        if req.consumer not in self.consumer_groups:
+            raise ValueError(f"unknown consumer group {req.consumer!r}; queue.consumer_groups={self.consumer_groups}")
+        stream, cg, me = self.p + "stream", req.consumer, req.consumer_id
+        deadline = None if req.timeout is None else time.monotonic() + req.timeout
+        held: list[tuple[str, list[SampleMeta]]] = []
+        while True:
+            want = (req.num_groups or req.num_samples or 1) - (len(held) if req.num_groups else sum(len(g) for _, g in held))
+            entries = self.r.xautoclaim(stream, cg, me, self._lease_ms, "0-0", count=max(want, 1))[1]
+            redelivered = len(entries)
+            if len(entries) < want:
+                left = None if deadline is None else deadline - time.monotonic()
+                block = None if left is None else max(int(min(left, 1.0) * 1000), 1)
+                if left is None or left > 0:
+                    res = self.r.xreadgroup(cg, me, {stream: ">"}, count=want - len(entries), block=block or 1000)
+                    entries += res[0][1] if res else []
+            for eid, fields in entries:
+                if not fields:  # deleted entry left in a pending list: nothing to deliver
+                    self.r.xack(stream, cg, eid)
+            entries = [e for e in entries if e[1]]
+            groups = self._load(entries)
+            self.r.hincrby(self.p + "stats", f"redelivered:{cg}", sum(len(g) for g in groups[:redelivered]))
+            for (eid, _), samples in zip(entries, groups):
+                if not samples:  # freed meanwhile (a late ack elsewhere): nothing to deliver
+                    self.r.xack(stream, cg, eid)
+                    continue
+                version = min(s.version for s in samples)
+                if req.max_staleness is not None and req.current_version - version > req.max_staleness:  # type: ignore[operator]
+                    self._settle(cg, [samples[0].uid], "stale")
+                    continue
+                held.append((eid.decode(), samples))
+            ids = [e for e, _ in held]
+            if req.enough(len(held), sum(len(g) for _, g in held)):
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                if not req.allow_partial and ids:
+                    self.r.xclaim(stream, cg, me, 0, ids, idle=self._lease_ms + 1, justid=True)  # give back now
+                    held = []
+                break
+            if ids:
+                self.r.xclaim(stream, cg, me, 0, ids, justid=True)  # keep the lease fresh while waiting
+        samples = [s for _, g in held for s in g]
+        if req.current_version is not None and samples:
+            pipe = self.r.pipeline()
+            for s in samples:
+                pipe.hincrby(self.p + f"hist:{cg}", str(req.current_version - s.version), 1)
+            pipe.execute()
+        lease = f"{me}|{','.join(e for e, _ in held)}" if held else ""
+        return Batch(cg, lease, samples, req.current_version)
+
+    def _load(self, entries: list[tuple[bytes, dict]]) -> list[list[SampleMeta]]:
+        pipe = self.r.pipeline()
+        for _, fields in entries:
+            pipe.lrange(self.p + f"gm:{fields[b'gid'].decode()}", 0, -1)
+        members = pipe.execute()
+        for uids in members:
+            for u in uids:
+                pipe.hgetall(self.p + f"rec:{u.decode()}")
+        recs = iter(pipe.execute())
+        out = []
+        for uids in members:
+            group = []
+            for _ in uids:
+                h = next(recs)
+                if h:
+                    uid, gid, size, version = msgpack.unpackb(h[b"core"])
+                    handles = {k[2:].decode(): msgpack.unpackb(v) for k, v in h.items() if k.startswith(b"h:")}
+                    group.append(SampleMeta(uid, gid, size, version, msgpack.unpackb(h[b"meta"]), handles,
+                                            h[b"sealed"] == b"1"))
+            out.append(group)
+        return out
+
+    def ack(self, consumer: str, uids: list[str]) -> int:
+        return self._settle(consumer, uids, "")
+
+    def drop(self, consumer: str, uids: list[str], cause: str) -> int:
+        if cause not in DROP_CAUSES:
+            raise ValueError(f"drop: cause {cause!r} is not one of {DROP_CAUSES}")
+        return self._settle(consumer, uids, cause)
+
+    def _settle(self, consumer: str, uids: list[str], cause: str) -> int:
+        if not uids:
+            return 0
+        out = self._call(self._finish, [self.p, consumer, len(self.consumer_groups), cause, *uids])
+        if len(out) > 1:
+            self.on_free([msgpack.unpackb(h) for h in out[1:]])
+        return int(out[0])
+
+    def nack(self, consumer: str, lease_id: str, uids: list[str]) -> int:
+        me, _, ids = lease_id.partition("|")
+        if not ids:
+            return 0
+        claimed = self.r.xclaim(self.p + "stream", consumer, me, 0, ids.split(","), idle=self._lease_ms + 1, justid=True)
+        return len(claimed)
+
+    def renew(self, consumer: str, lease_id: str, uids: list[str]) -> bool:
+        me, _, ids = lease_id.partition("|")
+        return bool(ids) and bool(self.r.xclaim(self.p + "stream", consumer, me, 0, ids.split(","), justid=True))
+
+    # ---- observability ---------------------------------------------------
+    def stats(self) -> QueueStats:
+        c = {k.decode(): int(v) for k, v in self.r.hgetall(self.p + "stats").items()}
+        put, resident = c.get("put", 0), int(self.r.get(self.p + "resident") or 0)
+        waiting = resident - c.get("published", 0)  # records of groups not yet complete and sealed
+        depth, acked, dropped, redelivered, hist = {}, {}, {}, {}, {}
+        for cg in self.consumer_groups:
+            acked[cg] = c.get(f"acked:{cg}", 0)
+            dropped[cg] = {k: c.get(f"dropped:{cg}:{k}", 0) for k in DROP_CAUSES}
+            redelivered[cg] = c.get(f"redelivered:{cg}", 0)
+            hist[cg] = {int(k): int(v) for k, v in self.r.hgetall(self.p + f"hist:{cg}").items()}
+            pending = self.r.xpending_range(self.p + "stream", cg, "-", "+", self.config.capacity)
+            pipe = self.r.pipeline()
+            for e in pending:
+                pipe.xrange(self.p + "stream", e["message_id"], e["message_id"])
+            entries = [r[0] for r in pipe.execute() if r and r[0][1]]
+            leased = sum(len(g) for g in self._load(entries))
+            in_flight = put - acked[cg] - sum(dropped[cg].values())
+            depth[cg] = {"ready": in_flight - leased - waiting, "waiting": waiting, "leased": leased}
+        t0 = float(self.r.get(self.p + "t0") or time.time())
+        up = max(time.time() - t0, 1e-9)
+        return QueueStats(
+            capacity=self.config.capacity, resident=resident, put=put,
+            complete_groups=int(self.r.xlen(self.p + "stream")), depth=depth, acked=acked, dropped=dropped,
+            redelivered=redelivered, staleness=hist,
+            rates={"put_per_s": put / up, "ack_per_s": sum(acked.values()) / up})
+
+    def close(self) -> None:
+        self.r.close()
