@@ -59,6 +59,8 @@ class Sender:
         self._update_id = 0
         self._epoch = 0
         self._rejoined: set[str] = set()
+        self._group: tuple[str, ...] | None = None
+        """gloo/nccl: members of the live process group, kept across updates while unchanged."""
         """Receivers that sent Join during the update in progress (a restarted process)."""
         self.last: UpdateOutcome | None = None
 
@@ -80,6 +82,8 @@ class Sender:
         if isinstance(msg, Join):
             self.membership.join(rid, msg.version)
             self._rejoined.add(rid)
+            if self._group is not None and rid in self._group:
+                self._group = None  # a restarted process is not in the old group
         return rid, msg
 
     def poll(self, timeout_s: float = 0.0) -> list[str]:
@@ -132,12 +136,14 @@ class Sender:
 
     def _form_group(self, uid: int, members: list[str], outcome: UpdateOutcome) -> None:
         """gloo/nccl: (re)build the group sender + `members`; retried when one is missing."""
+        self._group = None
         while members:
             self._epoch += 1
             for rank, rid in enumerate(members, start=1):
                 self._send(rid, Group(uid, self._epoch, rank, len(members) + 1))
             try:
                 self.transport.form_group(self._epoch, len(members) + 1)
+                self._group = tuple(members)
                 return
             except RuntimeError:  # deliberate retry: someone never joined the group
                 self._collect(uid, GROUP, members, self.config.timeout_s, outcome)
@@ -176,7 +182,7 @@ class Sender:
         for rid in members:
             self._send(rid, begin)
         self._collect(uid, READY, members, self.config.timeout_s, outcome)
-        if self.transport.collective:
+        if self.transport.collective and self._group != tuple(members):
             self._form_group(uid, members, outcome)
 
         free: queue.Queue[int] = queue.Queue()
