@@ -40,3 +40,19 @@ def consume_and_hang(cfg: dict, num_groups: int, out) -> None:
     bad = [s.uid for s, t in zip(b.samples, q.fetch(b, as_torch=False)) if not np.array_equal(t["x"], tensor_for(s.uid))]
     out.put(("got", b.uids) if not bad else ("corrupt", bad))
     threading.Event().wait()
+
+
+def produce_and_watch_frees(cfg: dict, groups: list[str], group_size: int, out) -> None:
+    """Produce into the nixl plane, then report when every slot of the arena was freed."""
+    import time
+
+    q = connect(TransferQueueConfig(**cfg))
+    for g in groups:
+        q.put([Record(f"{g}-{i}", g, group_size=group_size, tensors={"x": tensor_for(f"{g}-{i}")})
+               for i in range(group_size)])
+    out.put(("produced", q.storage.arena_used()))
+    deadline = time.monotonic() + 60
+    while q.storage.arena_used() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    out.put(("freed", q.storage.arena_used()))
+    threading.Event().wait()

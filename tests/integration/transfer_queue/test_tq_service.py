@@ -19,27 +19,6 @@ from transfer_queue.codec import pack, unpack
 CTX = mp.get_context("spawn")
 
 
-@pytest.fixture
-def service(tmp_path, request):
-    """Start a controller service process; yields a function cfg -> client config."""
-    procs = []
-
-    def start(**kw):
-        kw.setdefault("shm_dir", str(tmp_path))
-        kw.setdefault("run_id", "it")
-        out = CTX.Queue()
-        p = CTX.Process(target=_procs.serve, args=(kw, out), daemon=True)
-        p.start()
-        procs.append(p)
-        address, storage_address = out.get(timeout=60)
-        return dict(kw, controller_address=address)
-
-    yield start
-    for p in procs:
-        p.kill()
-        p.join()
-
-
 @pytest.mark.timeout(90)
 def test_consumer_killed_between_get_and_ack_is_redelivered(service, tmp_path):
     cfg = service(storage="shm", capacity=64, lease_timeout_s=1.5)
