@@ -231,6 +231,7 @@ class EngineWorker:
         top_p = torch.tensor([r.sampling.top_p for r in reqs], dtype=torch.float32, device=dev)
         uniforms = torch.tensor([r.uniforms[len(r.tokens)] for r in reqs], dtype=torch.float64, device=dev)
         tokens, logprobs = sample(logits, temperature, top_k, top_p, uniforms)
+        self._count(len(reqs))  # before any future resolves, so stats agree with returned outputs
         alive = []
         for i, (req, token, logprob) in enumerate(zip(reqs, tokens.tolist(), logprobs.tolist())):
             req.tokens.append(token)
@@ -242,7 +243,6 @@ class EngineWorker:
                 self._finish(req, "length")
             else:
                 alive.append(i)
-        self._count(len(reqs))
         return alive, tokens
 
     def _drop_cancelled(self) -> None:
