@@ -166,6 +166,9 @@ class VLLMRolloutServer(RolloutServer):
         self._paused = True
         self._admission().clear()
         await self._engine.pause_generation(mode=mode, clear_cache=False)
+        if mode == "wait":  # the engine is drained; let every caller receive its result
+            while self._in_flight:
+                await asyncio.sleep(0.001)
 
     async def resume(self) -> None:
         await self._engine.resume_generation()

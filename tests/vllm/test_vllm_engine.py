@@ -21,6 +21,14 @@ LOGPROB_TOL = 1e-4
 PROMPTS = [[1] + [10 + (7 * i + j) % 90 for j in range(n)] for i, n in enumerate((3, 11, 40))]
 
 
+@pytest.fixture(autouse=True)
+def _resumed(server, loop):
+    """A failed pause test must not leave the shared server paused for the next one."""
+    yield
+    if server.stats().paused:
+        run(loop, server.resume())
+
+
 @pytest.fixture(scope="module")
 def server(tiny_models: dict, loop: asyncio.AbstractEventLoop) -> Any:
     pytest.importorskip("vllm")
