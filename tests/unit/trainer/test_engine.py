@@ -7,7 +7,7 @@ from asyncrl.config import AlgorithmConfig, TrainerConfig
 from asyncrl.trainer.engine import TrainerEngine
 from asyncrl.trainer.smoke import synthetic_batch
 
-VOCAB = 99  # tiny model: 4 special tokens + 95 characters
+VOCAB = 100  # tiny model: 4 special tokens + 96 characters
 
 
 def make_engine(path, *, temperature=1.0, micro_batch_size=3, lr=1e-3, **alg):
