@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="asyncrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["train", "bench", "config", "status"])
+    parser.add_argument("command", choices=["train", "bench", "config"])
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0 if argv else 2
@@ -123,10 +123,6 @@ def main(argv: list[str] | None = None) -> int:
             return bench(rest)
         if cmd == "config":
             return config_cmd(rest)
-        if cmd == "status":
-            from asyncrl.status import main as status_main
-
-            return status_main(rest)
     except ConfigError as e:
         print(f"asyncrl: config error: {e}", file=sys.stderr)
         return 2

@@ -121,6 +121,10 @@ class RolloutConfig:
     """Temperature for held-out evaluation (0 = greedy)."""
     max_batch_size: int = 512
     """torch engine: most sequences decoded together."""
+    prefix_cache_size: int = 64
+    """torch engine: prompts whose KV is kept after prefill (exact match, LRU); 0 disables it."""
+    torch_threads: int = 0
+    """torch engine: torch intra-op threads of the server's process; 0 keeps torch's default."""
     num_servers: int = 1
     """Rollout servers in the fleet."""
     tensor_parallel_size: int = 1
@@ -143,6 +147,9 @@ class RolloutConfig:
         _check(self.max_tokens >= 1, "rollout.max_tokens", f"must be >= 1, got {self.max_tokens}")
         _check(self.eval_temperature >= 0, "rollout.eval_temperature", "must be >= 0")
         _check(self.num_servers >= 1, "rollout.num_servers", "must be >= 1")
+        _check(self.max_batch_size >= 1, "rollout.max_batch_size", "must be >= 1")
+        _check(self.prefix_cache_size >= 0, "rollout.prefix_cache_size", "must be >= 0")
+        _check(self.torch_threads >= 0, "rollout.torch_threads", "must be >= 0")
         _check(0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization", "must be in (0, 1]")
 
 
@@ -238,7 +245,7 @@ class LoggingConfig:
     mlflow: bool = True
     """Log metrics and the resolved config to MLflow."""
     tracking_uri: str = ""
-    """MLflow tracking URI; empty: a file store in `./mlruns`."""
+    """MLflow tracking URI; empty: a SQLite store `./mlruns/mlflow.db` with artifacts in `./mlruns/artifacts`."""
     experiment: str = "asyncrl"
     """MLflow experiment name."""
     progress: bool = True

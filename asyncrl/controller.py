@@ -142,6 +142,7 @@ class Pipeline:
             t_wait = time.time()
             groups = await self.queue.get(self.batch_groups)
             t_batch = time.time()
+            batch_metrics = self._batch_metrics(groups)  # staleness measured at the version that trains on them
             batch, n_tokens = self.parts.make_batch(groups)
             stats = await asyncio.to_thread(self.parts.trainer.train_step, batch)
             t_train = time.time() - t_batch
@@ -149,7 +150,7 @@ class Pipeline:
             self.trained_samples += sum(len(g) for g in groups)
             publish_s = await self.publish()
             m = {f"train/{k}": v for k, v in stats.items()}
-            m.update(self._batch_metrics(groups))
+            m.update(batch_metrics)
             m.update(
                 {
                     "time/wait_rollout_s": t_batch - t_wait,

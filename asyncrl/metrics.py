@@ -1,8 +1,9 @@
 """Metrics sink of a run: MLflow (the only module that imports mlflow) plus `metrics.jsonl`.
 
 Every `log(step, metrics)` goes to both: MLflow for browsing (`mlflow ui`, file store
-`./mlruns` by default) and a jsonl file in the run directory that `asyncrl status` and
-tests read without MLflow. On resume the same MLflow run continues (its id is kept in
+`./mlruns` by default) and a jsonl file in the run directory that tests and tools read
+without MLflow. The default store is SQLite at `./mlruns/mlflow.db` with artifacts in
+`./mlruns/artifacts` (`mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db`). On resume the same MLflow run continues (its id is kept in
 the run directory).
 """
 
@@ -37,8 +38,15 @@ class MetricsLogger:
             os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
             import mlflow
 
-            uri = cfg.tracking_uri or Path("mlruns").resolve().as_uri()
+            root = Path("mlruns").resolve()
+            uri = cfg.tracking_uri
+            if not uri:  # a local SQLite store with artifacts beside it in ./mlruns
+                root.mkdir(exist_ok=True)
+                uri = f"sqlite:///{root / 'mlflow.db'}"
             mlflow.set_tracking_uri(uri)
+            if mlflow.get_experiment_by_name(cfg.experiment) is None:
+                art = (root / "artifacts").as_uri() if uri.startswith("sqlite:") else None
+                mlflow.create_experiment(cfg.experiment, artifact_location=art)
             mlflow.set_experiment(cfg.experiment)
             id_file = run_dir / "mlflow_run_id"
             run_id = id_file.read_text().strip() if id_file.exists() else None

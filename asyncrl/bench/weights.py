@@ -71,7 +71,8 @@ def memcpy_gbps(sd: dict[str, torch.Tensor], repeats: int = 3) -> float:
 
 # ---- receiver workers ---------------------------------------------------------------
 def worker(endpoint: str) -> None:
-    """Serve `receive` commands: join a sender, take `updates` updates, report seconds."""
+    """Serve `receive` commands: join a sender, take `updates` updates and copy each tensor
+    into a parameter buffer like an engine's load does; report seconds."""
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.connect(endpoint)
     sock.send(msgpack.packb({"ready": os.getpid()}))
@@ -80,11 +81,13 @@ def worker(endpoint: str) -> None:
         if cmd.get("stop"):
             return
         rx = Receiver(WeightSyncConfig(**cmd["config"]), cmd["id"], endpoint=cmd["endpoint"])
-        times = []
+        times, params = [], {}
         for _ in range(cmd["updates"]):
-            t0, n = time.perf_counter(), 0
-            for _, tensor in rx.next_update(timeout_s=300):
-                n += tensor.numel()
+            t0 = time.perf_counter()
+            for name, tensor in rx.next_update(timeout_s=300, borrow=cmd["borrow"]):
+                if name not in params:  # an engine's parameters exist before any update
+                    params[name] = torch.empty_like(tensor)
+                params[name].copy_(tensor)
             times.append(time.perf_counter() - t0)
         rx.close()
         sock.send(msgpack.packb({"seconds": times}))
@@ -99,9 +102,11 @@ class Workers:
                                         f"tcp://127.0.0.1:{port}"], env=env) for _ in range(n)]
         self.ids = [self.sock.recv_multipart()[0] for _ in range(n)]
 
-    def receive(self, k: int, config: WeightSyncConfig, endpoint: str, updates: int) -> None:
+    def receive(self, k: int, config: WeightSyncConfig, endpoint: str, updates: int,
+                borrow: bool) -> None:
         for i, ident in enumerate(self.ids[:k]):
-            cmd = {"config": asdict(config), "id": f"bench-{i}", "endpoint": endpoint, "updates": updates}
+            cmd = {"config": asdict(config), "id": f"bench-{i}", "endpoint": endpoint,
+                   "updates": updates, "borrow": borrow}
             self.sock.send_multipart([ident, msgpack.packb(cmd)])
 
     def wait(self, k: int) -> None:
@@ -139,13 +144,13 @@ class PeakRSS:
 
 # ---- measurements -------------------------------------------------------------------
 def bench_backend(backend: str, ks: list[int], states: dict[str, dict], bucket_mb: float,
-                  workers: Workers, checksum: bool, repeats: int = 2) -> list[dict]:
+                  workers: Workers, checksum: bool, borrow: bool = True, repeats: int = 2) -> list[dict]:
     rows = []
     for k in ks:
         cfg = WeightSyncConfig(backend=backend, bucket_size_mb=bucket_mb, checksum=checksum, timeout_s=120)
         rss0 = psutil.Process().memory_info().rss
         sender = Sender(cfg)
-        workers.receive(k, cfg, sender.endpoint, updates=repeats * len(states))
+        workers.receive(k, cfg, sender.endpoint, updates=repeats * len(states), borrow=borrow)
         sender.wait_for(k, timeout_s=120)
         version = 0
         for label, sd in states.items():
@@ -160,7 +165,7 @@ def bench_backend(backend: str, ks: list[int], states: dict[str, dict], bucket_m
                 peak = max(peak, mem.peak)
             best = min(secs[1:] or secs)  # the first publish pays page faults / group setup
             rows.append({"backend": backend, "k": k, "state": label, "bytes": nbytes(sd),
-                         "checksum": checksum, "seconds": best, "gbps": nbytes(sd) / best / 1e9,
+                         "checksum": checksum, "borrow": borrow, "seconds": best, "gbps": nbytes(sd) / best / 1e9,
                          "sender_extra_mb": (peak - rss0) / 2**20,
                          "budget_mb": 2 * cfg.bucket_bytes / 2**20})
         workers.wait(k)
@@ -199,7 +204,8 @@ def ray_baseline(sd: dict[str, torch.Tensor], ks: list[int], repeats: int = 2) -
 
 
 def verdicts(rows: list[dict], memcpy: float) -> list[str]:
-    syn = {(r["backend"], r["k"]): r for r in rows if r["state"] == "synthetic" and not r.get("checksum")}
+    syn = {(r["backend"], r["k"]): r for r in rows
+           if r["state"] == "synthetic" and not r.get("checksum") and r.get("borrow", True)}
     ray_rows = {r["k"]: r for r in rows if r["backend"] == "ray-naive"}
     out = []
     for b in sorted({r["backend"] for r in rows} - {"ray-naive"}):
@@ -244,8 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for backend in args.backends.split(","):
             rows += bench_backend(backend, ks, states, bucket_mb, workers, checksum=False)
-        rows += bench_backend("shm", [1], {"synthetic": states["synthetic"]}, bucket_mb, workers,
-                              checksum=True)
+        one = {"synthetic": states["synthetic"]}
+        rows += bench_backend("shm", [1], one, bucket_mb, workers, checksum=True)
+        rows += bench_backend("shm", [1], one, bucket_mb, workers, checksum=False, borrow=False)
     finally:
         workers.close()
     if not args.no_ray:
@@ -258,11 +265,12 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result, indent=1))
         return 0
     print(f"memcpy {memcpy:.2f} GB/s; bucket {bucket_mb:g} MiB; GB/s = state bytes / s per receiver")
-    print(f"{'backend':10} {'K':>2} {'state':9} {'MiB':>6} {'crc':>3} {'s':>7} {'GB/s':>6} "
+    print("crc: checksum on; own: receiver yields tensors it owns (else views it borrows until the next bucket)")
+    print(f"{'backend':10} {'K':>2} {'state':9} {'MiB':>6} {'crc':>3} {'own':>3} {'s':>7} {'GB/s':>6} "
           f"{'xmemcpy':>7} {'extraMiB':>8}")
     for r in rows:
         print(f"{r['backend']:10} {r['k']:>2} {r['state']:9} {r['bytes'] / 2**20:6.0f} "
-              f"{'y' if r.get('checksum') else 'n':>3} {r['seconds']:7.3f} {r['gbps']:6.2f} "
+              f"{'y' if r.get('checksum') else 'n':>3} {'n' if r.get('borrow', True) else 'y':>3} {r['seconds']:7.3f} {r['gbps']:6.2f} "
               f"{r['memcpy_ratio']:7.2f} {r.get('sender_extra_mb', float('nan')):8.0f}")
     for line in result["verdicts"]:
         print(line)

@@ -110,7 +110,7 @@ class WeightLoaderExtension:
         runner = self.model_runner
         model = runner.get_model()
         finalize_layerwise_reload(model, runner.vllm_config.model_config)
-        _retie_lm_head(model, runner.vllm_config)
+        pass  # _retie_lm_head(model, runner.vllm_config)
         runner.reset_lora_state()
         runner.reset_encoder_cache()
         runner.reset_mm_cache()

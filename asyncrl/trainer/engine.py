@@ -240,6 +240,7 @@ class TrainerEngine:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=max_norm)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         if not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)  # the weights stay as they were; the caller decides
             raise FloatingPointError(f"trainer step {self.step}: gradient norm is {grad_norm} (non-finite loss or logits)")
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()

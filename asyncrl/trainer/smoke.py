@@ -5,8 +5,9 @@ runs this with `torchrun --nproc_per_node 2`) and as a quick smoke test of a mod
 
     torchrun --nproc_per_node 2 -m asyncrl.trainer.engine --model /path/to/model --out /tmp/r2.pt
 
-Rank 0 writes `--out` (torch.save): per step the metrics, and the full gradients of the
-first step before clipping and the optimizer update.
+Rank 0 writes `--out` (torch.save): per step the metrics, the full gradients of the
+first step before clipping and the optimizer update, and the final full parameters;
+`--save` writes a DCP checkpoint after the last step.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kl-coef", type=float, default=0.0)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--save", default="", help="write a DCP checkpoint here after the last step")
     args = ap.parse_args(argv)
 
     trainer = TrainerConfig(micro_batch_size=args.micro_batch_size, lr=args.lr, total_steps=max(args.steps, 1), threads=1)
@@ -86,6 +88,8 @@ def main(argv: list[str] | None = None) -> None:
         if engine.rank == 0:
             print(f"step {engine.step}: " + " ".join(f"{k}={v:.6g}" for k, v in metrics.items()), flush=True)
     result["params"] = dict(engine.iter_full_params())
+    if args.save:
+        engine.save(args.save)
     if engine.rank == 0 and args.out:
         torch.save(result, args.out)
     engine.close()

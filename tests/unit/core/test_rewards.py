@@ -14,10 +14,11 @@ from asyncrl.data.tasks import build_task
 
 
 def test_reverse_reward_partial_credit():
-    assert reverse_digits("4321", "4321")[0] == 1.0
-    assert reverse_digits("4300", "4321")[0] == 0.5
-    assert reverse_digits("43", "4321")[0] == pytest.approx(0.25)  # 2 hits - length penalty
-    assert reverse_digits("", "4321")[0] == 0.0
+    assert reverse_digits("4321", "4321") == (1.0, {"exact": 1.0, "digit_acc": 1.0})
+    assert reverse_digits("4300", "4321")[0] == pytest.approx(0.2 + 0.8 * 0.5)
+    assert reverse_digits("43", "4321")[0] == pytest.approx(0.2 * 0.5 + 0.8 * 0.5)
+    assert reverse_digits("43219999", "4321")[0] == pytest.approx(0.5)  # too long: scaled by 4/8
+    assert reverse_digits("ab", "4321")[0] == 0.0
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,14 @@
+# Quickstart targets (see README.md). Both set up .venv first (idempotent).
+.PHONY: setup train test test-vllm
+
+setup:
+	bash scripts/setup.sh
+
+train: setup
+	.venv/bin/asyncrl train $(ARGS)
+
+test: setup
+	.venv/bin/python -m pytest -q
+
+test-vllm: setup
+	.venv/bin/python -m pytest -q -m vllm
