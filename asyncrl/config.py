@@ -210,11 +210,11 @@ class TrainerConfig:
 @dataclass
 class AlgorithmConfig:
     advantage: str = "grpo"
-    """Advantage estimator from the registry: `grpo`, `rloo`."""
+    """Advantage estimator from the registry: `grpo`, `rloo`, `reinforce_pp` (group-centred, batch-whitened)."""
     norm_adv_by_std: bool = True
     """grpo: divide group-centred rewards by the group's std (Dr. GRPO sets this false)."""
     loss: str = "ppo_clip"
-    """Policy loss from the registry."""
+    """Policy loss from the registry: `ppo_clip`, `vanilla_pg` (unclipped importance-weighted)."""
     clip_ratio_low: float = 0.2
     """PPO clip: ratio lower bound is 1 - clip_ratio_low."""
     clip_ratio_high: float = 0.2
@@ -229,6 +229,8 @@ class AlgorithmConfig:
     """Entropy bonus weight (entropy is always logged)."""
 
     def __post_init__(self) -> None:
+        _one_of(self.advantage, "algorithm.advantage", ("grpo", "rloo", "reinforce_pp"))
+        _one_of(self.loss, "algorithm.loss", ("ppo_clip", "vanilla_pg"))
         _one_of(self.loss_agg, "algorithm.loss_agg", ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum"))
         _one_of(self.kl_estimator, "algorithm.kl_estimator", ("k1", "k2", "k3"))
         _check(0 <= self.clip_ratio_low < 1, "algorithm.clip_ratio_low", "must be in [0, 1)")

@@ -2,7 +2,8 @@
 
 The batch has 7 sequences (one rank gets a masked padding row) and micro-batches of 2,
 with a KL penalty to the sharded reference model, so shards, gradient accumulation,
-global loss normalisation and the gradient reduction are all exercised.
+global loss normalisation and the gradient reduction are all exercised. The 2-rank
+checkpoint is then loaded by one rank.
 """
 
 import os
@@ -21,7 +22,7 @@ def test_two_ranks_match_one_rank(tiny_model_path, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     proc = subprocess.Popen(
-        cmd + ["-m", "asyncrl.trainer.engine", "--model", tiny_model_path, "--out", str(out2)] + ARGS,
+        cmd + ["-m", "asyncrl.trainer.engine", "--model", tiny_model_path, "--out", str(out2), "--save", str(tmp_path / "ckpt2")] + ARGS,
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
@@ -44,4 +45,16 @@ def test_two_ranks_match_one_rank(tiny_model_path, tmp_path):
     assert sum(g.abs().sum().item() for g in one["grads"].values()) > 0
     param_diff = max((one["params"][k] - two["params"][k]).abs().max().item() for k in one["params"])
     assert param_diff < 1e-5
+    # a checkpoint written by 2 ranks resumes on 1 rank (DCP reshards): same weights, same step
+    from asyncrl.config import AlgorithmConfig, TrainerConfig
+    from asyncrl.trainer.engine import TrainerEngine
+
+    engine = TrainerEngine(tiny_model_path, trainer=TrainerConfig(total_steps=2), algorithm=AlgorithmConfig(kl_coef=0.05))
+    try:
+        engine.load(str(tmp_path / "ckpt2"))
+        assert engine.step == 2
+        for name, t in engine.iter_full_params():
+            assert torch.equal(t, two["params"][name]), name
+    finally:
+        engine.close()
     print(f"1-vs-2 ranks: max grad diff {grad_diff:.2e}, max param diff after 2 steps {param_diff:.2e}")

@@ -117,3 +117,16 @@ def test_lr_schedule_warmup_then_cosine():
     assert f(4, "cosine") == pytest.approx(0.1 + 0.9 * 0.5)
     assert f(6, "cosine") == pytest.approx(0.1)
     assert f(50, "cosine") == pytest.approx(0.1)
+
+
+def test_config_accepts_exactly_the_registered_names():
+    from asyncrl.config import AlgorithmConfig, ConfigError
+
+    for name in ADVANTAGES:
+        assert AlgorithmConfig(advantage=name).advantage == name
+    for name in POLICY_LOSSES:
+        assert AlgorithmConfig(loss=name).loss == name
+    with pytest.raises(ConfigError, match="algorithm.advantage"):
+        AlgorithmConfig(advantage="gae")
+    with pytest.raises(ConfigError, match="algorithm.loss"):
+        AlgorithmConfig(loss="dpo")
