@@ -56,7 +56,12 @@ class TransferQueueConfig:
     """ZeroMQ address of the `zmq` storage unit. Empty: start one in this process."""
 
     shm_dir: str = "/dev/shm"
-    """Directory of the `shm` plane's segments (a tmpfs)."""
+    """Directory of the `shm` plane's files (a tmpfs)."""
+
+    shm_arena_bytes: int = 1 << 30
+    """Size of each producer's `shm` arena (one tmpfs file, reused slot by slot; pages are
+    only used once touched). 0: one file per tensor, slower but a record then outlives the
+    process that wrote it."""
 
     nixl_arena_bytes: int = 1 << 30
     """Bytes each producer registers once with its NIXL agent (`nixl` plane)."""
@@ -92,6 +97,8 @@ class TransferQueueConfig:
             raise ValueError("queue.storage='local' keeps tensors in one process; use shm, zmq or nixl with queue.controller_address")
         if not self.run_id or ":" in self.run_id:
             raise ValueError(f"queue.run_id={self.run_id!r}: must be non-empty without ':'")
+        if self.shm_arena_bytes < 0:
+            raise ValueError(f"queue.shm_arena_bytes={self.shm_arena_bytes}: must be >= 0 (0: a file per tensor)")
         if self.nixl_arena_bytes < 1 << 20:
             raise ValueError(f"queue.nixl_arena_bytes={self.nixl_arena_bytes}: must be >= 1 MiB")
         if self.max_message_bytes < 1024:

@@ -16,7 +16,8 @@ def make_storage(config: TransferQueueConfig, storage_address: str | None = None
     if config.storage == "shm":
         from transfer_queue.storage.shm import ShmStorage
 
-        return ShmStorage(shm_dir=config.shm_dir, run_id=config.run_id, **kw)
+        return ShmStorage(shm_dir=config.shm_dir, run_id=config.run_id, arena_bytes=config.shm_arena_bytes,
+                          bind_host=config.bind_host, **kw)
     if config.storage == "zmq":
         from transfer_queue.storage.zmq import ZmqStorage
 

@@ -22,12 +22,10 @@ import time
 from typing import Any
 
 import numpy as np
-import zmq
 
-from transfer_queue.codec import WireError, check_header, pack, unpack
+from transfer_queue.codec import check_header
+from transfer_queue.storage.arena import Arena, FreeEndpoint, FreeSender, aligned
 from transfer_queue.storage.base import Handle, StoragePlane, handle_of
-
-_ALIGN = 256
 
 
 def _nixl_api():
@@ -36,51 +34,6 @@ def _nixl_api():
     except ImportError:  # the CUDA-12 wheel names its module nixl_cu12
         from nixl_cu12._api import nixl_agent, nixl_agent_config
     return nixl_agent, nixl_agent_config
-
-
-class Arena:
-    """First-fit allocator over one registered buffer; `alloc` waits for frees when full."""
-
-    def __init__(self, nbytes: int) -> None:
-        self.buf = np.empty(nbytes, dtype=np.uint8)
-        self._free: list[tuple[int, int]] = [(0, nbytes)]  # sorted (offset, length)
-        self._used: dict[int, int] = {}
-        self._cond = threading.Condition()
-
-    def alloc(self, n: int, timeout: float) -> int:
-        n = max(_ALIGN, (n + _ALIGN - 1) // _ALIGN * _ALIGN)
-        if n > len(self.buf):
-            raise ValueError(f"tensor of {n} bytes exceeds queue.nixl_arena_bytes={len(self.buf)}")
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                for i, (off, length) in enumerate(self._free):
-                    if length >= n:
-                        self._free[i:i + 1] = [(off + n, length - n)] if length > n else []
-                        self._used[off] = n
-                        return off
-                if not self._cond.wait(max(deadline - time.monotonic(), 0)):
-                    raise TimeoutError(f"nixl arena full ({self.used} of {len(self.buf)} bytes) for {timeout}s")
-
-    def release(self, off: int) -> None:
-        with self._cond:
-            n = self._used.pop(off, None)
-            if n is None:
-                return  # freed twice: nothing left to do
-            self._free.append((off, n))
-            self._free.sort()
-            merged = [self._free[0]]
-            for o, length in self._free[1:]:
-                if merged[-1][0] + merged[-1][1] == o:
-                    merged[-1] = (merged[-1][0], merged[-1][1] + length)
-                else:
-                    merged.append((o, length))
-            self._free = merged
-            self._cond.notify_all()
-
-    @property
-    def used(self) -> int:
-        return sum(self._used.values())
 
 
 class NixlStorage(StoragePlane):
@@ -96,12 +49,8 @@ class NixlStorage(StoragePlane):
         self._arena: Arena | None = None
         self._meta = b""
         self._peers: set[str] = set()
-        self._ctx = zmq.Context()
-        self._free_addr = ""
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._push: dict[str, zmq.Socket] = {}
-        self.rejected = 0
+        self._endpoint: FreeEndpoint | None = None
+        self._sender = FreeSender()
 
     def _agent_(self) -> Any:
         if self._agent is None:
@@ -112,32 +61,13 @@ class NixlStorage(StoragePlane):
     def _producer(self) -> Arena:
         """Allocate and register the arena and start the free endpoint, on first write."""
         if self._arena is None:
-            arena = Arena(self.arena_bytes)
+            arena = Arena(np.empty(self.arena_bytes, dtype=np.uint8), "queue.nixl_arena_bytes")
             agent = self._agent_()
             agent.register_memory(agent.get_reg_descs([(arena.buf.ctypes.data, len(arena.buf), 0, "")], "DRAM"))
             self._meta = agent.get_agent_metadata()
-            sock = self._ctx.socket(zmq.PULL)
-            port = sock.bind_to_random_port(f"tcp://{self.bind_host}")
-            self._free_addr = f"tcp://{self.bind_host}:{port}"
-            self._thread = threading.Thread(target=self._serve_frees, args=(sock,), name="tq-nixl-free", daemon=True)
-            self._thread.start()
+            self._endpoint = FreeEndpoint(arena.release, self.bind_host)
             self._arena = arena
         return self._arena
-
-    def _serve_frees(self, sock: zmq.Socket) -> None:
-        while not self._stop.is_set():
-            if not sock.poll(100):
-                continue
-            try:
-                msg = unpack(sock.recv(), 1 << 24)
-                if not isinstance(msg, list) or not all(isinstance(o, int) for o in msg):
-                    raise WireError("free: expected a list of offsets")
-            except WireError:
-                self.rejected += 1
-                continue
-            for off in msg:
-                self._arena.release(off)  # type: ignore[union-attr]
-        sock.close(0)
 
     def _write(self, uid: str, arrays: dict[str, tuple[np.ndarray, str]]) -> dict[str, Handle]:
         with self._lock:
@@ -150,12 +80,12 @@ class NixlStorage(StoragePlane):
             with self._lock:
                 descs = self._agent.get_serialized_descs(self._agent.get_xfer_descs([(addr, arr.nbytes, 0)], "DRAM"))
             out[name] = handle_of(self.kind, arr, tag, agent=self.name, md=self._meta, descs=descs, addr=addr,
-                                  offset=off, free=self._free_addr)
+                                  offset=off, free=self._endpoint.address)  # type: ignore[union-attr]
         return out
 
     def _read(self, handles: list[Handle]) -> list[np.ndarray]:
         sizes = [check_header(h, self.max_tensor_bytes)[2] for h in handles]
-        offs = np.cumsum([0] + [(n + _ALIGN - 1) // _ALIGN * _ALIGN for n in sizes])
+        offs = np.cumsum([0] + [aligned(n) for n in sizes])
         dst = np.empty(max(int(offs[-1]), 1), dtype=np.uint8)
         base = dst.ctypes.data
         with self._lock:
@@ -189,24 +119,15 @@ class NixlStorage(StoragePlane):
         return out
 
     def _free(self, handles: list[Handle]) -> None:
-        by_addr: dict[str, list[int]] = {}
+        slots: dict[str, list[int]] = {}
         for h in handles:
-            by_addr.setdefault(str(h.get("free")), []).append(int(h["offset"]))
-        with self._lock:
-            for addr, offs in by_addr.items():
-                if addr not in self._push:
-                    s = self._ctx.socket(zmq.PUSH)
-                    s.setsockopt(zmq.LINGER, 2000)
-                    s.connect(addr)
-                    self._push[addr] = s
-                self._push[addr].send(pack(offs))
+            slots.setdefault(str(h.get("free")), []).append(int(h["offset"]))
+        self._sender.send(slots)
 
     def arena_used(self) -> int:
         return self._arena.used if self._arena is not None else 0
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        for s in self._push.values():
-            s.close()
+        if self._endpoint is not None:
+            self._endpoint.close()
+        self._sender.close()

@@ -1,13 +1,18 @@
-"""`shm` plane: one tmpfs file per tensor; the producer writes once, consumers map it.
+"""`shm` plane: same host; the producer writes each tensor once into tmpfs, consumers map it.
 
-`write` creates `/dev/shm/tq-<run>-<pid>-<n>`, copies the tensor in (the only copy on
-the whole path), and unmaps it. `read` maps the file copy-on-write: the consumer's array
-is a view of the same physical pages; writing to it stays private to that consumer.
-`free` unlinks the file: the pages go back to the system when the last consumer drops
-its views. Same host only; no service, no lock between processes.
+Two layouts, chosen by `queue.shm_arena_bytes`:
+- arena (default): each producer owns one tmpfs file, mapped once; `write` copies a
+  tensor into a free slot of it (pages already faulted in after the first round, so this
+  is one warm memcpy); `free` sends the slot back to the producer (see `arena.py`).
+- one file per tensor (`shm_arena_bytes=0`): `write` creates `/dev/shm/tq-<run>-...`,
+  `free` unlinks it. Slower (fresh tmpfs pages on every put) but a record outlives the
+  producer process that wrote it.
 
-It does not use `multiprocessing.shared_memory`, whose resource tracker unlinks
-segments when the creating process exits, i.e. before consumers read them.
+`read` maps a file once per consumer, copy-on-write, and returns views: no copy. In the
+arena layout a slot is reused once its record is acked by every consumer group, so a
+view is valid until the batch is acked; copy what you keep longer. It does not use
+`multiprocessing.shared_memory`, whose resource tracker unlinks segments when the
+creating process exits.
 """
 
 from __future__ import annotations
@@ -15,35 +20,67 @@ from __future__ import annotations
 import itertools
 import mmap
 import os
+import threading
 
 import numpy as np
 
 from transfer_queue.codec import WireError, check_header
+from transfer_queue.storage.arena import Arena, FreeEndpoint, FreeSender
 from transfer_queue.storage.base import Handle, StoragePlane, handle_of
 
 
 class ShmStorage(StoragePlane):
     kind = "shm"
 
-    def __init__(self, shm_dir: str = "/dev/shm", run_id: str = "default", **kw) -> None:
+    def __init__(self, shm_dir: str = "/dev/shm", run_id: str = "default", arena_bytes: int = 1 << 30,
+                 bind_host: str = "127.0.0.1", timeout_s: float = 120.0, **kw) -> None:
         super().__init__(**kw)
         self.dir = shm_dir
         self.run_prefix = f"tq-{run_id}-"
         self.prefix = f"{self.run_prefix}{os.getpid()}-{os.urandom(3).hex()}-"
+        self.arena_bytes, self.bind_host, self.timeout_s = arena_bytes, bind_host, timeout_s
         self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._arena: Arena | None = None
+        self._arena_path = ""
+        self._endpoint: FreeEndpoint | None = None
+        self._sender = FreeSender()
+        self._maps: dict[str, mmap.mmap] = {}
+
+    def _producer_arena(self) -> Arena:
+        with self._lock:
+            if self._arena is None:
+                self._arena_path = os.path.join(self.dir, f"{self.prefix}arena")
+                mm = self._create(self._arena_path, self.arena_bytes)
+                arena = Arena(np.frombuffer(mm, dtype=np.uint8), "queue.shm_arena_bytes")
+                self._endpoint = FreeEndpoint(arena.release, self.bind_host)
+                self._arena = arena
+            return self._arena
+
+    @staticmethod
+    def _create(path: str, n: int) -> mmap.mmap:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, n)
+            return mmap.mmap(fd, n)
+        finally:
+            os.close(fd)
 
     def _write(self, uid: str, arrays: dict[str, tuple[np.ndarray, str]]) -> dict[str, Handle]:
         out = {}
         for name, (arr, tag) in arrays.items():
+            src = arr.reshape(-1).view(np.uint8)
+            if self.arena_bytes:
+                arena = self._producer_arena()
+                off = arena.alloc(arr.nbytes, self.timeout_s)
+                np.copyto(arena.buf[off:off + arr.nbytes], src)
+                out[name] = handle_of(self.kind, arr, tag, path=self._arena_path, offset=off,
+                                      free=self._endpoint.address)  # type: ignore[union-attr]
+                continue
             path = os.path.join(self.dir, f"{self.prefix}{next(self._ids)}")
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                os.ftruncate(fd, arr.nbytes)
-                mm = mmap.mmap(fd, arr.nbytes)
-            finally:
-                os.close(fd)
-            dst = np.frombuffer(mm, dtype=arr.dtype, count=arr.size).reshape(arr.shape)
-            np.copyto(dst, arr, casting="no")
+            mm = self._create(path, arr.nbytes)
+            dst = np.frombuffer(mm, dtype=np.uint8)
+            np.copyto(dst, src)
             del dst
             mm.close()
             out[name] = handle_of(self.kind, arr, tag, path=path)
@@ -54,22 +91,41 @@ class ShmStorage(StoragePlane):
         for h in handles:
             path = self._path(h)
             dt, shape, n = check_header(h, self.max_tensor_bytes)
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                if os.fstat(fd).st_size != n:
-                    raise WireError(f"shm segment {path} has {os.fstat(fd).st_size} bytes, handle says {n}")
-                mm = mmap.mmap(fd, n, access=mmap.ACCESS_COPY)
-            finally:
-                os.close(fd)
-            out.append(np.frombuffer(mm, dtype=dt).reshape(shape))
+            off = h.get("offset", 0)
+            if not isinstance(off, int) or off < 0:
+                raise WireError(f"shm handle: bad offset {off!r}")
+            mm = self._map(path) if "offset" in h else self._map_once(path)
+            if off + n > len(mm):
+                raise WireError(f"shm handle: {off}+{n} bytes outside {path} ({len(mm)} bytes)")
+            out.append(np.frombuffer(mm, dtype=dt, count=n // dt.itemsize, offset=off).reshape(shape))
         return out
 
+    def _map(self, path: str) -> mmap.mmap:
+        with self._lock:
+            if path not in self._maps:
+                self._maps[path] = self._map_once(path)
+            return self._maps[path]
+
+    @staticmethod
+    def _map_once(path: str) -> mmap.mmap:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            return mmap.mmap(fd, os.fstat(fd).st_size, access=mmap.ACCESS_COPY)
+        finally:
+            os.close(fd)
+
     def _free(self, handles: list[Handle]) -> None:
+        slots: dict[str, list[int]] = {}
         for h in handles:
+            if "offset" in h:
+                slots.setdefault(str(h.get("free")), []).append(int(h["offset"]))
+                continue
             try:
                 os.unlink(self._path(h))
             except FileNotFoundError:  # freed twice (a late duplicate): nothing left to do
                 pass
+        if slots:
+            self._sender.send(slots)
 
     def _path(self, h: Handle) -> str:
         path = h.get("path")
@@ -77,10 +133,17 @@ class ShmStorage(StoragePlane):
             raise WireError(f"shm handle path {path!r} is outside {self.dir}/tq-*")
         return path
 
+    def arena_used(self) -> int:
+        """Bytes of this producer's arena held by records not yet freed."""
+        return self._arena.used if self._arena is not None else 0
+
     def resident_bytes(self) -> int:
-        """Bytes of tmpfs held by this run's segments (every producer), for the benchmark."""
-        total = 0
-        for e in os.scandir(self.dir):
-            if e.name.startswith(self.run_prefix):
-                total += e.stat().st_blocks * 512
-        return total
+        """Bytes of tmpfs held by this run's files (every producer), for the benchmark."""
+        return sum(e.stat().st_blocks * 512 for e in os.scandir(self.dir) if e.name.startswith(self.run_prefix))
+
+    def close(self) -> None:
+        """Stop serving frees and remove this producer's arena file (consumers keep what they mapped)."""
+        if self._endpoint is not None:
+            self._endpoint.close()
+            os.unlink(self._arena_path)
+        self._sender.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import time
 
 import msgpack
 import numpy as np
@@ -53,9 +54,12 @@ def test_config_errors_name_the_key():
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("plane", ["local", "shm", "zmq"])
+@pytest.mark.parametrize("plane", ["local", "shm", "shm-files", "zmq"])
 def test_planes_roundtrip_and_free_on_ack(plane, tmp_path):
-    cfg = TransferQueueConfig(storage=plane, capacity=8, shm_dir=str(tmp_path), run_id="t")
+    files = plane == "shm-files"
+    plane = "shm" if files else plane
+    cfg = TransferQueueConfig(storage=plane, capacity=8, shm_dir=str(tmp_path), run_id="t",
+                              shm_arena_bytes=0 if files else 64 << 20)
     q = connect(cfg)
     big = torch.randn(256, 1024)
     q.put([Record("u", "g", tensors={"big": big, "small": torch.tensor([1, 2, 3])})])
@@ -67,13 +71,28 @@ def test_planes_roundtrip_and_free_on_ack(plane, tmp_path):
         assert len(os.listdir(tmp_path)) == 1
         raw = q.fetch(b, ["big"], as_torch=False)[0]["big"]
         assert isinstance(_root(raw), mmap.mmap) and not np.shares_memory(raw, big.numpy())  # a view of the mapping
+        raw[0, 0] = 42.0  # copy-on-write: private to this consumer
+        assert q.fetch(b, ["big"])[0]["big"][0, 0] == big[0, 0] if files else True
+    if plane == "shm" and not files:
+        assert q.storage.arena_used() == big.numel() * 4
     q.ack(b)
-    if plane == "shm":
+    if files:
         assert os.listdir(tmp_path) == []
         assert torch.equal(out["big"], big)  # the consumer's mapping outlives the unlink
+    elif plane == "shm":
+        assert _until(lambda: q.storage.arena_used() == 0)  # the slot went back to the producer
     if plane == "zmq":
         assert q.storage.unit_stats()["count"] == 0
     q.close()
+
+
+def _until(pred, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def _root(arr: np.ndarray):
