@@ -111,6 +111,7 @@ class VLLMRolloutServer(RolloutServer):
         self._generated = 0
         self._recent: collections.deque[tuple[float, int]] = collections.deque()
         self._closed = False
+        self._healthy = True
 
     # ---- generation -------------------------------------------------------------------------
 
@@ -179,10 +180,14 @@ class VLLMRolloutServer(RolloutServer):
         from asyncrl.rollout.vllm_worker_ext import pack_chunks
 
         rpc = self._engine.collective_rpc
-        await rpc("asyncrl_begin_reload")
-        for meta, payload in pack_chunks(named_tensors, self._chunk_bytes):
-            await rpc("asyncrl_load_chunk", args=(meta, payload))
-        await rpc("asyncrl_finish_reload")
+        try:
+            await rpc("asyncrl_begin_reload")
+            for meta, payload in pack_chunks(named_tensors, self._chunk_bytes):
+                await rpc("asyncrl_load_chunk", args=(meta, payload))
+            await rpc("asyncrl_finish_reload")
+        except BaseException:
+            self._healthy = False  # layers may be half loaded: this engine must be rebuilt
+            raise
         await self._engine.update_weight_version(str(version))
         await self.reset_prefix_cache()
         self._version = version
@@ -200,7 +205,7 @@ class VLLMRolloutServer(RolloutServer):
         recent = [(t, n) for t, n in self._recent if now - t <= _RATE_WINDOW_S]
         rate = sum(n for _, n in recent) / _RATE_WINDOW_S if recent else 0.0
         return ServerStats(self._version, self._in_flight, self._paused, self._generated, rate,
-                           healthy=not self._closed)
+                           healthy=self._healthy and not self._closed)
 
     @property
     def version(self) -> int:

@@ -35,11 +35,24 @@ class _Request:
 
 
 class InprocAsyncEngine:
+    live = 0
+    """In-process engines alive in this process: at most one, since vLLM keeps the forward
+    context and parallel state in module globals that two stepping engines would share."""
+
     def __init__(self, engine_args: Any) -> None:
         from vllm.v1.engine.llm_engine import LLMEngine
 
+        if InprocAsyncEngine.live:
+            raise RuntimeError("one in-process vLLM engine per process: close the other one, use "
+                               "in_process=False, or run servers in separate processes")
+        InprocAsyncEngine.live += 1
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="vllm-inproc")
-        self._engine = self._pool.submit(LLMEngine.from_engine_args, engine_args).result()
+        try:
+            self._engine = self._pool.submit(LLMEngine.from_engine_args, engine_args).result()
+        except BaseException:
+            InprocAsyncEngine.live -= 1
+            self._pool.shutdown()
+            raise
         self._requests: dict[str, _Request] = {}
         self._frozen = False
         self._wake: asyncio.Event | None = None
@@ -146,6 +159,7 @@ class InprocAsyncEngine:
             self._stepper.cancel()
         engine, self._engine = self._engine, None
         if engine is not None:
+            InprocAsyncEngine.live -= 1
             self._pool.submit(engine.engine_core.shutdown).result()
         self._pool.shutdown(wait=True)
 

@@ -62,6 +62,14 @@ def test_generate_logprobs_match_hf(server, loop, hf, temperature: float) -> Non
     assert gap <= LOGPROB_TOL
 
 
+def test_one_in_process_engine_per_process(server, tiny_models) -> None:
+    from asyncrl.rollout.vllm_engine import VLLMRolloutServer
+
+    with pytest.raises(RuntimeError, match="one in-process vLLM engine per process"):
+        VLLMRolloutServer(tiny_models[0], in_process=True)
+    assert server.stats().healthy
+
+
 def test_same_seed_same_tokens(server, loop) -> None:
     a = _generate_all(loop, server, PROMPTS, max_tokens=16)
     b = _generate_all(loop, server, PROMPTS, max_tokens=16)
