@@ -6,7 +6,7 @@ a batch delivered to a consumer that died stays in the stream's pending entries 
 is claimed by the next `get` once idle for `lease_timeout_s` (XAUTOCLAIM).
 
 Layout (P = `tq:<run_id>:`):
-    P rec:<uid>   hash   core (msgpack uid/group/version), meta, sealed, gid, h:<field> (handles)
+    P rec:<uid>   hash   s (msgpack SampleMeta: meta and handles), sealed, gid, v (update counter)
     P grp:<gid>   hash   size, n (records put), sealed, eid (stream entry once published), done
     P gm:<gid>    list   member uids
     P stream      stream one entry per complete, sealed group; consumer group per queue consumer group
@@ -21,6 +21,7 @@ and drops apply to whole groups. Scripts touch keys they compute, so a single Re
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any
 
 import msgpack
@@ -42,58 +43,66 @@ local function publish(p, gid)
 end
 """
 
-# ARGV: prefix, capacity, n, then per record: uid, gid, size, sealed, core, meta, nfields, (name, handle)*
+# ARGV: prefix, capacity, n, then per record: uid, gid, size, sealed, blob (msgpack SampleMeta)
 _PUT = _PUBLISH + """
 local p, cap, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 if tonumber(redis.call('GET', p..'resident') or '0') + n > cap then return -1 end
-local recs, i, counts = {}, 4, {}
-for k = 1, n do
-  local r = {uid=ARGV[i], gid=ARGV[i+1], size=ARGV[i+2], sealed=ARGV[i+3], core=ARGV[i+4], meta=ARGV[i+5], h={}}
-  local nf = tonumber(ARGV[i+6]); i = i + 7
-  for f = 1, nf do table.insert(r.h, 'h:'..ARGV[i]); table.insert(r.h, ARGV[i+1]); i = i + 2 end
-  if redis.call('EXISTS', p..'rec:'..r.uid) == 1 then return redis.error_reply('uid '..r.uid..' is already in the queue') end
-  local g = redis.call('HMGET', p..'grp:'..r.gid, 'size', 'n')
-  if g[1] and g[1] ~= r.size then return redis.error_reply('group '..r.gid..' has group_size '..g[1]) end
-  counts[r.gid] = (counts[r.gid] or tonumber(g[2] or '0')) + 1
-  if counts[r.gid] > tonumber(r.size) then return redis.error_reply('group '..r.gid..' already has '..r.size..' records') end
-  table.insert(recs, r)
+local counts = {}
+for i = 4, 3 + 5 * n, 5 do
+  local uid, gid, size = ARGV[i], ARGV[i+1], ARGV[i+2]
+  if redis.call('EXISTS', p..'rec:'..uid) == 1 then return redis.error_reply('uid '..uid..' is already in the queue') end
+  local g = redis.call('HMGET', p..'grp:'..gid, 'size', 'n')
+  if g[1] and g[1] ~= size then return redis.error_reply('group '..gid..' has group_size '..g[1]) end
+  counts[gid] = (counts[gid] or tonumber(g[2] or '0')) + 1
+  if counts[gid] > tonumber(size) then return redis.error_reply('group '..gid..' already has '..size..' records') end
 end
-for _, r in ipairs(recs) do
-  redis.call('HSET', p..'rec:'..r.uid, 'core', r.core, 'meta', r.meta, 'sealed', r.sealed, 'gid', r.gid, unpack(r.h))
-  local g = p..'grp:'..r.gid
-  redis.call('HSETNX', g, 'size', r.size)
+for i = 4, 3 + 5 * n, 5 do
+  local uid, gid, size, sealed = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+3]
+  redis.call('HSET', p..'rec:'..uid, 's', ARGV[i+4], 'sealed', sealed, 'gid', gid, 'v', 0)
+  local g = p..'grp:'..gid
+  redis.call('HSETNX', g, 'size', size)
   redis.call('HINCRBY', g, 'n', 1)
-  redis.call('HINCRBY', g, 'sealed', tonumber(r.sealed))
-  redis.call('RPUSH', p..'gm:'..r.gid, r.uid)
+  redis.call('HINCRBY', g, 'sealed', tonumber(sealed))
+  redis.call('RPUSH', p..'gm:'..gid, uid)
 end
-for _, r in ipairs(recs) do publish(p, r.gid) end
+for i = 4, 3 + 5 * n, 5 do publish(p, ARGV[i+1]) end
 redis.call('INCRBY', p..'resident', n)
 redis.call('HINCRBY', p..'stats', 'put', n)
 return n
 """
 
-# ARGV: prefix, uid, meta (msgpack, merged by the caller), seal, (name, handle)*; returns replaced handles
+# ARGV: prefix, uid, version read by the caller, new blob, seal; -1: changed meanwhile (retry), -2: gone
 _UPDATE = _PUBLISH + """
 local p, r = ARGV[1], ARGV[1]..'rec:'..ARGV[2]
-if redis.call('EXISTS', r) == 0 then return redis.error_reply('no record '..ARGV[2]..' in the queue') end
-local old = {}
-for i = 5, #ARGV, 2 do
-  local prev = redis.call('HGET', r, 'h:'..ARGV[i])
-  if prev then table.insert(old, prev) end
-  redis.call('HSET', r, 'h:'..ARGV[i], ARGV[i+1])
-end
-redis.call('HSET', r, 'meta', ARGV[3])
-if ARGV[4] == '1' and redis.call('HGET', r, 'sealed') == '0' then
+local v = redis.call('HGET', r, 'v')
+if not v then return -2 end
+if v ~= ARGV[3] then return -1 end
+redis.call('HSET', r, 's', ARGV[4], 'v', tonumber(v) + 1)
+if ARGV[5] == '1' and redis.call('HGET', r, 'sealed') == '0' then
   redis.call('HSET', r, 'sealed', '1')
   local gid = redis.call('HGET', r, 'gid')
   redis.call('HINCRBY', p..'grp:'..gid, 'sealed', 1)
   publish(p, gid)
 end
-return old
+return 0
+"""
+
+# ARGV: prefix, gids...; returns per group the blobs of its records
+_LOAD = """
+local p, out = ARGV[1], {}
+for i = 2, #ARGV do
+  local blobs = {}
+  for _, uid in ipairs(redis.call('LRANGE', p..'gm:'..ARGV[i], 0, -1)) do
+    local b = redis.call('HGET', p..'rec:'..uid, 's')
+    if b then table.insert(blobs, b) end
+  end
+  table.insert(out, blobs)
+end
+return out
 """
 
 # ARGV: prefix, consumer group, number of consumer groups, cause ('' = ack), uids...
-# returns {records finished, handles of freed records...}
+# returns {records finished, blobs of the records freed...}
 _FINISH = """
 local p, cg, ncg, cause = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local out, seen = {0}, {}
@@ -110,10 +119,7 @@ for i = 5, #ARGV do
       redis.call('HINCRBY', p..'stats', key, #members)
       if redis.call('HINCRBY', g, 'done', 1) == ncg then
         for _, uid in ipairs(members) do
-          local kv = redis.call('HGETALL', p..'rec:'..uid)
-          for j = 1, #kv, 2 do
-            if string.sub(kv[j], 1, 2) == 'h:' then table.insert(out, kv[j+1]) end
-          end
+          table.insert(out, redis.call('HGET', p..'rec:'..uid, 's'))
           redis.call('DEL', p..'rec:'..uid)
         end
         redis.call('DEL', g, p..'gm:'..gid)
@@ -126,6 +132,10 @@ for i = 5, #ARGV do
 end
 return out
 """
+
+
+def _sample(blob: bytes) -> SampleMeta:
+    return SampleMeta(**msgpack.unpackb(blob))  # written by `put` of this module, not by a peer
 
 
 class RedisController(MetadataStore):
@@ -141,8 +151,11 @@ class RedisController(MetadataStore):
         self.on_free = on_free or (lambda handles: None)
         self.p = f"tq:{config.run_id}:"
         self.r = redis.Redis.from_url(config.redis_url)
-        self._put, self._update, self._finish = (self.r.register_script(s) for s in (_PUT, _UPDATE, _FINISH))
+        self._put, self._update, self._load_script, self._finish = (
+            self.r.register_script(s) for s in (_PUT, _UPDATE, _LOAD, _FINISH))
         self._lease_ms = int(config.lease_timeout_s * 1000)
+        self._claim_every = min(config.lease_timeout_s / 4, 0.5)
+        self._next_claim: dict[str, float] = {}
         for cg in self.consumer_groups:
             try:
                 self.r.xgroup_create(self.p + "stream", cg, id="0", mkstream=True)
@@ -157,10 +170,7 @@ class RedisController(MetadataStore):
             raise ValueError(f"put of {len(samples)} records exceeds queue.capacity={self.config.capacity}")
         args: list[Any] = [self.p, self.config.capacity, len(samples)]
         for s in samples:
-            args += [s.uid, s.group_id, s.group_size, int(s.sealed), pack([s.uid, s.group_id, s.group_size, s.version]),
-                     pack(s.meta), len(s.handles)]
-            for name, h in s.handles.items():
-                args += [name, pack(h)]
+            args += [s.uid, s.group_id, s.group_size, int(s.sealed), pack(s.to_wire())]
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = 0.001
         while self._call(self._put, args) == -1:  # full: back-pressure by polling
@@ -171,16 +181,23 @@ class RedisController(MetadataStore):
 
     def update(self, uid: str, handles: dict[str, dict[str, Any]], meta: dict[str, Any] | None = None,
                seal: bool = True) -> None:
-        raw = self.r.hget(self.p + f"rec:{uid}", "meta")
-        if raw is None:
-            raise KeyError(f"update: no record {uid!r} in the queue")
-        merged = {**msgpack.unpackb(raw), **(meta or {})}
-        args: list[Any] = [self.p, uid, pack(merged), int(seal)]
-        for name, h in handles.items():
-            args += [name, pack(h)]
-        old = self._call(self._update, args)
-        if old:
-            self.on_free([msgpack.unpackb(h) for h in old])
+        for _ in range(100):  # optimistic: retry if another writer changed the record meanwhile
+            blob, version = self.r.hmget(self.p + f"rec:{uid}", "s", "v")
+            if blob is None:
+                raise KeyError(f"update: no record {uid!r} in the queue")
+            s = SampleMeta.from_wire(msgpack.unpackb(blob))
+            old = [s.handles[k] for k in handles if k in s.handles]
+            s.handles.update(handles)
+            s.meta.update(meta or {})
+            s.sealed = s.sealed or seal
+            res = self._call(self._update, [self.p, uid, version, pack(s.to_wire()), int(seal)])
+            if res == -2:
+                raise KeyError(f"update: no record {uid!r} in the queue")
+            if res == 0:
+                if old:
+                    self.on_free(old)
+                return
+        raise RuntimeError(f"update of {uid!r}: the record kept changing under 100 attempts")
 
     def _call(self, script: Any, args: list[Any]) -> Any:
         try:
@@ -197,7 +214,10 @@ class RedisController(MetadataStore):
         held: list[tuple[str, list[SampleMeta]]] = []
         while True:
             want = (req.num_groups or req.num_samples or 1) - (len(held) if req.num_groups else sum(len(g) for _, g in held))
-            entries = self.r.xautoclaim(stream, cg, me, self._lease_ms, "0-0", count=max(want, 1))[1]
+            entries = []
+            if time.monotonic() >= self._next_claim.get(cg, 0.0):  # expired leases of dead consumers
+                entries = self.r.xautoclaim(stream, cg, me, self._lease_ms, "0-0", count=max(want, 1))[1]
+                self._next_claim[cg] = time.monotonic() + self._claim_every
             redelivered = len(entries)
             if len(entries) < want:
                 left = None if deadline is None else deadline - time.monotonic()
@@ -210,7 +230,8 @@ class RedisController(MetadataStore):
                     self.r.xack(stream, cg, eid)
             entries = [e for e in entries if e[1]]
             groups = self._load(entries)
-            self.r.hincrby(self.p + "stats", f"redelivered:{cg}", sum(len(g) for g in groups[:redelivered]))
+            if redelivered:
+                self.r.hincrby(self.p + "stats", f"redelivered:{cg}", sum(len(g) for g in groups[:redelivered]))
             for (eid, _), samples in zip(entries, groups):
                 if not samples:  # freed meanwhile (a late ack elsewhere): nothing to deliver
                     self.r.xack(stream, cg, eid)
@@ -232,34 +253,18 @@ class RedisController(MetadataStore):
                 self.r.xclaim(stream, cg, me, 0, ids, justid=True)  # keep the lease fresh while waiting
         samples = [s for _, g in held for s in g]
         if req.current_version is not None and samples:
-            pipe = self.r.pipeline()
-            for s in samples:
-                pipe.hincrby(self.p + f"hist:{cg}", str(req.current_version - s.version), 1)
+            pipe = self.r.pipeline(transaction=False)
+            for staleness, n in Counter(req.current_version - s.version for s in samples).items():
+                pipe.hincrby(self.p + f"hist:{cg}", str(staleness), n)
             pipe.execute()
         lease = f"{me}|{','.join(e for e, _ in held)}" if held else ""
         return Batch(cg, lease, samples, req.current_version)
 
     def _load(self, entries: list[tuple[bytes, dict]]) -> list[list[SampleMeta]]:
-        pipe = self.r.pipeline()
-        for _, fields in entries:
-            pipe.lrange(self.p + f"gm:{fields[b'gid'].decode()}", 0, -1)
-        members = pipe.execute()
-        for uids in members:
-            for u in uids:
-                pipe.hgetall(self.p + f"rec:{u.decode()}")
-        recs = iter(pipe.execute())
-        out = []
-        for uids in members:
-            group = []
-            for _ in uids:
-                h = next(recs)
-                if h:
-                    uid, gid, size, version = msgpack.unpackb(h[b"core"])
-                    handles = {k[2:].decode(): msgpack.unpackb(v) for k, v in h.items() if k.startswith(b"h:")}
-                    group.append(SampleMeta(uid, gid, size, version, msgpack.unpackb(h[b"meta"]), handles,
-                                            h[b"sealed"] == b"1"))
-            out.append(group)
-        return out
+        if not entries:
+            return []
+        groups = self._load_script(args=[self.p, *[fields[b"gid"] for _, fields in entries]])
+        return [[_sample(b) for b in blobs] for blobs in groups]
 
     def ack(self, consumer: str, uids: list[str]) -> int:
         return self._settle(consumer, uids, "")
@@ -274,7 +279,7 @@ class RedisController(MetadataStore):
             return 0
         out = self._call(self._finish, [self.p, consumer, len(self.consumer_groups), cause, *uids])
         if len(out) > 1:
-            self.on_free([msgpack.unpackb(h) for h in out[1:]])
+            self.on_free([h for b in out[1:] for h in _sample(b).handles.values()])
         return int(out[0])
 
     def nack(self, consumer: str, lease_id: str, uids: list[str]) -> int:
@@ -300,7 +305,7 @@ class RedisController(MetadataStore):
             redelivered[cg] = c.get(f"redelivered:{cg}", 0)
             hist[cg] = {int(k): int(v) for k, v in self.r.hgetall(self.p + f"hist:{cg}").items()}
             pending = self.r.xpending_range(self.p + "stream", cg, "-", "+", self.config.capacity)
-            pipe = self.r.pipeline()
+            pipe = self.r.pipeline(transaction=False)
             for e in pending:
                 pipe.xrange(self.p + "stream", e["message_id"], e["message_id"])
             entries = [r[0] for r in pipe.execute() if r and r[0][1]]
