@@ -48,8 +48,10 @@ def crc32(buf: torch.Tensor) -> int:
 class BucketPacker:
     """Fills slots from an iterator of (name, tensor); one `fill` call = one bucket.
 
-    Example (bucket 64 B, tensor starts aligned to 64 B), tensors a (40 B), b (100 B):
-      bucket 0 = [a bytes 0..40]; bucket 1 = [b bytes 0..64]; bucket 2 = [b bytes 64..100].
+    Only tensors larger than a bucket are split; one that fits an empty bucket but not the
+    room left starts the next bucket (split tensors cost the receiver an assembly copy).
+    Example (bucket 64 B, tensor starts aligned to 64 B), tensors a (40 B), b (100 B), c (8 B):
+      bucket 0 = [a 0..40]; bucket 1 = [b 0..64]; bucket 2 = [b 64..100, c @64].
     """
 
     def __init__(self, named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int):
@@ -81,6 +83,9 @@ class BucketPacker:
                 self.exhausted = True
                 break
             name, tensor, raw, done = item
+            if done == 0 and used > 0 and used + raw.numel() > self._bucket_bytes >= raw.numel():
+                self._pending = item  # fits whole in the next bucket: do not split it
+                break
             n = min(raw.numel() - done, self._bucket_bytes - used)
             if n > 0 or raw.numel() == 0:
                 slot[used : used + n].copy_(raw[done : done + n], non_blocking=False)
@@ -109,8 +114,11 @@ class TensorAssembler:
     def __init__(self) -> None:
         self._partial: dict[str, tuple[torch.Tensor, int]] = {}
 
-    def add(self, meta: BucketMeta, buf: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
-        """`buf` holds the bucket's first `meta.nbytes` bytes and must not be reused."""
+    def add(self, meta: BucketMeta, buf: torch.Tensor, borrowed: bool = False
+            ) -> list[tuple[str, torch.Tensor]]:
+        """`buf` holds the bucket's first `meta.nbytes` bytes. Owned (`borrowed=False`): it
+        must not be reused, whole tensors are views of it. Borrowed: it is reused after this
+        call, so every tensor is copied out (once) into its own buffer."""
         out: list[tuple[str, torch.Tensor]] = []
         for e in meta.entries:
             dtype = dtype_from_name(e.dtype)
@@ -120,7 +128,8 @@ class TensorAssembler:
             total = numel * torch.empty((), dtype=dtype).element_size()
             chunk = buf[e.bucket_offset : e.bucket_offset + e.nbytes]
             if e.tensor_offset == 0 and e.nbytes == total:
-                out.append((e.name, chunk.view(dtype).reshape(e.shape)))
+                t = chunk.view(dtype).reshape(e.shape)
+                out.append((e.name, t.clone() if borrowed else t))
                 continue
             flat, got = self._partial.get(e.name) or (
                 torch.empty(total, dtype=torch.uint8, device=buf.device), 0)

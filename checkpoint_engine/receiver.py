@@ -21,6 +21,7 @@ next publish / sync re-sends everything.
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Iterator
 
 import torch
@@ -57,6 +58,8 @@ class Receiver:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(endpoint or f"tcp://{config.host}:{config.port}")
         self._send(Join(receiver_id, version))
+        self._inbox: deque = deque()
+        """Messages read ahead while looking for an Abort (see `_evicted`)."""
         self._rejoin = False
         """Set when the sender dropped us from an update; the next `next_update` joins again."""
 
@@ -64,13 +67,27 @@ class Receiver:
         self._sock.send(encode(msg))
 
     def _recv(self, timeout_s: float | None):
+        if self._inbox:
+            return self._inbox.popleft()
         ms = -1 if timeout_s is None else max(0, int(timeout_s * 1000))
         if not self._sock.poll(ms):
             raise TimeoutError(f"receiver {self.receiver_id}: no message from the sender in {timeout_s} s")
         return decode(self._sock.recv())
 
-    def next_update(self, timeout_s: float | None = None) -> "Update":
-        """Block until the sender begins an update for this receiver; attach to its data plane."""
+    def _evicted(self, update_id: int) -> bool:
+        """Whether an Abort for `update_id` is already queued. Checked after reading a slot:
+        once the sender evicted us it refills slots, so those bytes must not be used."""
+        while self._sock.poll(0):
+            self._inbox.append(decode(self._sock.recv()))
+        return any(isinstance(m, Abort) and m.update_id == update_id for m in self._inbox)
+
+    def next_update(self, timeout_s: float | None = None, borrow: bool = False) -> "Update":
+        """Block until the sender begins an update for this receiver; attach to its data plane.
+
+        `borrow=True` (shm, nixl, local): tensors that fit a bucket are yielded as views of the
+        transport's buffer, valid only until the iterator advances past their bucket; for
+        engines that copy each tensor into their parameters as it comes (vLLM
+        `load_weights`). It saves one copy and a fresh allocation per tensor."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         if self._rejoin:
             self._send(Join(self.receiver_id, self.version))
@@ -83,7 +100,7 @@ class Receiver:
                     raise RuntimeError(f"versions only grow: got {msg.version} after {self.version}")
                 self.transport.attach(msg.info)
                 self._send(Ack(msg.update_id, READY))
-                return Update(self, msg.update_id, msg.version)
+                return Update(self, msg.update_id, msg.version, borrow and self.transport.borrowed)
             if isinstance(msg, Abort) and msg.reason == "sender closed":
                 raise UpdateAborted("sender closed")
             # anything else belongs to an update this receiver already left: drop it
@@ -100,8 +117,9 @@ class Receiver:
 class Update:
     """One update in progress; iterate it once to receive its tensors."""
 
-    def __init__(self, receiver: Receiver, update_id: int, version: int):
+    def __init__(self, receiver: Receiver, update_id: int, version: int, borrow: bool = False):
         self.receiver = receiver
+        self.borrow = borrow
         self.update_id = update_id
         self.version = version
         self.buckets = 0
@@ -133,16 +151,26 @@ class Update:
                 if meta.index in landed:  # re-sent after a regroup; already loaded
                     rx._send(Ack(uid, meta.index))
                     continue
+                if transport.borrowed and rx._evicted(uid):
+                    continue  # the Abort is next in the inbox
                 if meta.checksum is not None and crc32(buf) != meta.checksum:
+                    if transport.borrowed and rx._evicted(uid):
+                        continue  # the slot was refilled after our eviction: not corruption
                     rx._send(Nack(uid, meta.index, "checksum"))
                     raise ChecksumError(
                         f"receiver {rx.receiver_id}: bucket {meta.index} of version {self.version} "
                         "failed its checksum; update refused")
-                rx._send(Ack(uid, meta.index))
+                tensors = assembler.add(meta, buf, transport.borrowed and not self.borrow)
+                if transport.borrowed and rx._evicted(uid):
+                    continue  # the Abort is next in the inbox
                 landed.add(meta.index)
                 self.buckets += 1
                 self.bytes += meta.nbytes
-                yield from assembler.add(meta, buf)
+                if self.borrow:  # the consumer reads the slot itself; ack once it moved on
+                    yield from tensors
+                rx._send(Ack(uid, meta.index))  # the sender may now refill the slot
+                if not self.borrow:
+                    yield from tensors
             elif isinstance(msg, End):
                 missing = assembler.incomplete()
                 if missing:

@@ -46,6 +46,11 @@ class SenderTransport(abc.ABC):
 
 
 class ReceiverTransport(abc.ABC):
+    borrowed: bool = False
+    """True when `recv` returns the transport's own memory (a mapped slot, a landing
+    buffer), valid only until the bucket is acknowledged; the receiver then copies each
+    tensor straight to its final buffer (one copy). False: the caller owns the buffer."""
+
     def __init__(self, config: WeightSyncConfig):
         self.config = config
 
@@ -58,7 +63,7 @@ class ReceiverTransport(abc.ABC):
 
     @abc.abstractmethod
     def recv(self, meta: BucketMeta) -> torch.Tensor:
-        """The bucket's first `meta.nbytes` bytes in a new uint8 tensor the caller owns."""
+        """The bucket's first `meta.nbytes` bytes as a uint8 tensor (see `borrowed`)."""
 
     def close(self) -> None:
         pass

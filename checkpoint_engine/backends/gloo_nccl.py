@@ -70,8 +70,11 @@ class CollectiveSenderTransport(SenderTransport):
 
 
 class CollectiveReceiverTransport(ReceiverTransport):
+    borrowed = True  # one landing buffer, reused: no fresh allocation (page faults) per bucket
+
     def __init__(self, config: WeightSyncConfig):
         super().__init__(config)
+        self.landing = torch.empty(config.bucket_bytes, dtype=torch.uint8, device=config.device)
         self.store: dist.TCPStore | None = None
         self.addr: tuple[str, int] | None = None
         self.pg = None
@@ -91,7 +94,7 @@ class CollectiveReceiverTransport(ReceiverTransport):
 
     def recv(self, meta: BucketMeta) -> torch.Tensor:
         assert self.pg is not None, "form_group before recv"
-        out = torch.empty(meta.nbytes, dtype=torch.uint8, device=self.config.device)
+        out = self.landing[: meta.nbytes]
         _broadcast(self.pg, out, self.config.timeout_s)
         return out
 

@@ -39,6 +39,8 @@ class LocalSenderTransport(SenderTransport):
 
 
 class LocalReceiverTransport(ReceiverTransport):
+    borrowed = True
+
     def __init__(self, config: WeightSyncConfig):
         super().__init__(config)
         self.slots: list[torch.Tensor] = []
@@ -49,4 +51,4 @@ class LocalReceiverTransport(ReceiverTransport):
         self.slots = _REGISTRY[info["key"]]
 
     def recv(self, meta: BucketMeta) -> torch.Tensor:
-        return self.slots[meta.slot][: meta.nbytes].clone()
+        return self.slots[meta.slot][: meta.nbytes]

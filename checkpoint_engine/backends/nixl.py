@@ -3,7 +3,7 @@
 The sender registers its two slot buffers with a NIXL agent once and sends, in
 `Begin.info`, its agent metadata and the slot addresses. Each receiver registers one
 landing buffer of bucket size, READs the first `nbytes` of the announced slot into it,
-and copies them out into a buffer it hands to the caller. Only two large regions are
+and the receiver copies each tensor out of it to its final buffer. Only two large regions are
 registered per side (registration is costly; the agent is used from one thread only).
 Here the memory is DRAM over UCX; with `device=cuda` it is VRAM and the same calls
 become GPU-direct RDMA.
@@ -58,6 +58,8 @@ class NixlSenderTransport(SenderTransport):
 
 
 class NixlReceiverTransport(ReceiverTransport):
+    borrowed = True
+
     def __init__(self, config: WeightSyncConfig):
         super().__init__(config)
         self.name = f"weights-receiver-{uuid.uuid4().hex[:8]}"
@@ -78,9 +80,8 @@ class NixlReceiverTransport(ReceiverTransport):
 
     def recv(self, meta: BucketMeta) -> torch.Tensor:
         n = meta.nbytes
-        out = torch.empty(n, dtype=torch.uint8, device=self.config.device)
         if n == 0:
-            return out
+            return self.landing[:0]
         addr, _, dev = self.info["slots"][meta.slot]
         mem, local_dev = _mem(self.landing.device)
         local = self.agent.get_xfer_descs([(self.landing.data_ptr(), n, local_dev)], mem)
@@ -98,8 +99,7 @@ class NixlReceiverTransport(ReceiverTransport):
                 state = self.agent.check_xfer_state(handle)
         finally:
             self.agent.release_xfer_handle(handle)
-        out.copy_(self.landing[:n])
-        return out
+        return self.landing[:n]
 
     def close(self) -> None:
         if self.landing is not None:

@@ -61,6 +61,8 @@ class ShmSenderTransport(SenderTransport):
 
 
 class ShmReceiverTransport(ReceiverTransport):
+    borrowed = True
+
     def __init__(self, config: WeightSyncConfig):
         super().__init__(config)
         self.paths: list[str] = []
@@ -76,13 +78,10 @@ class ShmReceiverTransport(ReceiverTransport):
         self._views = [torch.from_numpy(np.frombuffer(m, dtype=np.uint8)) for m in self._maps]
 
     def recv(self, meta: BucketMeta) -> torch.Tensor:
-        out = torch.empty(meta.nbytes, dtype=torch.uint8)
-        out.copy_(self._views[meta.slot][: meta.nbytes])
-        return out
+        return self._views[meta.slot][: meta.nbytes]
 
     def close(self) -> None:
+        # Unmapped when the last view dies: borrowed tensors may still be alive.
         self._views = []
-        for m in self._maps:
-            m.close()
         self._maps = []
         self.paths = []
