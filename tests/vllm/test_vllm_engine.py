@@ -17,7 +17,8 @@ from tests.vllm._helpers import max_gap, run, until
 
 pytestmark = pytest.mark.vllm
 
-LOGPROB_TOL = 1e-4
+LOGPROB_TOL = 1e-4  # vs a teacher-forced HF fp32 forward; measured here: 4.8e-7
+UPDATE_TOL = 1e-5  # after update_weights, vs HF with the new weights; measured here: 4.8e-7
 PROMPTS = [[1] + [10 + (7 * i + j) % 90 for j in range(n)] for i, n in enumerate((3, 11, 40))]
 
 
@@ -77,7 +78,9 @@ def test_same_seed_same_tokens(server, loop) -> None:
 
 
 def test_update_weights_matches_fresh_weights_and_drops_prefix_cache(server, loop, hf) -> None:
-    long_prompt = PROMPTS[2] * 2  # 80 tokens: several full KV blocks, cached by the first call
+    # 164 tokens: one full KV block on CPU (block_size 128) is cached by the first call; without
+    # the reset the re-sent prompt reuses it (measured gap without reset: 0.39)
+    long_prompt = PROMPTS[2] * 4
     before = _generate_all(loop, server, [long_prompt], max_tokens=16)[0]
     assert max_gap(before.logprobs, hf[0].logprobs(long_prompt, before.token_ids)) <= LOGPROB_TOL
     v0 = server.version
@@ -91,7 +94,7 @@ def test_update_weights_matches_fresh_weights_and_drops_prefix_cache(server, loo
     # the cached prefix of `long_prompt` was recomputed: its log-probs are those of the new weights
     gap_cached = max_gap(outs[-1].logprobs, hf[1].logprobs(long_prompt, outs[-1].token_ids))
     print(f"\nafter update: gap vs HF(new weights) {gap_new:.2e}, on the re-sent cached prompt {gap_cached:.2e}")
-    assert gap_new <= LOGPROB_TOL and gap_cached <= LOGPROB_TOL
+    assert gap_new <= UPDATE_TOL and gap_cached <= UPDATE_TOL
 
     # a subset update (one tensor) and the way back to the start weights
     run(loop, server.update_weights([("lm_head.weight", hf[0].state_dict()["lm_head.weight"])], version=v0 + 2))
@@ -99,7 +102,7 @@ def test_update_weights_matches_fresh_weights_and_drops_prefix_cache(server, loo
     outs = _generate_all(loop, server, prompts, max_tokens=16)
     gap_back = _gap_vs_hf(hf[0], prompts, outs, 1.0)
     print(f"after updating back to the start weights: gap {gap_back:.2e}")
-    assert gap_back <= LOGPROB_TOL
+    assert gap_back <= UPDATE_TOL
 
 
 def _start(server, prompts, max_tokens: int) -> list:
@@ -179,6 +182,6 @@ def test_pause_keep_update_resume_stamps_new_version(server, loop, hf) -> None:
             switched += 1
             gap = max_gap(o.logprobs[k:], hf[1].logprobs(p + o.token_ids[:k], o.token_ids[k:]))
             print(f"\nkeep: {k} old + {len(o.token_ids) - k} new-version tokens, new-part gap {gap:.2e}")
-            assert gap <= LOGPROB_TOL
+            assert gap <= UPDATE_TOL
     assert switched >= 1
     run(loop, server.update_weights(hf[0].state_dict().items(), version=v0 + 2))
