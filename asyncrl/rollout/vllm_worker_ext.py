@@ -39,6 +39,7 @@ try:  # the worker process imports this module by name: request AMX before any b
 except Exception:  # noqa: BLE001 - older torch / non-x86: nothing to request
     pass
 
+_ALIGN = 64
 WORKER_EXTENSION_CLS = "asyncrl.rollout.vllm_worker_ext.WeightLoaderExtension"
 _DTYPES: dict[str, torch.dtype] = {
     str(d).removeprefix("torch."): d
@@ -56,7 +57,7 @@ def pack_chunks(
     """Group (name, tensor) pairs into chunks of about `chunk_bytes`; yield (meta, payload).
 
     `meta` is msgpack of `[[name, dtype, shape, offset, nbytes], ...]`; `payload` is the
-    concatenated raw bytes (CPU, contiguous). A tensor larger than `chunk_bytes` is a chunk alone.
+    concatenated raw bytes (CPU, contiguous), each tensor at a 64-byte aligned offset. A tensor larger than `chunk_bytes` is a chunk alone.
     """
     entries: list[list[Any]] = []
     parts: list[bytes] = []
@@ -70,6 +71,10 @@ def pack_chunks(
         if parts and size + len(raw) > chunk_bytes:
             yield msgpack.packb(entries), b"".join(parts)
             entries, parts, size = [], [], 0
+        pad = -size % _ALIGN  # every tensor starts aligned, so it can be viewed in place
+        if pad:
+            parts.append(bytes(pad))
+            size += pad
         entries.append([name, dtype, list(t.shape), size, len(raw)])
         parts.append(raw)
         size += len(raw)
