@@ -6,14 +6,16 @@ their buckets land, so the engine loads early tensors while later buckets are st
 flight:
 
     rx = Receiver(cfg, "server-0", endpoint=sender_endpoint)
-    while (update := rx.next_update()) is not None:
-        await server.pause("keep")
-        await server.update_weights(update, update.version)   # load, drop KV, bump version
-        await server.resume()
+    update = rx.next_update()                                  # blocks until the sender begins
+    await server.pause("keep")                                 # (`server_loop.apply_update`)
+    await server.update_weights(update, update.version)       # load, drop KV, bump version
+    await server.resume()
 
 Yielded tensors are views of freshly allocated buffers the receiver never touches again.
-An update must be consumed to the end; a consumer that stalls is evicted by the sender
-after `timeout_s`. A bucket whose checksum does not match is refused (the sender is told,
+`next_update` returns when the sender begins; iterating the update tells the sender the
+receiver is ready, so pausing (e.g. draining) in between counts against `timeout_s` for the
+ready message, not for a bucket. An update must be consumed to the end; a consumer that
+stalls is evicted by the sender after `timeout_s`. A bucket whose checksum does not match is refused (the sender is told,
 the iterator raises `ChecksumError`) and the receiver stays at its old version until the
 next publish / sync re-sends everything.
 """
@@ -99,7 +101,6 @@ class Receiver:
                 if msg.version < self.version:
                     raise RuntimeError(f"versions only grow: got {msg.version} after {self.version}")
                 self.transport.attach(msg.info)
-                self._send(Ack(msg.update_id, READY))
                 return Update(self, msg.update_id, msg.version, borrow and self.transport.borrowed)
             if isinstance(msg, Abort) and msg.reason == "sender closed":
                 raise UpdateAborted("sender closed")
@@ -132,6 +133,7 @@ class Update:
         landed: set[int] = set()
         timeout = rx.config.timeout_s * 3 + 5.0
         rx._rejoin = True  # cleared only by a complete update: any failure below re-joins
+        rx._send(Ack(uid, READY))  # ready only now: the server may pause (drain) in between
         while True:
             msg = rx._recv(timeout)
             if getattr(msg, "update_id", uid) != uid:
