@@ -4,7 +4,8 @@ Job: serve `RolloutServer` calls from one asyncio event loop with an HF model on
 GPU): batched decoding of all concurrent requests, per-token log-probs and versions, weight
 updates between decode steps, a prefix cache, and the three pause modes of `base.py`.
 Boundary: one process, one device, full-attention decoder models; no HTTP, no Ray (a fleet
-actor wraps this class). The CPU default and the reference the vLLM backend is checked against.
+actor wraps this class). The CPU default, and the plain reference for what a backend must do.
+`eos_token_ids` (from the model's generation config) is added to every request's stop tokens.
 
 Threading: one engine thread (`torch_worker.EngineWorker`) owns the model and all decode state. The
 asyncio side only touches a lock-protected inbox (pending requests, commands, pause state) and

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from safetensors.torch import load_file
 
 from asyncrl.rollout.base import SamplingParams
@@ -115,3 +116,19 @@ def test_cancelled_request_leaves_the_batch(tiny_model):
 
     stats, task = asyncio.run(run())
     assert task.cancelled() and stats.in_flight == 0 and stats.generated_tokens < LONG
+
+
+def test_close_returns_in_flight_requests_and_refuses_new_ones(tiny_model):
+    async def run():
+        server = _server(tiny_model)
+        task = asyncio.create_task(server.generate([5], SamplingParams(max_tokens=LONG, seed=0)))
+        await _until_generated(server, 5)
+        await server.close()
+        out = await asyncio.wait_for(task, timeout=2.0)
+        with pytest.raises(RuntimeError, match="closed"):
+            await server.generate([5], SamplingParams(max_tokens=2))
+        await server.close()  # idempotent
+        return out
+
+    out = asyncio.run(run())
+    assert out.finish_reason == "abort" and 0 < len(out.token_ids) < LONG
