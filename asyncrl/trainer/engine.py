@@ -218,8 +218,8 @@ class TrainerEngine:
             # (a divide factor of 1 would need PREMUL_SUM, which gloo lacks)
             (loss * self.world).backward()
             with torch.no_grad():
-                tok = lambda t: (t.detach().double() * mask).sum()  # noqa: E731
-                sums += torch.stack([loss.detach().double(), pg_loss.detach().double(), tok(kl), tok(entropy), tok(out.clipped), tok(out.ratio)])
+                per_tok = torch.stack([kl, entropy, out.clipped, out.ratio]).double() * mask
+                sums += torch.cat([torch.stack([loss, pg_loss]).double(), per_tok.sum(dim=(1, 2))])
                 if mask.any():
                     r = out.ratio[mask > 0].double()
                     extremes = torch.maximum(extremes, torch.stack([r.max(), -r.min()]))

@@ -58,7 +58,7 @@ def test_train_steps_raise_logprob_of_positive_advantage_tokens(tiny_model_path)
 
 def test_kl_to_reference_starts_at_zero_and_grows(tiny_model_path):
     batch = synthetic_batch(6, vocab_size=VOCAB, seed=2)
-    engine = make_engine(tiny_model_path, kl_coef=0.1, kl_estimator="k3")
+    engine = make_engine(tiny_model_path, kl_coef=0.1, kl_estimator="k3", entropy_coef=0.01)
     try:
         ref = engine.compute_ref_logprobs(batch)
         assert torch.allclose(ref, engine.compute_logprobs(batch), atol=1e-6)
@@ -67,7 +67,8 @@ def test_kl_to_reference_starts_at_zero_and_grows(tiny_model_path):
         second = engine.train_step(batch)
         assert first["kl"] == pytest.approx(0.0, abs=1e-7)
         assert second["kl"] > 1e-6
-        assert second["loss"] == pytest.approx(second["pg_loss"] + 0.1 * second["kl"], rel=1e-5)
+        for m in (first, second):  # token_mean: loss = pg + kl_coef * kl - entropy_coef * entropy
+            assert m["loss"] == pytest.approx(m["pg_loss"] + 0.1 * m["kl"] - 0.01 * m["entropy"], abs=1e-6)
     finally:
         engine.close()
 
