@@ -130,3 +130,13 @@ def test_config_accepts_exactly_the_registered_names():
         AlgorithmConfig(advantage="gae")
     with pytest.raises(ConfigError, match="algorithm.loss"):
         AlgorithmConfig(loss="dpo")
+
+
+def test_docstring_examples_hold():
+    import doctest
+
+    from asyncrl.trainer import advantages, losses
+
+    for module in (advantages, losses):
+        result = doctest.testmod(module, extraglobs={"torch": torch})
+        assert result.attempted > 0 and result.failed == 0, module.__name__
