@@ -10,7 +10,14 @@ def build_server(cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int, 
     if cfg.backend == "torch":
         from asyncrl.rollout.torch_engine import TorchRolloutServer
 
-        return TorchRolloutServer(model_path, dtype=dtype, max_batch_size=cfg.max_batch_size, seed=seed + index)
+        return TorchRolloutServer(
+            model_path,
+            dtype=dtype,
+            max_batch_size=cfg.max_batch_size,
+            seed=seed + index,
+            threads=cfg.torch_threads,
+            prefix_cache_size=cfg.prefix_cache_size,
+        )
     if cfg.backend == "vllm":
         from asyncrl.rollout.vllm_engine import VLLMRolloutServer
 

@@ -62,3 +62,9 @@ def test_shipped_recipes_load():
     load("configs/demo.yaml")
     with pytest.raises(ConfigError):  # the GPU recipe needs local paths: the error names them
         load("configs/gsm8k_qwen2.5_0.5b.yaml")
+
+
+def test_configs_readme_documents_every_key():
+    text = open("configs/README.md").read()
+    missing = [key for key, _, _ in document() if f"| `{key}` |" not in text]
+    assert missing == [], f"configs/README.md is stale (run `asyncrl config --doc`): {missing}"
