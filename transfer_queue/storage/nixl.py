@@ -16,6 +16,7 @@ plane serializes its agent calls with a lock.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -33,6 +34,8 @@ def _nixl_api():
         from nixl._api import nixl_agent, nixl_agent_config
     except ImportError:  # the CUDA-12 wheel names its module nixl_cu12
         from nixl_cu12._api import nixl_agent, nixl_agent_config
+    if not os.environ.get("NIXL_LOG_LEVEL"):  # NIXL logs every agent at INFO on stdout
+        logging.getLogger("nixl").setLevel(logging.WARNING)
     return nixl_agent, nixl_agent_config
 
 
