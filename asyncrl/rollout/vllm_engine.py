@@ -47,7 +47,14 @@ import time
 import uuid
 from typing import Any, Iterable
 
-from asyncrl.rollout.base import PAUSE_MODES, GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats
+from asyncrl.rollout.base import (
+    PAUSE_MODES,
+    GenerateOutput,
+    PauseMode,
+    RolloutServer,
+    SamplingParams,
+    ServerStats,
+)
 
 _RATE_WINDOW_S = 10.0
 
@@ -245,7 +252,7 @@ def _span_versions(spans: list[Any] | None, n_tokens: int) -> list[int] | None:
 
 
 def _set_vllm_env(*, on_gpu: bool, in_process: bool, cpu_kv_cache_gb: float) -> None:
-    """Process-wide env vllm reads at engine start (a vllm process reads no config file)."""
+    """Set the process-wide env vLLM reads at engine start (its child processes inherit it)."""
     import vllm.envs
 
     vllm.envs.disable_envs_cache()

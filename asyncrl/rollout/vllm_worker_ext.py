@@ -57,7 +57,8 @@ def pack_chunks(
     """Group (name, tensor) pairs into chunks of about `chunk_bytes`; yield (meta, payload).
 
     `meta` is msgpack of `[[name, dtype, shape, offset, nbytes], ...]`; `payload` is the
-    concatenated raw bytes (CPU, contiguous), each tensor at a 64-byte aligned offset. A tensor larger than `chunk_bytes` is a chunk alone.
+    concatenated raw bytes (CPU, contiguous), each tensor at a 64-byte aligned offset.
+    A tensor larger than `chunk_bytes` is a chunk alone.
     """
     entries: list[list[Any]] = []
     parts: list[bytes] = []
