@@ -101,16 +101,20 @@ class InprocAsyncEngine:
             self._requests.pop(request_id, None)
             raise
         wake.set()
-        while True:
-            item = await req.queue.get()
-            if item is _ABORTED:
-                yield _abort_output(request_id)
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-            if item.finished:
-                return
+        try:
+            while True:
+                item = await req.queue.get()
+                if item is _ABORTED:
+                    yield _abort_output(request_id)
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finished:
+                    return
+        finally:  # the caller went away (cancelled, or stopped iterating): stop the request too
+            if self._requests.pop(request_id, None) is not None and self._engine is not None:
+                self._pool.submit(self._engine.abort_request, [request_id])
 
     async def abort(self, request_ids: list[str]) -> None:
         ids = [r for r in request_ids if r in self._requests]

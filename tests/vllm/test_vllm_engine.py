@@ -114,6 +114,22 @@ def _ended_at_eos(o) -> bool:
     return o.finish_reason == "stop" and o.token_ids[-1] == EOS_ID
 
 
+def test_cancelled_caller_stops_its_request(server, loop) -> None:
+    async def go():
+        g0 = server.stats().generated_tokens
+        task = _start(server, PROMPTS[:1], max_tokens=400)[0]
+        await until(lambda: server.stats().generated_tokens >= g0 + 5)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await until(lambda: server.stats().in_flight == 0)
+        if server.in_process:  # nothing left stepping for a caller that is gone
+            engine = server._engine
+            assert not engine._requests
+            assert not await engine._call(engine._engine.has_unfinished_requests)
+
+    run(loop, go())
+
+
 def test_pause_abort_returns_partial_outputs(server, loop, hf) -> None:
     async def go():
         g0 = server.stats().generated_tokens
