@@ -89,6 +89,9 @@ def bench_large(sizes_mib: list[int], planes: list[str], repeats: int, ray_mod: 
                 consumer.fetch(b, as_torch=False)
                 dt = time.perf_counter() - t0
                 consumer.ack(b)  # frees the bytes, outside the timed part
+                used = getattr(producer.storage, "arena_used", None)
+                while used is not None and used():  # steady state: the slot is back before the next put
+                    time.sleep(0.001)
                 return dt
 
             once()  # warm-up: agents, registrations, connections
