@@ -103,11 +103,11 @@ def test_nack_and_expired_lease_redeliver():
 
 @pytest.mark.timeout(10)
 def test_renew_keeps_a_lease():
-    q = _q(capacity=8, lease_timeout_s=0.3)
+    q = _q(capacity=8, lease_timeout_s=1.0)
     q.put(_group("g", 1))
     b = q.get("trainer", timeout=1)
-    for _ in range(4):
-        time.sleep(0.15)
+    for _ in range(4):  # 1.2 s in all: longer than the lease, which each renew extends
+        time.sleep(0.3)
         assert q.renew(b)
     assert len(q.get("trainer", timeout=0.05)) == 0
 
