@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
@@ -42,9 +43,16 @@ class Sample:
 async def score(
     fn: Callable[..., Any], response: str, answer: str, timeout_s: float
 ) -> tuple[float, dict[str, Any]]:
-    """Run a reward function in a worker thread with a timeout; failures give (0.0, {"failed": cause})."""
+    """Run a reward function with a timeout; failures give (0.0, {"failed": cause}).
+
+    A coroutine function (e.g. one that runs tests in the sandbox) is awaited and cancelled at
+    the timeout; a plain function runs in a worker thread (a hung one keeps its thread).
+    """
     try:
-        out = await asyncio.wait_for(asyncio.to_thread(fn, response, answer), timeout_s)
+        if _is_async(fn):
+            out = await asyncio.wait_for(fn(response, answer), timeout_s)
+        else:
+            out = await asyncio.wait_for(asyncio.to_thread(fn, response, answer), timeout_s)
     except asyncio.TimeoutError:
         return 0.0, {"failed": "timeout"}
     except Exception as e:  # a user's reward function: translate any error into a counted failure
@@ -54,6 +62,11 @@ async def score(
     if reward != reward:  # NaN
         return 0.0, {"failed": "nan"}
     return reward, dict(info)
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    """Coroutine functions, partials of them, and objects with an `async __call__`."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
 
 
 class AgentLoop(abc.ABC):

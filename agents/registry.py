@@ -1,0 +1,62 @@
+"""Agent loops by name or import path, built from config with keyword settings.
+
+`build_agent("tool", encode=..., decode=..., sampling=..., reward="math_answer",
+tools=["python", {"name": "calculator"}])` builds a `ToolAgent`; `"single_turn"` a
+`SingleTurnAgent`; `"my_pkg.agents:MyLoop"` any class or factory returning an `AgentLoop`.
+A `reward` given as a name or import path (with `reward_kwargs`) is resolved through
+`agents.rewards.get_reward` and passed on as `reward_fn`, so config can stay plain data.
+Register more with `@register_agent("name")`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+from agents.base import AgentLoop
+from agents.rewards import get_reward
+from agents.single_turn import SingleTurnAgent
+from agents.tool_agent import ToolAgent
+
+AGENTS: dict[str, Callable[..., AgentLoop]] = {
+    "single_turn": SingleTurnAgent,
+    "tool": ToolAgent,
+}
+
+
+def register_agent(name: str) -> Callable[[Callable[..., AgentLoop]], Callable[..., AgentLoop]]:
+    """Decorator: `@register_agent("my_loop")` makes a class or factory selectable by name."""
+
+    def deco(factory: Callable[..., AgentLoop]) -> Callable[..., AgentLoop]:
+        AGENTS[name] = factory
+        return factory
+
+    return deco
+
+
+def resolve(name: str, registry: dict[str, Any], what: str) -> Any:
+    """A registry entry, or the object at import path `module:attr`."""
+    if name in registry:
+        return registry[name]
+    if ":" in name:
+        mod, _, attr = name.partition(":")
+        obj = getattr(importlib.import_module(mod), attr, None)
+        if obj is None:
+            raise ValueError(f"{what} {name!r}: module {mod!r} has no {attr!r}")
+        return obj
+    raise ValueError(f"unknown {what} {name!r}; registered: {sorted(registry)} (or give module:attr)")
+
+
+def build_agent(name_or_path: str, **kwargs: Any) -> AgentLoop:
+    """Build an agent loop; `reward` (+ `reward_kwargs`) becomes `reward_fn`."""
+    factory = resolve(name_or_path, AGENTS, "agent")
+    if "reward" in kwargs:
+        if "reward_fn" in kwargs:
+            raise ValueError("give an agent either 'reward' (a name or import path) or 'reward_fn', not both")
+        kwargs["reward_fn"] = get_reward(kwargs.pop("reward"), **kwargs.pop("reward_kwargs", {}))
+    elif "reward_kwargs" in kwargs:
+        raise ValueError("'reward_kwargs' given without 'reward'")
+    agent = factory(**kwargs)
+    if not isinstance(agent, AgentLoop):
+        raise TypeError(f"agent {name_or_path!r} built a {type(agent).__name__}, not an AgentLoop")
+    return agent

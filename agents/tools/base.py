@@ -1,0 +1,90 @@
+"""Tools an agent may call: the `Tool` base class and a registry by name.
+
+A tool has a `name`, a `description` and a JSON-schema `parameters` object (what a chat
+template shows the model), and `async __call__(**arguments) -> str`. It may raise: the agent
+loop turns any exception or timeout into an error message for the model (`call_tool`),
+so a failing tool never ends a rollout. Tools are chosen by name from config
+(`get_tool("python", wall_s=5)`) or by import path (`package.module:ClassName`).
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import importlib
+from typing import Any, Callable
+
+
+class Tool(abc.ABC):
+    name: str = ""
+    description: str = ""
+    parameters: dict[str, Any] = {"type": "object", "properties": {}}
+    """JSON schema of the arguments, as in OpenAI / Qwen function specs."""
+
+    @abc.abstractmethod
+    async def __call__(self, **arguments: Any) -> str: ...
+
+    def spec(self) -> dict[str, Any]:
+        """The function spec a chat template puts in the system prompt."""
+        return {"type": "function", "function": {"name": self.name, "description": self.description,
+                                                 "parameters": self.parameters}}
+
+
+TOOLS: dict[str, Callable[..., Tool]] = {}
+
+
+def register_tool(name: str) -> Callable[[type[Tool]], type[Tool]]:
+    """Class decorator: `@register_tool("calculator")` makes the tool buildable by name."""
+
+    def deco(cls: type[Tool]) -> type[Tool]:
+        TOOLS[name] = cls
+        return cls
+
+    return deco
+
+
+def get_tool(name: str, **kwargs: Any) -> Tool:
+    """Build a registered tool, or a `module:ClassName` import path, with its keyword settings."""
+    if name in TOOLS:
+        return TOOLS[name](**kwargs)
+    if ":" in name:
+        mod, _, attr = name.partition(":")
+        factory = getattr(importlib.import_module(mod), attr, None)
+        if not callable(factory):
+            raise ValueError(f"tool {name!r}: {attr!r} is not a class or factory in module {mod!r}")
+        return factory(**kwargs)
+    raise ValueError(f"unknown tool {name!r}; registered: {sorted(TOOLS)} (or give module:ClassName)")
+
+
+def build_tools(specs: list[Any]) -> dict[str, Tool]:
+    """Tools from config: each a `Tool`, a name / import path, or `{"name": ..., **kwargs}`."""
+    out: dict[str, Tool] = {}
+    for s in specs:
+        if isinstance(s, str):
+            tool = get_tool(s)
+        elif isinstance(s, dict):
+            kwargs = dict(s)
+            tool = get_tool(kwargs.pop("name"), **kwargs)
+        elif isinstance(s, Tool):
+            tool = s
+        else:
+            raise ValueError(f"tool spec must be a Tool, a name or a mapping with 'name', got {s!r}")
+        if tool.name in out:
+            raise ValueError(f"two tools named {tool.name!r}")
+        out[tool.name] = tool
+    return out
+
+
+async def call_tool(tool: Tool | None, name: str, arguments: dict[str, Any], timeout_s: float) -> tuple[str, bool]:
+    """Run one call; returns (text for the model, ok). Every failure becomes an error text."""
+    if tool is None:
+        return f"Error: unknown tool {name!r}", False
+    try:
+        out = await asyncio.wait_for(tool(**arguments), timeout_s)
+    except asyncio.TimeoutError:
+        return f"Error: tool {name!r} timed out after {timeout_s:g}s", False
+    except TypeError as e:  # wrong or missing arguments
+        return f"Error: bad arguments for tool {name!r}: {e}", False
+    except Exception as e:  # a tool's own failure: the model reads it and may retry
+        return f"Error: tool {name!r} failed: {type(e).__name__}: {e}", False
+    return str(out), not str(out).startswith("Error:")
