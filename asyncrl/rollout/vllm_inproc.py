@@ -31,7 +31,6 @@ _ABORTED = object()
 @dataclass
 class _Request:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    n_tokens: int = 0
 
 
 class InprocAsyncEngine:
@@ -82,7 +81,6 @@ class InprocAsyncEngine:
                     req = self._requests.get(out.request_id)
                     if req is None:
                         continue
-                    req.n_tokens += len(out.outputs[0].token_ids) if out.outputs else 0
                     if out.finished:
                         del self._requests[out.request_id]
                     req.queue.put_nowait(out)
