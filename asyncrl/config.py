@@ -227,8 +227,27 @@ class AlgorithmConfig:
     """KL estimator: `k1`, `k2`, `k3`."""
     entropy_coef: float = 0.0
     """Entropy bonus weight (entropy is always logged)."""
+    correction: str = "none"
+    """Off-policy correction (`trainer/corrections.py`): `none`/`bypass` (PPO around the behavior policy), `decoupled_ppo` (AReaL), `tis`, `mis`."""
+    proximal: str = "recompute"
+    """Proximal policy of `decoupled_ppo`/`tis`/`mis`: `recompute` (one extra forward pass per step) or `interpolate` (from token versions, no extra pass)."""
+    is_cap: float = 2.0
+    """Cap C on the IS weight pi_prox/pi_behav: `tis` truncates to min(w, C); `decoupled_ppo` drops tokens with w > C (0: no cap)."""
+    mis_level: str = "token"
+    """`mis`: mask single tokens (`token`) or whole sequences by their geometric-mean ratio (`sequence`)."""
+    mis_low: float = 0.5
+    """`mis`: tokens / sequences with IS ratio below this are masked out of the loss."""
+    mis_high: float = 2.0
+    """`mis`: tokens / sequences with IS ratio above this are masked out of the loss."""
 
     def __post_init__(self) -> None:
+        _one_of(self.correction, "algorithm.correction", ("none", "bypass", "decoupled_ppo", "tis", "mis"))
+        _one_of(self.proximal, "algorithm.proximal", ("recompute", "interpolate"))
+        _one_of(self.mis_level, "algorithm.mis_level", ("token", "sequence"))
+        _check(self.is_cap >= 0, "algorithm.is_cap", "must be >= 0")
+        _check(self.is_cap > 0 or self.correction != "tis", "algorithm.is_cap", "must be > 0 with correction tis")
+        _check(0 <= self.mis_low <= 1, "algorithm.mis_low", "must be in [0, 1]")
+        _check(self.mis_high >= 1, "algorithm.mis_high", "must be >= 1")
         _one_of(self.advantage, "algorithm.advantage", ("grpo", "rloo", "reinforce_pp"))
         _one_of(self.loss, "algorithm.loss", ("ppo_clip", "vanilla_pg"))
         _one_of(self.loss_agg, "algorithm.loss_agg", ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum"))

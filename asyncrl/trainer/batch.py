@@ -40,6 +40,10 @@ class TrainBatch:
     """[B, T] float: per-token advantage (the sequence advantage broadcast over its response)."""
     ref_logprobs: Tensor | None = None
     """[B, T] float log-probs under the reference policy, or None (the engine computes them if needed)."""
+    token_versions: Tensor | None = None
+    """[B, T] long: policy version that generated token t; -1 for prompt, tool tokens and padding (None: unknown)."""
+    proximal_logprobs: Tensor | None = None
+    """[B, T] float log-probs under the proximal policy, or None (the engine recomputes them if the correction needs them)."""
 
     def __post_init__(self) -> None:
         shape = self.input_ids.shape
@@ -64,6 +68,7 @@ class TrainBatch:
         loss_mask = torch.zeros((n, width), dtype=torch.float32)
         old_logprobs = torch.zeros((n, width), dtype=torch.float32)
         adv = torch.zeros((n, width), dtype=torch.float32)
+        versions = torch.full((n, width), -1, dtype=torch.long)
         for b, (t, a) in enumerate(zip(trajs, advantages)):
             t.validate()
             p, r = len(t.prompt_ids), len(t.response_ids)
@@ -77,7 +82,8 @@ class TrainBatch:
                 loss_mask[b, p : p + r] = m
                 old_logprobs[b, p : p + r] = torch.tensor(t.behavior_logprobs, dtype=torch.float32) * m
                 adv[b, p : p + r] = float(a)
-        return cls(input_ids, attention_mask, loss_mask, old_logprobs, adv)
+                versions[b, p : p + r] = torch.where(m > 0, torch.tensor(t.token_versions, dtype=torch.long), -1)
+        return cls(input_ids, attention_mask, loss_mask, old_logprobs, adv, token_versions=versions)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

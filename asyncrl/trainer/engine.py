@@ -9,8 +9,10 @@ Every rank receives the same full `TrainBatch` and takes its shard (`TrainBatch.
 Loss normalisers (`num_tokens`, `num_seqs`) come from the full batch and the rank's loss
 is scaled by the world size before FSDP averages gradients, so N ranks take exactly the
 step one rank would. The
-algorithm is chosen by name from the registries in `advantages.py` / `losses.py`; this
-file has no per-algorithm branches.
+algorithm is chosen by name from the registries in `advantages.py` / `losses.py` /
+`corrections.py`; this file has no per-algorithm branches: the off-policy `Corrector`
+declares whether it needs a proximal-policy pass (`needs_proximal`) and returns per-token
+weights that multiply the policy loss.
 
 It does not know about queues, versions beyond its own `step`, or how weights are
 published: `iter_full_params` hands full tensors to whoever publishes them.
@@ -30,6 +32,7 @@ from torch import Tensor
 
 from asyncrl.config import AlgorithmConfig, TrainerConfig
 from asyncrl.trainer.batch import TrainBatch
+from asyncrl.trainer.corrections import Corrector, stat_max, stat_metrics, stat_sums
 from asyncrl.trainer.losses import POLICY_LOSSES, agg_loss, entropy_from_logits, kl_penalty, token_logprobs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -101,7 +104,7 @@ class TrainerEngine:
     """One FSDP2 rank: `compute_logprobs`, `train_step`, `iter_full_params`, `save` / `load`.
 
         engine = TrainerEngine(path, trainer=cfg.trainer, algorithm=cfg.algorithm)
-        batch = batch.replace(old_logprobs=engine.compute_logprobs(batch))  # optional: proximal / recompute
+        batch = batch.replace(proximal_logprobs=engine.compute_logprobs(batch))  # optional: done if the correction needs it
         metrics = engine.train_step(batch)        # one optimizer step; engine.step += 1
         for name, tensor in engine.iter_full_params(): ...
     """
@@ -121,6 +124,7 @@ class TrainerEngine:
         if dtype not in DTYPES:
             raise ValueError(f"model.dtype: must be one of {sorted(DTYPES)}, got {dtype!r}")
         self.trainer, self.algorithm, self.temperature = trainer, algorithm, temperature
+        self.corrector = Corrector(algorithm)
         self.dtype = DTYPES[dtype]
         if trainer.threads:
             torch.set_num_threads(trainer.threads)
@@ -186,28 +190,35 @@ class TrainerEngine:
 
         Metrics: `loss`, `pg_loss` (aggregated as `algorithm.loss_agg`), token means over the
         batch's loss tokens of `kl`, `entropy`, `clip_frac`, `ratio_mean`, and `ratio_max`,
-        `ratio_min`, `tokens` (loss tokens), `seqs`.
+        `ratio_min`, `tokens` (loss tokens), `seqs`; plus the off-policy `correction/*`
+        statistics (`corrections.stat_metrics`).
         """
         alg = self.algorithm
         if alg.kl_coef > 0 and batch.ref_logprobs is None:
             batch = batch.replace(ref_logprobs=self.compute_ref_logprobs(batch))
+        if self.corrector.needs_proximal and batch.proximal_logprobs is None:
+            batch = batch.replace(proximal_logprobs=self.compute_logprobs(batch))
         num_tokens, num_seqs = batch.num_tokens, float(len(batch))
         norm = dict(num_tokens=num_tokens, num_seqs=num_seqs)
         loss_fn = POLICY_LOSSES[alg.loss]
         shard = batch.shard(self.rank, self.world).to(self.device)
-        # sums: loss, pg_loss, kl, entropy, clipped, ratio ; extremes: max ratio, -min ratio
-        sums = torch.zeros(6, dtype=torch.float64, device=self.device)
-        extremes = torch.full((2,), -math.inf, dtype=torch.float64, device=self.device)
+        # sums: loss, pg_loss, kl, entropy, clipped, ratio, then correction sums; extremes: max ratio, -min ratio, max IS weight
+        sums = torch.zeros(12, dtype=torch.float64, device=self.device)
+        extremes = torch.full((3,), -math.inf, dtype=torch.float64, device=self.device)
         for mb in shard.micro_batches(self.trainer.micro_batch_size):
             mask = mb.loss_mask
             logprobs, logits = self._logprobs_and_logits(self.model, mb)
             with torch.set_grad_enabled(alg.entropy_coef > 0):
                 entropy = torch.nn.functional.pad(entropy_from_logits(logits[:, :-1] / self.temperature), (1, 0))
+            corr = self.corrector(
+                logprobs, mb.old_logprobs, mask,
+                proximal_logprobs=mb.proximal_logprobs, token_versions=mb.token_versions, version=self.step,
+            )
             out = loss_fn(
                 logprobs, mb.old_logprobs, mb.advantages,
-                clip_ratio_low=alg.clip_ratio_low, clip_ratio_high=alg.clip_ratio_high, proximal_logprobs=None,
+                clip_ratio_low=alg.clip_ratio_low, clip_ratio_high=alg.clip_ratio_high, proximal_logprobs=corr.proximal_logprobs,
             )
-            pg_loss = agg_loss(out.loss, mask, alg.loss_agg, **norm)
+            pg_loss = agg_loss(out.loss * corr.weight, mask, alg.loss_agg, **norm)
             loss = pg_loss - alg.entropy_coef * agg_loss(entropy, mask, alg.loss_agg, **norm) if alg.entropy_coef > 0 else pg_loss
             kl = torch.zeros_like(logprobs)
             if mb.ref_logprobs is not None:
@@ -219,10 +230,10 @@ class TrainerEngine:
             (loss * self.world).backward()
             with torch.no_grad():
                 per_tok = torch.stack([kl, entropy, out.clipped, out.ratio]).double() * mask
-                sums += torch.cat([torch.stack([loss, pg_loss]).double(), per_tok.sum(dim=(1, 2))])
+                sums += torch.cat([torch.stack([loss, pg_loss]).double(), per_tok.sum(dim=(1, 2)), stat_sums(corr, mask)])
                 if mask.any():
                     r = out.ratio[mask > 0].double()
-                    extremes = torch.maximum(extremes, torch.stack([r.max(), -r.min()]))
+                    extremes = torch.maximum(extremes, torch.stack([r.max(), -r.min(), stat_max(corr, mask)]))
         if self.world > 1:
             dist.all_reduce(sums)
             dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
@@ -232,7 +243,7 @@ class TrainerEngine:
             "loss": s[0], "pg_loss": s[1], "kl": s[2] * per_token, "entropy": s[3] * per_token,
             "clip_frac": s[4] * per_token, "ratio_mean": s[5] * per_token,
             "ratio_max": e[0] if num_tokens else 0.0, "ratio_min": -e[1] if num_tokens else 0.0,
-            "tokens": num_tokens, "seqs": num_seqs,
+            "tokens": num_tokens, "seqs": num_seqs, **stat_metrics(s[6:], e[2], num_tokens),
         }  # fmt: skip
 
     def optimizer_step(self) -> dict[str, float]:
