@@ -209,9 +209,10 @@ def verdicts(rows: list[dict], memcpy: float) -> list[str]:
     ray_rows = {r["k"]: r for r in rows if r["backend"] == "ray-naive"}
     out = []
     for b in sorted({r["backend"] for r in rows} - {"ray-naive"}):
-        r1, r4 = syn.get((b, 1)), syn.get((b, max(k for bb, k in syn if bb == b)))
-        if r1 is None:
+        ks = [k for bb, k in syn if bb == b]
+        if 1 not in ks:
             continue
+        r1, r4 = syn[(b, 1)], syn[(b, max(ks))]
         line = f"{b}: K=1 {r1['gbps'] / memcpy:.2f} of memcpy"
         if b in ("gloo", "shm"):
             line += " (target >= 0.6)"

@@ -18,7 +18,7 @@ from checkpoint_engine import ChecksumError, Receiver, UpdateAborted, WeightSync
 
 
 def digest(tensor) -> int:
-    raw = tensor.contiguous().reshape(-1).view(__import__("torch").uint8)
+    raw = tensor.detach().cpu().contiguous().reshape(-1).view(__import__("torch").uint8)
     return zlib.crc32(memoryview(raw.numpy()))
 
 
