@@ -137,9 +137,28 @@ class RolloutConfig:
     """vllm: disable CUDA graphs / torch.compile (faster start, slower decode)."""
     seed: int = 0
     """Base seed of sampling."""
+    cpus_per_server: float = 1.0
+    """Ray placement: CPUs in each server's bundle (the torch engine's threads run there)."""
+    gpu_bundles: bool = False
+    """Ray placement: each server's bundle also holds `tensor_parallel_size` GPUs."""
+    placement_strategy: str = "PACK"
+    """Ray placement-group strategy of a fleet: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD."""
+    fleets: list[dict[str, Any]] = field(default_factory=list)
+    """Extra fleets serving the same run beside the main one, each a mapping with a `name` and
+    the rollout keys it changes (e.g. `{name: big, num_servers: 4, tensor_parallel_size: 2}`)."""
+    max_failovers: int = 2
+    """Times one request may move to another server after the server it ran on died."""
+    restart_dead_servers: bool = True
+    """A server found dead is restarted, given the current weights, then takes requests again."""
+    partial_rollouts: bool = True
+    """A request aborted by a weight update is resubmitted with its tokens so far (per-token
+    versions show both policies); false returns it unfinished (`finish_reason="abort"`)."""
+    update_mode: str = "keep"
+    """How servers pause for a weight update: `keep` (in-flight requests continue under the new weights, tokens tagged with their version), `wait` (drain first), `abort` (return partial responses, resubmitted after the update)."""
 
     def __post_init__(self) -> None:
         _one_of(self.backend, "rollout.backend", ("torch", "vllm"))
+        _one_of(self.update_mode, "rollout.update_mode", ("keep", "wait", "abort"))
         _check(self.group_size >= 1, "rollout.group_size", f"must be >= 1, got {self.group_size}")
         _check(self.temperature > 0, "rollout.temperature", f"must be > 0 for RL sampling, got {self.temperature}")
         _check(0 < self.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {self.top_p}")
@@ -151,12 +170,28 @@ class RolloutConfig:
         _check(self.prefix_cache_size >= 0, "rollout.prefix_cache_size", "must be >= 0")
         _check(self.torch_threads >= 0, "rollout.torch_threads", "must be >= 0")
         _check(0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization", "must be in (0, 1]")
+        _check(self.tensor_parallel_size >= 1, "rollout.tensor_parallel_size", "must be >= 1")
+        _check(self.cpus_per_server > 0, "rollout.cpus_per_server", f"must be > 0, got {self.cpus_per_server}")
+        _one_of(self.placement_strategy, "rollout.placement_strategy", ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"))
+        _check(self.max_failovers >= 0, "rollout.max_failovers", "must be >= 0")
+        names = ["main"]
+        for i, extra in enumerate(self.fleets):
+            key = f"rollout.fleets[{i}]"
+            _check(isinstance(extra.get("name"), str) and bool(extra.get("name")), f"{key}.name", "must be a non-empty string")
+            _check(extra["name"] not in names, f"{key}.name", f"{extra['name']!r} is used twice (`main` is the base fleet)")
+            names.append(extra["name"])
+            for k in extra:
+                _check(k == "name" or (k in RolloutConfig.__dataclass_fields__ and k != "fleets"), f"{key}.{k}", "is not a rollout key")
 
 
 @dataclass
 class TrainerConfig:
-    mode: str = "sync"
-    """Pipeline mode: `sync` (on-policy baseline), `one_step_off`, `fully_async`."""
+    mode: str = "fully_async"
+    """Pipeline mode: `sync` (on-policy baseline: generate, train, publish), `one_step_off` (generate batch t+1 while training batch t), `fully_async` (rollouts stream; staleness <= `max_staleness`)."""
+    max_staleness: int = 4
+    """fully_async: eta, the most versions a trained sample may lag the trainer (sync uses 0, one_step_off 1)."""
+    publish_every: int = 1
+    """fully_async: publish weights to the rollout servers every this many optimizer steps (sync and one_step_off: 1)."""
     total_steps: int = 60
     """Optimizer steps of the run."""
     prompts_per_step: int = 32
@@ -194,6 +229,10 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         _one_of(self.mode, "trainer.mode", MODES)
+        _check(self.max_staleness >= 0, "trainer.max_staleness", f"must be >= 0, got {self.max_staleness}")
+        _check(self.publish_every >= 1, "trainer.publish_every", f"must be >= 1, got {self.publish_every}")
+        _check(self.publish_every <= self.max_staleness + 1 or self.mode != "fully_async", "trainer.publish_every",
+               f"must be <= trainer.max_staleness + 1 ({self.max_staleness + 1}), or no sample could stay within the bound")
         _check(self.total_steps >= 1, "trainer.total_steps", f"must be >= 1, got {self.total_steps}")
         _check(self.prompts_per_step >= 1, "trainer.prompts_per_step", "must be >= 1")
         _check(self.micro_batch_size >= 1, "trainer.micro_batch_size", "must be >= 1")

@@ -4,30 +4,36 @@
                   │  group_size AgentLoops per prompt ─> Router ─> rollout servers
                   │  finished group (rewards scored)
                   v
-              GroupQueue ──get(B groups; stale ones dropped and counted)
-                  │
+              TrajectoryQueue (TransferQueue: metadata + tensor storage)
+                  │  get(B whole groups, staleness <= eta at the trainer's step; stale ones dropped, counted)
                   v
-              trainer loop: advantages ─> TrainBatch ─> train_step ─> publish(version = step)
-                                                                          │ servers.update_weights
-                                                                          │ (KV / prefix cache dropped)
+              trainer loop: advantages ─> TrainBatch ─> train_step ─> every k steps: publish(version = step)
+                                                                          │ CheckpointEngine buckets
+                                                                          │ servers pause(update_mode), load,
+                                                                          │ drop KV / prefix cache, resume
                                                                           v
                                                        StalenessManager.set_version ─> admits more groups
 
 Loops and what unblocks them:
 - rollout loop (`Rollouter.run`): waits in `acquire()` until `(eta + version + 1) * B >
-  accepted + running`; a published version or a dropped group unblocks it.
-- trainer loop (`Pipeline._train_loop`): waits in `GroupQueue.get` for B groups; a finished
-  group unblocks it. After each step it publishes weights, evaluates every
+  accepted + running`; a published version or a dropped group unblocks it. Its groups run
+  concurrently; a finished group is put into the queue (put waits while the queue is full).
+- trainer loop (`Pipeline._train_loop`): waits in `TrajectoryQueue.get` for B whole groups;
+  a finished group unblocks it. After each step it acks (or, with a durable queue, holds
+  the ack until the checkpoint), publishes every k steps, evaluates every
   `trainer.eval_every` steps and checkpoints every `trainer.save_every` steps.
-With eta = 0 (`sync`) the two loops alternate: generate B groups with version v, train,
-publish v + 1, generate again. The run stops when either loop raises (errors propagate)
-or after `trainer.total_steps`.
+Modes: `sync` eta = 0, k = 1 (generate B groups with version v, train, publish v + 1);
+`one_step_off` eta = 1, k = 1 (batch t + 1 generates while batch t trains); `fully_async`
+eta = trainer.max_staleness, k = trainer.publish_every. The run stops when either loop
+raises (errors propagate) or after `trainer.total_steps`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -38,50 +44,58 @@ from asyncrl.progress import Progress
 from asyncrl.rollout.rollouter import Rollouter
 from asyncrl.run_dir import checkpoint_dir, latest_checkpoint, plot_curve, prune_checkpoints, write_state, write_status
 from asyncrl.staleness import StalenessManager
-from asyncrl.trajectory_queue import GroupQueue
+from asyncrl.trajectory_queue import TrajectoryQueue
 from asyncrl.types import Trajectory
+from asyncrl.weight_sync import WeightPublisher
 
-ETA_BY_MODE = {"sync": 0, "one_step_off": 1}
+
+def mode_rule(cfg: Config) -> tuple[int, int]:
+    """(eta, publish_every) of the configured mode."""
+    t = cfg.trainer
+    return {"sync": (0, 1), "one_step_off": (1, 1), "fully_async": (t.max_staleness, t.publish_every)}[t.mode]
 
 
 class Pipeline:
     def __init__(self, cfg: Config, parts: Components, run_dir: Path, metrics: MetricsLogger) -> None:
         self.cfg, self.parts, self.run_dir, self.metrics = cfg, parts, run_dir, metrics
-        self.batch_groups = cfg.trainer.prompts_per_step
-        if cfg.trainer.mode not in ETA_BY_MODE:
-            raise NotImplementedError(f"trainer.mode={cfg.trainer.mode!r} is not available yet; use sync or one_step_off")
-        self.staleness = StalenessManager(batch_groups=self.batch_groups, eta=ETA_BY_MODE[cfg.trainer.mode])
-        self.queue = GroupQueue(self.staleness)
+        self.B, self.n = cfg.trainer.prompts_per_step, cfg.rollout.group_size
+        eta, self.publish_every = mode_rule(cfg)
+        self.staleness = StalenessManager(batch_groups=self.B, eta=eta)
+        self.queue = TrajectoryQueue(cfg.queue, self.staleness)
+        self.weights = WeightPublisher(cfg.weights, parts.servers, update_mode=cfg.rollout.update_mode)
         self.rollouter = Rollouter(
-            agent=parts.agent,
-            llm=parts.router,
-            prompts=parts.prompts,
-            staleness=self.staleness,
-            sink=self.queue.put,
-            group_size=cfg.rollout.group_size,
+            agent=parts.agent, llm=parts.router, prompts=parts.prompts, staleness=self.staleness, sink=self.queue.put, group_size=self.n
         )
         self.step = 0
         self.trained_samples = 0
+        self.trained_tokens = 0
         self.curve: list[tuple[int, float]] = []
+        self.staleness_hist: Counter[int] = Counter()
+        self.wait_s = 0.0
         self.wall_before = 0.0  # seconds spent in earlier (resumed) segments of this run
+        self.t_start = time.time()
+        self._tokens_at_start = 0
 
     # ---- checkpoint / resume ------------------------------------------------
-    def save(self) -> None:
+    async def save(self) -> None:
         ckpt = checkpoint_dir(self.run_dir, self.step)
         ckpt.mkdir(parents=True, exist_ok=True)
-        self.parts.trainer.save(str(ckpt / "trainer"))
+        await asyncio.to_thread(self.parts.trainer.save, str(ckpt / "trainer"))
+        await self.queue.checkpointed()
         state = self.staleness.state_dict()
-        # groups waiting in the in-process queue die with the process: on resume they are regenerated
-        state["accepted"] -= len(self.queue)
+        # the in-process queue dies with the process: its groups are regenerated on resume
+        lost = 0 if self.queue.ack_at_checkpoint else (await self.queue.depth())["resident"] // self.n
+        state["accepted"] -= lost
         write_state(
             ckpt,
             {
                 "step": self.step,
                 "staleness": state,
-                # prompts of queued groups were handed out but not trained on: hand them out again
-                "prompt_position": self.parts.prompts.position - len(self.queue) - self.staleness.running,
+                "prompt_position": self.parts.prompts.position - lost - self.staleness.running,
                 "trained_samples": self.trained_samples,
+                "trained_tokens": self.trained_tokens,
                 "curve": self.curve,
+                "staleness_hist": dict(self.staleness_hist),
                 "wall_s": self.wall_before + time.time() - self.t_start,
             },
         )
@@ -91,27 +105,23 @@ class Pipeline:
         ckpt = latest_checkpoint(self.run_dir)
         if ckpt is None:
             return False
-        import json
-
         state = json.loads((ckpt / "state.json").read_text())
-        self.parts.trainer.load(str(ckpt / "trainer"))
+        await asyncio.to_thread(self.parts.trainer.load, str(ckpt / "trainer"))
         self.step = state["step"]
         self.staleness.load_state_dict(state["staleness"])
         self.parts.prompts.restore(state["prompt_position"])
-        self.trained_samples = state["trained_samples"]
+        self.trained_samples, self.trained_tokens = state["trained_samples"], state["trained_tokens"]
         self.curve = [tuple(p) for p in state["curve"]]
+        self.staleness_hist = Counter({int(k): v for k, v in state["staleness_hist"].items()})
         self.wall_before = state["wall_s"]
-        await self.publish()
         return True
 
     # ---- verbs ----------------------------------------------------------------
-    async def publish(self) -> float:
-        """Load the trainer's weights into every server as version `step`; returns seconds."""
-        t0 = time.time()
-        for server in self.parts.servers:
-            await server.update_weights(self.parts.trainer.iter_full_params(), self.step)
+    async def publish(self) -> dict[str, float]:
+        """Send the trainer's weights to every server as version `step`; admission then moves on."""
+        m = await self.weights.publish(self.parts.trainer.iter_full_params, self.step)
         await self.staleness.set_version(self.step)
-        return time.time() - t0
+        return m
 
     async def evaluate(self) -> dict[str, float]:
         trajs = await asyncio.gather(*(self.parts.eval_agent.run(s, self.parts.router) for s in self.parts.eval_samples))
@@ -125,14 +135,29 @@ class Pipeline:
     def _batch_metrics(self, groups: list[list[Trajectory]]) -> dict[str, float]:
         trajs = [t for g in groups for t in g]
         lens = [len(t.response_ids) for t in trajs]
-        stale = [self.staleness.staleness(t.min_version) for t in trajs]
+        stale = [self.staleness.staleness(t.min_version, self.step) for t in trajs]
+        self.staleness_hist.update(stale)
         return {
             "rollout/reward": sum(t.reward for t in trajs) / len(trajs),
             "rollout/response_length": sum(lens) / len(lens),
             "rollout/truncated": sum(t.finish_reason == "length" for t in trajs) / len(trajs),
             "rollout/reward_failed": sum("failed" in t.reward_info for t in trajs),
+            "rollout/mixed_version": sum(t.min_version != t.max_version for t in trajs) / len(trajs),
             "staleness/mean": sum(stale) / len(stale),
             "staleness/max": max(stale),
+            **{f"staleness/hist_{k}": v for k, v in sorted(Counter(stale).items())},
+        }
+
+    def _pipeline_metrics(self) -> dict[str, float]:
+        wall = max(time.time() - self.t_start, 1e-9)
+        return {
+            "throughput/generated_tokens_per_s": self.rollouter.generated_tokens / wall,
+            "throughput/trained_tokens_per_s": (self.trained_tokens - self._tokens_at_start) / wall,
+            "trainer/idle_ratio": self.wait_s / wall,
+            "rollout/idle_ratio": self.rollouter.idle_seconds() / wall,
+            "trained_samples": self.trained_samples,
+            "version": self.staleness.version,
+            **{f"drops/{k}": v for k, v in self.staleness.dropped.items()},
         }
 
     # ---- loops ------------------------------------------------------------------
@@ -140,48 +165,44 @@ class Pipeline:
         cfg = self.cfg
         while self.step < cfg.trainer.total_steps:
             t_wait = time.time()
-            groups = await self.queue.get(self.batch_groups)
+            handle, groups = await self.queue.get(self.B, self.n, self.step)
             t_batch = time.time()
-            batch_metrics = self._batch_metrics(groups)  # staleness measured at the version that trains on them
+            self.wait_s += t_batch - t_wait
+            m = self._batch_metrics(groups)  # staleness measured at the step that trains on them
             batch, n_tokens = self.parts.make_batch(groups)
             stats = await asyncio.to_thread(self.parts.trainer.train_step, batch)
-            t_train = time.time() - t_batch
+            m["time/train_s"] = time.time() - t_batch
+            m["time/wait_rollout_s"] = t_batch - t_wait
             self.step += 1
             self.trained_samples += sum(len(g) for g in groups)
-            publish_s = await self.publish()
-            m = {f"train/{k}": v for k, v in stats.items()}
-            m.update(batch_metrics)
-            m.update(
-                {
-                    "time/wait_rollout_s": t_batch - t_wait,
-                    "time/train_s": t_train,
-                    "time/publish_s": publish_s,
-                    "throughput/trained_tokens_per_s": n_tokens / max(t_train, 1e-9),
-                    "throughput/generated_tokens_per_s": self.rollouter.generated_tokens / max(time.time() - self.t_start, 1e-9),
-                    "queue/depth": len(self.queue),
-                    "trained_samples": self.trained_samples,
-                    **{f"drops/{k}": v for k, v in self.staleness.dropped.items()},
-                }
-            )
+            self.trained_tokens += n_tokens
+            await self.queue.trained(handle)
             last = self.step == cfg.trainer.total_steps
+            if self.step % self.publish_every == 0 or last:
+                m.update(await self.publish())
+            m.update({f"train/{k}": v for k, v in stats.items()})
+            q = await self.queue.depth()
+            m.update({"queue/depth": q["ready"], "queue/resident": q["resident"], **self._pipeline_metrics()})
             if self.step % cfg.trainer.eval_every == 0 or last:
                 m.update(await self.evaluate())
             self.metrics.log(self.step, m)
             progress.update(self.step, m)
             write_status(self.run_dir, state="running", step=self.step, version=self.staleness.version)
-            if (cfg.trainer.save_every and self.step % cfg.trainer.save_every == 0) or last:
-                self.save()
-            if cfg.trainer.target_reward and self.curve and self.curve[-1][0] == self.step and self.curve[-1][1] >= cfg.trainer.target_reward:
-                self.save()
+            target_hit = bool(cfg.trainer.target_reward and self.curve and self.curve[-1][0] == self.step and self.curve[-1][1] >= cfg.trainer.target_reward)
+            if (cfg.trainer.save_every and self.step % cfg.trainer.save_every == 0) or last or target_hit:
+                await self.save()
+            if target_hit:
                 break
 
     async def run(self) -> dict[str, Any]:
         self.t_start = time.time()
+        self._tokens_at_start = self.trained_tokens
+        self.weights.start(asyncio.get_running_loop())
         resumed = self.cfg.resume and await self.restore()
+        self._tokens_at_start = self.trained_tokens
+        await self.publish()  # servers start from the trainer's exact weights at this version
         if not resumed:
-            await self.publish()  # servers start from the trainer's exact weights, version 0
-            m = await self.evaluate()
-            self.metrics.log(0, m)
+            self.metrics.log(0, await self.evaluate())
         progress = Progress(self.cfg.trainer.total_steps, start=self.step, enabled=self.cfg.logging.progress)
         progress.update(self.step, {"eval/reward": self.curve[-1][1]} if self.curve else {})
         roll = asyncio.create_task(self.rollouter.run())
@@ -195,10 +216,13 @@ class Pipeline:
                 t.cancel()
             await asyncio.gather(roll, train, return_exceptions=True)
             progress.close()
+            self.weights.close()
+            await self.queue.close()
         return self.summary(resumed)
 
     def summary(self, resumed: bool) -> dict[str, Any]:
         plot_curve(self.run_dir, self.curve, f"{self.cfg.trainer.mode}: held-out reward")
+        pm = self._pipeline_metrics()
         return {
             "mode": self.cfg.trainer.mode,
             "steps": self.step,
@@ -210,5 +234,8 @@ class Pipeline:
             "resumed": bool(resumed),
             "drops": dict(self.staleness.dropped),
             "reward_failures": self.rollouter.reward_failures,
+            "staleness_hist": {str(k): v for k, v in sorted(self.staleness_hist.items())},
+            "trainer_idle_ratio": round(pm["trainer/idle_ratio"], 3),
+            "rollout_idle_ratio": round(pm["rollout/idle_ratio"], 3),
             "curve": self.curve,
         }

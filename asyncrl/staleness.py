@@ -1,13 +1,16 @@
 """Version accounting and the admission rule: the one owner of "how stale may a sample be".
 
-Version = the trainer's optimizer-step count at publication. A new group may start only
+Version = the trainer's optimizer-step count at publication; `version` here is the last
+*published* version (the newest weights a rollout can use). A new group may start only
 while `(eta + version + 1) * batch_groups > accepted + running`, where `accepted` counts
 groups that finished and were queued for training (dropped ones do not count) and
-`running` counts groups in generation. So no group starts more than `eta` versions
-before the trainer uses it, and staleness <= eta holds by construction. The modes are
-this one rule with different `eta`: `sync` is eta = 0 (a batch is generated with the
-current weights, then trained, then published), `one_step_off` is eta = 1,
-`fully_async` is the configured eta.
+`running` counts groups in generation. Group g (in start order) is trained at step
+about g / batch_groups <= eta + version-at-its-start, so staleness = trainer step at use -
+oldest token version <= eta holds by construction, also when weights are published only
+every k steps. The modes are this one rule with different `eta`: `sync` is eta = 0 (a
+batch is generated with the current weights, then trained, then published),
+`one_step_off` is eta = 1 (batch t+1 is generated while batch t trains; from the second
+step on every sample is exactly one version old), `fully_async` is the configured eta.
 
 Trace (batch_groups=2, eta=0, i.e. sync):
     version 0: start g0, g1 (2 > 0, 2 > 1); g2 waits (2 > 2 is false)
@@ -70,11 +73,13 @@ class StalenessManager:
         self.version = version
         await self._notify()
 
-    def staleness(self, min_version: int) -> int:
-        return self.version - min_version
+    @staticmethod
+    def staleness(min_version: int, step: int) -> int:
+        """Trainer step at use minus the oldest version that generated any token."""
+        return step - min_version
 
-    def too_stale(self, min_version: int) -> bool:
-        return self.staleness(min_version) > self.eta
+    def too_stale(self, min_version: int, step: int) -> bool:
+        return self.staleness(min_version, step) > self.eta
 
     def state_dict(self) -> dict[str, Any]:
         return {"version": self.version, "accepted": self.accepted, "dropped": dict(self.dropped)}

@@ -11,6 +11,7 @@ def _args(tmp_path, steps, *extra):
     return [
         "train",
         "configs/demo.yaml",
+        "trainer.mode=sync",
         f"trainer.total_steps={steps}",
         "trainer.prompts_per_step=4",
         "trainer.eval_every=2",
