@@ -301,8 +301,8 @@ def run(quick: bool) -> dict:
         pass
     try:
         large = bench_large(sizes, planes, 2 if quick else 3, ray_mod)
-        rates, latency = bench_small(3_072 if quick else 20_480, 500 if quick else 4_000, ray_mod)
-        memory = bench_memory(8 if quick else 32, 4, ["shm", "zmq", "nixl"])
+        rates, latency = bench_small(2_048 if quick else 20_480, 300 if quick else 4_000, ray_mod)
+        memory = bench_memory(16 if quick else 32, 4, ["shm", "zmq", "nixl"])
     finally:
         if ray_mod is not None:
             ray_mod.shutdown()
