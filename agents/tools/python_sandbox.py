@@ -119,34 +119,36 @@ def _stdlib_dir(python: str) -> str:
     return str(Path(os.path.realpath(python)).parent)  # another interpreter: its own bin dir at least
 
 
-def _user_process_count(uid: int) -> int:
-    n = 0
+def _processes_of(uid: int) -> list[int]:
+    """Pids of `uid`'s processes that have not exited yet (zombies hold no resources but a pid)."""
+    pids = []
     for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                if os.stat(f"/proc/{pid}").st_uid == uid:
-                    n += 1
-            except FileNotFoundError:
-                pass
-    return n
+        if not pid.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if state not in (b"Z", b"X"):
+            pids.append(int(pid))
+    return pids
 
 
 def _kill_uid(uid: int) -> None:
-    """SIGKILL every process of `uid` until none is left (a fork bomb races the first passes)."""
-    for _ in range(100):
-        found = False
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
-            try:
-                if os.stat(f"/proc/{pid}").st_uid == uid:
-                    os.kill(int(pid), signal.SIGKILL)
-                    found = True
-            except (FileNotFoundError, ProcessLookupError):
-                pass
-        if not found:
+    """SIGKILL every process of `uid` until none is alive (a fork bomb races the first passes)."""
+    for _ in range(200):
+        pids = _processes_of(uid)
+        if not pids:
             return
-        time.sleep(0.01)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.005)
 
 
 def _pick_uid() -> int:
@@ -164,6 +166,14 @@ def _kill_tree(pid: int, uid: int | None) -> None:
         pass
     if uid is not None:
         _kill_uid(uid)
+
+
+async def _reap(proc: asyncio.subprocess.Process) -> None:
+    """Wait for a killed child and close its pipes, so nothing outlives the event loop."""
+    try:
+        await asyncio.wait_for(asyncio.shield(proc.wait()), 2.0)
+    except (asyncio.TimeoutError, asyncio.CancelledError):
+        pass
 
 
 def _read_report(fd: int) -> dict[str, Any]:
@@ -197,7 +207,7 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits(), stdin: 
         _reachable_by_others(p) for p in (limits.python, _stdlib_dir(limits.python))
     )
     uid = _pick_uid() if drop else None
-    nproc = limits.max_processes + (0 if root else _user_process_count(os.getuid()))
+    nproc = limits.max_processes + (0 if root else len(_processes_of(os.getuid())))
     workdir = tempfile.mkdtemp(prefix="asyncrl-sandbox-")
     proc: asyncio.subprocess.Process | None = None
     readers: list[asyncio.Future] = []
@@ -239,10 +249,11 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits(), stdin: 
         truncated = cut_o or cut_e or len(stdout) > n or len(stderr) > n
         return SandboxResult(stdout[:n], stderr[:n], exit_code, timed_out, truncated, time.monotonic() - t0, isolation)
     finally:
-        if proc is not None and proc.returncode is None:  # cancelled (e.g. a reward timeout)
-            _kill_tree(proc.pid, uid)
         for t in readers:
             t.cancel()
+        if proc is not None and proc.returncode is None:  # cancelled (e.g. a reward timeout)
+            _kill_tree(proc.pid, uid)
+            await _reap(proc)
         if report_w >= 0:
             os.close(report_w)
         os.close(report_r)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field
+from typing import Callable
 
 from agents.base import Sample
 from asyncrl.rollout.base import GenerateOutput, SamplingParams
@@ -44,6 +45,7 @@ class ScriptedLLM:
     """
 
     turns: list[Turn]
+    tokenize: Callable[[str], list[int]] = encode
     contexts: list[list[int]] = field(default_factory=list)
     samplings: list[SamplingParams] = field(default_factory=list)
 
@@ -54,7 +56,7 @@ class ScriptedLLM:
         turn = self.turns[min(i, len(self.turns) - 1)]
         if turn.delay_s:
             await asyncio.sleep(turn.delay_s)
-        ids = encode(turn.text)
+        ids = self.tokenize(turn.text)
         finish = turn.finish_reason
         if len(ids) > sampling.max_tokens:
             ids, finish = ids[: sampling.max_tokens], "length"

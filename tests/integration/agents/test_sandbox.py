@@ -1,0 +1,138 @@
+"""The python sandbox contains an infinite loop, a memory bomb, a fork bomb and network access, and reports each.
+
+Limits are small so that a failure of containment shows up as a slow or failing test, not
+as a loaded host; every test checks that no process of the run is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import time
+
+import pytest
+
+from agents.tools import PythonTool, SandboxLimits, run_python
+from agents.tools.python_sandbox import _processes_of, _reachable_by_others
+
+SMALL = dict(wall_s=3.0, cpu_s=1, memory_mb=256, max_processes=4)
+SYSTEM_PYTHON = "/usr/bin/python3"
+# a world-reachable interpreter lets a root run switch to a fresh uid (RLIMIT_NPROC path)
+can_drop = os.geteuid() == 0 and os.path.exists(SYSTEM_PYTHON) and _reachable_by_others(SYSTEM_PYTHON) and \
+    _reachable_by_others(os.path.dirname(os.path.realpath(SYSTEM_PYTHON)))
+MODES = [pytest.param({}, id="default")]
+if can_drop:
+    MODES.append(pytest.param({"python": SYSTEM_PYTHON}, id="fresh-uid"))
+
+
+def sandbox(code: str, **kw: object):
+    t = time.monotonic()
+    r = asyncio.run(run_python(code, SandboxLimits(**(SMALL | kw))))
+    return r, time.monotonic() - t
+
+
+def assert_nothing_left(r) -> None:
+    uid = r.isolation.get("uid")
+    if uid not in (None, 0, os.getuid()):
+        deadline = time.monotonic() + 2.0  # SIGKILLed processes may still be on their way out
+        while _processes_of(uid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _processes_of(uid) == []
+    assert subprocess.run(["true"]).returncode == 0  # the host can still start processes
+
+
+def test_ordinary_run_output_workdir_and_truncation():
+    r, _ = sandbox("import os, sys\nprint(os.getcwd())\nprint('e', file=sys.stderr)")
+    assert r.ok and r.stderr == "e\n" and r.isolation["net"] in ("netns", "audit_hook")
+    workdir = r.stdout.strip()
+    assert os.path.basename(workdir).startswith("asyncrl-sandbox-") and not os.path.exists(workdir)
+    r, _ = sandbox("print('x' * 100000)", max_output_chars=1000)
+    assert r.ok and r.truncated and len(r.stdout) == 1000
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_infinite_loop_is_stopped_and_reported(mode):
+    r, dt = sandbox("while True:\n    pass", **mode)
+    assert not r.ok and dt < SMALL["wall_s"] + 2.0
+    assert r.timed_out or r.exit_code in (-9, -24)  # wall clock, or RLIMIT_CPU (SIGKILL / SIGXCPU)
+    assert "timed out" in r.describe_failure() or "CPU" in r.describe_failure()
+    assert_nothing_left(r)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_memory_bomb_is_refused(mode):
+    r, dt = sandbox("chunks = []\nwhile True:\n    chunks.append(bytearray(50 * 2**20))", **mode)
+    assert not r.ok and dt < SMALL["wall_s"] + 2.0
+    assert r.describe_failure() == "memory limit exceeded (MemoryError)"
+    r, _ = sandbox("x = bytearray(4 * 2**30)", **mode)
+    assert "MemoryError" in r.stderr
+    assert_nothing_left(r)
+
+
+COUNT_CHILDREN = """
+import os, time
+pids = []
+for i in range(20):
+    try:
+        pid = os.fork()
+    except Exception as e:
+        print("refused", type(e).__name__)
+        break
+    if pid == 0:
+        time.sleep(30)
+        os._exit(0)
+    pids.append(pid)
+print("children", len(pids), flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_fork_bomb_is_contained(mode):
+    r, _ = sandbox(COUNT_CHILDREN, **mode)
+    assert "refused" in r.stdout
+    children = int(r.stdout.split("children")[1])
+    if r.isolation["procs"] == "rlimit_nproc":
+        assert 1 <= children < SMALL["max_processes"]  # RLIMIT_NPROC counts the parent too
+    else:
+        assert children == 0 and "PermissionError" in r.stdout
+    assert_nothing_left(r)  # the sleeping children were killed with the run
+    r, dt = sandbox("import os\nwhile True:\n    try:\n        os.fork()\n    except Exception:\n        pass", **mode)
+    assert r.timed_out and dt < SMALL["wall_s"] + 3.0
+    assert_nothing_left(r)
+
+
+@pytest.fixture
+def listener():
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    srv.setblocking(False)
+    yield srv
+    srv.close()
+
+
+@pytest.mark.parametrize("netns", [True, False])
+def test_network_is_refused(listener, netns):
+    port = listener.getsockname()[1]
+    code = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')"
+    r, dt = sandbox(code, network_namespace=netns)
+    assert not r.ok and "connected" not in r.stdout and dt < 5
+    if r.isolation["net"] == "netns":
+        assert "Network is unreachable" in r.stderr or "Connection refused" in r.stderr
+    else:
+        assert "sandbox: network is not allowed" in r.stderr
+    with pytest.raises(BlockingIOError):
+        listener.accept()  # nothing reached the host's loopback
+    r, _ = sandbox("import socket\nsocket.getaddrinfo('example.com', 80)", network_namespace=netns)
+    assert not r.ok
+
+
+def test_python_tool_reports_errors_as_text():
+    tool = PythonTool(**SMALL)
+    assert asyncio.run(tool(code="print(6 * 7)")) == "42\n"
+    out = asyncio.run(tool(code="while True: pass"))
+    assert out.startswith("Error: ") and ("timed out" in out or "CPU" in out)
+    out = asyncio.run(tool(code="1/0"))
+    assert out.startswith("Error: exit code 1") and "ZeroDivisionError" in out
