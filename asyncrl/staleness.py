@@ -24,6 +24,7 @@ dropped and counted under `dropped["stale"]`.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from typing import Any
 
@@ -38,6 +39,9 @@ class StalenessManager:
         self.running = 0
         self.dropped: Counter[str] = Counter()
         self._changed = asyncio.Condition()
+        self._idle_s = 0.0
+        self._idle_since: float | None = None
+        """Set while no group runs (admission holds new ones back, or none started yet)."""
 
     def can_start(self) -> bool:
         return (self.eta + self.version + 1) * self.batch_groups > self.accepted + self.running
@@ -47,6 +51,9 @@ class StalenessManager:
         async with self._changed:
             await self._changed.wait_for(self.can_start)
             self.running += 1
+            if self._idle_since is not None:
+                self._idle_s += time.monotonic() - self._idle_since
+                self._idle_since = None
 
     async def _notify(self) -> None:
         async with self._changed:
@@ -55,6 +62,8 @@ class StalenessManager:
     async def finish(self, accepted: bool, cause: str = "") -> None:
         """A started group ended: queued for training (`accepted`) or dropped for `cause`."""
         self.running -= 1
+        if self.running == 0:
+            self._idle_since = time.monotonic()
         if accepted:
             self.accepted += 1
         else:
@@ -72,6 +81,11 @@ class StalenessManager:
             raise ValueError(f"versions only grow: {version} < {self.version}")
         self.version = version
         await self._notify()
+
+    def idle_seconds(self) -> float:
+        """Seconds during which no group was generating (the rollout side stood idle)."""
+        open_s = time.monotonic() - self._idle_since if self._idle_since is not None else 0.0
+        return self._idle_s + open_s
 
     @staticmethod
     def staleness(min_version: int, step: int) -> int:

@@ -11,7 +11,6 @@ stops the run loudly (errors propagate through `run`).
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from typing import Awaitable, Callable, Iterator
 
@@ -39,21 +38,17 @@ class Rollouter:
         self._tasks: set[asyncio.Task] = set()
         self._error: BaseException | None = None
         self._run_task: asyncio.Task | None = None
-        self._idle_s = 0.0
 
     def idle_seconds(self) -> float:
         """Seconds with no group generating because admission (the staleness bound) held new ones back."""
-        return self._idle_s
+        return self.staleness.idle_seconds()
 
     async def run(self) -> None:
         """Start groups forever (until cancelled); raises the first error of any group."""
         self._run_task = asyncio.current_task()
         try:
             while True:
-                idle, t0 = self.staleness.running == 0, time.monotonic()
                 await self.staleness.acquire()
-                if idle:  # nothing was generating while admission held us back
-                    self._idle_s += time.monotonic() - t0
                 prompt = next(self.prompts)
                 t = asyncio.create_task(self._run_group(prompt))
                 self._tasks.add(t)
