@@ -40,9 +40,10 @@ from typing import Any
 from asyncrl.config import Config
 from asyncrl.launch import Components
 from asyncrl.metrics import MetricsLogger
+from asyncrl.observe.reporter import StatusReporter
 from asyncrl.progress import Progress
 from asyncrl.rollout.rollouter import Rollouter
-from asyncrl.run_dir import checkpoint_dir, latest_checkpoint, plot_curve, prune_checkpoints, write_state, write_status
+from asyncrl.run_dir import checkpoint_dir, latest_checkpoint, plot_curve, prune_checkpoints, write_state
 from asyncrl.staleness import StalenessManager
 from asyncrl.trajectory_queue import TrajectoryQueue
 from asyncrl.types import Trajectory
@@ -187,7 +188,6 @@ class Pipeline:
                 m.update(await self.evaluate())
             self.metrics.log(self.step, m)
             progress.update(self.step, m)
-            write_status(self.run_dir, state="running", step=self.step, version=self.staleness.version)
             target_hit = bool(cfg.trainer.target_reward and self.curve and self.curve[-1][0] == self.step and self.curve[-1][1] >= cfg.trainer.target_reward)
             if (cfg.trainer.save_every and self.step % cfg.trainer.save_every == 0) or last or target_hit:
                 await self.save()
@@ -207,14 +207,15 @@ class Pipeline:
         progress.update(self.step, {"eval/reward": self.curve[-1][1]} if self.curve else {})
         roll = asyncio.create_task(self.rollouter.run())
         train = asyncio.create_task(self._train_loop(progress))
+        reporter = asyncio.create_task(StatusReporter(self).run())
         try:
             done, _ = await asyncio.wait({roll, train}, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
                 t.result()  # re-raise the error of a loop that died
         finally:
-            for t in (roll, train):
+            for t in (roll, train, reporter):
                 t.cancel()
-            await asyncio.gather(roll, train, return_exceptions=True)
+            await asyncio.gather(roll, train, reporter, return_exceptions=True)
             progress.close()
             self.weights.close()
             await self.queue.close()

@@ -1,0 +1,1 @@
+"""Observability of a running pipeline: snapshots, the status reporter, `asyncrl status`."""
