@@ -6,9 +6,9 @@ position t, `mask` 1 where the token is trained on). Policy losses live in the
 per-token statistics, never a scalar, so the engine can aggregate over the *global*
 batch (`agg_loss` with explicit normalisers) and N ranks give the same step as one.
 
-Room for off-policy corrections: every loss accepts `proximal_logprobs` (decoupled PPO
-uses the proximal policy as the trust-region anchor) and `**kwargs` for the constants a
-later correction registry adds.
+Off-policy corrections (`corrections.py`) stay outside the losses: they choose the anchor
+(`proximal_logprobs`, the proximal policy of decoupled PPO / TIS / MIS, else `old_logprobs`)
+and return per-token weights that the engine multiplies into `PolicyLossOutput.loss`.
 
     >>> lp = torch.zeros(1, 3); old = torch.zeros(1, 3); adv = torch.ones(1, 3)
     >>> out = POLICY_LOSSES["ppo_clip"](lp, old, adv)

@@ -95,7 +95,8 @@ def test_interpolation_moves_stale_tokens_to_current_policy_only():
     behav, cur = torch.full((1, 4), -2.0), torch.full((1, 4), -1.0)
     versions = torch.tensor([[3, 5, -1, 4]])
     assert close(interpolate_proximal(cur, behav, versions, 5), [-1.0, -2.0, -2.0, -1.0])
-    out = Corrector(AlgorithmConfig(correction="tis", proximal="interpolate", is_cap=2.0))(cur, behav, torch.ones(1, 4), token_versions=versions, version=5)
+    corrector = Corrector(AlgorithmConfig(correction="tis", proximal="interpolate", is_cap=2.0))
+    out = corrector(cur, behav, torch.ones(1, 4), token_versions=versions, version=5)
     assert close(out.weight, [2.0, 1.0, 1.0, 2.0]) and close(out.clipped, [1, 0, 0, 1])  # e^1 = 2.718 truncated to 2
 
 
