@@ -76,6 +76,8 @@ class Pipeline:
         self.wall_before = 0.0  # seconds spent in earlier (resumed) segments of this run
         self.t_start = time.time()
         self._tokens_at_start = 0
+        self._audit = (run_dir / "trained_uids.jsonl").open("a")
+        """One line per step: the uids trained on (re-done steps after a resume appear again)."""
 
     # ---- checkpoint / resume ------------------------------------------------
     async def save(self) -> None:
@@ -178,6 +180,8 @@ class Pipeline:
             self.trained_samples += sum(len(g) for g in groups)
             self.trained_tokens += n_tokens
             await self.queue.trained(handle)
+            self._audit.write(json.dumps({"step": self.step, "uids": [t.uid for g in groups for t in g]}) + "\n")
+            self._audit.flush()
             last = self.step == cfg.trainer.total_steps
             if self.step % self.publish_every == 0 or last:
                 m.update(await self.publish())
@@ -207,7 +211,8 @@ class Pipeline:
         progress.update(self.step, {"eval/reward": self.curve[-1][1]} if self.curve else {})
         roll = asyncio.create_task(self.rollouter.run())
         train = asyncio.create_task(self._train_loop(progress))
-        reporter = asyncio.create_task(StatusReporter(self).run())
+        status = StatusReporter(self)
+        reporter = asyncio.create_task(status.run())
         try:
             done, _ = await asyncio.wait({roll, train}, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
@@ -216,9 +221,11 @@ class Pipeline:
             for t in (roll, train, reporter):
                 t.cancel()
             await asyncio.gather(roll, train, reporter, return_exceptions=True)
+            await status.final()  # the end state (finished, or failed with the error in flight)
             progress.close()
             self.weights.close()
             await self.queue.close()
+            self._audit.close()
         return self.summary(resumed)
 
     def summary(self, resumed: bool) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 Layout of `<logging.run_root>/<run name>/`:
     config.yaml            the resolved config (every key)
     metrics.jsonl          one line per logged step (also in MLflow)
+    trained_uids.jsonl     audit: the trajectory uids trained at each step
     checkpoints/step_NNNNNN/{trainer/, state.json}
     summary.json           written at the end of the run
     reward_curve.png       held-out reward against step
