@@ -8,7 +8,10 @@ acknowledged the bucket in it. Metadata and acks travel over a ZeroMQ ROUTER soc
 (msgpack); bucket bytes over the backend's data plane.
 
 What it does not know: where tensors come from (FSDP, a plain model) and what a receiver
-does with them. Versions and eviction are decided by `Membership`.
+does with them. Versions and eviction are decided by `Membership`. With FSDP2 only rank 0
+builds a Sender; the other ranks iterate the same full-tensor gather in lockstep (the
+iterator is consumed on the producer thread). Joins are processed whenever the sender
+runs (`publish`, `sync`, `poll`, `wait_for`): it has no background thread.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ Flow of one update (S = sender, R = receiver):
 
     R -> S  Join(receiver_id, version)            once, when the receiver starts
     S -> R  Begin(update_id, version, info)        info: backend attachment (shm names, store ...)
-    R -> S  Ack(update_id, -1)                     ready (gloo/nccl: then S sends Group)
+    R -> S  Ack(update_id, -1)                     ready, once the server paused (gloo/nccl:
+    S -> R  Group(update_id, epoch, rank, world)    then a Group, unless the last one still holds)
     S -> R  Bucket(update_id, meta)  ...           for each bucket; R pulls / joins the broadcast
     R -> S  Ack(update_id, index) | Nack(...)      after the bucket landed and its checksum matched
     S -> R  End(update_id, version) | Abort(update_id, reason)

@@ -117,7 +117,10 @@ class Workers:
         for ident in self.ids:
             self.sock.send_multipart([ident, msgpack.packb({"stop": True})])
         for p in self.procs:
-            p.wait(30)
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:  # deliberate: a worker slow to exit loses no result
+                p.kill()
 
 
 class PeakRSS:
@@ -236,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-ray", action="store_true", help="skip the naive Ray baseline")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    os.environ.setdefault("NIXL_LOG_LEVEL", "WARNING")  # NIXL logs to stdout: keep --json clean
     if args.worker:
         worker(args.worker)
         return 0
@@ -251,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for backend in args.backends.split(","):
             rows += bench_backend(backend, ks, states, bucket_mb, workers, checksum=False)
+            print(json.dumps(rows[-2 * len(ks):]), file=sys.stderr, flush=True)  # progress
         one = {"synthetic": states["synthetic"]}
         rows += bench_backend("shm", [1], one, bucket_mb, workers, checksum=True)
         rows += bench_backend("shm", [1], one, bucket_mb, workers, checksum=False, borrow=False)
