@@ -104,19 +104,29 @@ class SandboxResult:
         return f"exit code {self.exit_code}" if self.exit_code else ""
 
 
-def _reachable_by_others(path: str) -> bool:
-    """True when every directory on the way to `path` is searchable by any user."""
+def _first_unreachable(path: str) -> str | None:
+    """The first directory on the way to `path` that other users cannot enter, if any."""
     p = Path(path).resolve()
     for d in [*reversed(p.parents), p if p.is_dir() else p.parent]:
         if not os.stat(d).st_mode & 0o001:
-            return False
-    return True
+            return str(d)
+    return None
 
 
-def _stdlib_dir(python: str) -> str:
+def _exposures(python: str) -> list[tuple[str, str]]:
+    """(hide, keep) pairs: directories the interpreter reads from that a fresh uid could not reach."""
     if os.path.realpath(python) == os.path.realpath(sys.executable):
-        return os.path.dirname(os.__file__)
-    return str(Path(os.path.realpath(python)).parent)  # another interpreter: its own bin dir at least
+        keeps = {sys.base_prefix, sys.prefix, *(p for p in sys.path if p and os.path.isdir(p))}
+    else:  # another interpreter: its installation prefix
+        keeps = {str(Path(os.path.realpath(python)).parent.parent)}
+    pairs: list[tuple[str, str]] = []
+    for keep in sorted(os.path.realpath(k) for k in keeps):
+        if any(keep.startswith(k + "/") for _, k in pairs):
+            continue  # inside a directory already kept
+        hide = _first_unreachable(keep)
+        if hide is not None and hide != keep:
+            pairs.append((hide, keep))
+    return pairs
 
 
 def _processes_of(uid: int) -> list[int]:
@@ -203,10 +213,8 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits(), stdin: 
     """Run `code` as `main.py` in a fresh sandbox; never raises for anything the code does."""
     t0 = time.monotonic()
     root = os.geteuid() == 0
-    drop = root and limits.drop_privileges == "auto" and all(
-        _reachable_by_others(p) for p in (limits.python, _stdlib_dir(limits.python))
-    )
-    uid = _pick_uid() if drop else None
+    uid = _pick_uid() if root and limits.drop_privileges == "auto" else None
+    expose = _exposures(limits.python) if uid is not None else []
     nproc = limits.max_processes + (0 if root else len(_processes_of(os.getuid())))
     workdir = tempfile.mkdtemp(prefix="asyncrl-sandbox-")
     proc: asyncio.subprocess.Process | None = None
@@ -218,7 +226,8 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits(), stdin: 
             for p in (workdir, os.path.join(workdir, "main.py")):
                 os.chown(p, uid, uid)
         cfg = {"netns": limits.network_namespace, "cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb,
-               "file_mb": limits.file_mb, "nproc": nproc, "uid": uid, "workdir": workdir, "report_fd": report_w}
+               "file_mb": limits.file_mb, "nproc": nproc, "uid": uid, "workdir": workdir, "report_fd": report_w,
+               "expose": expose}
         env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
                "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         proc = await asyncio.create_subprocess_exec(
