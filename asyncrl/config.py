@@ -74,7 +74,7 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     task: str = "reverse"
-    """Task name from the task registry: `reverse` (synthetic digit reversal) or `jsonl` (prompt file + math answer reward)."""
+    """Task: `reverse` (reverse a digit string), `increment` (add 1 to every digit, mod 10) or `jsonl` (prompt file + math answer reward)."""
     train_path: str = ""
     """jsonl or parquet file of training prompts (task `jsonl`)."""
     eval_path: str = ""
@@ -86,7 +86,7 @@ class DataConfig:
     prompt_template: str = "{prompt}\n"
     """Python format string applied to the prompt text (`{prompt}`)."""
     num_digits: int = 4
-    """Task `reverse`: digits per number."""
+    """Digit tasks: digits per prompt."""
     eval_size: int = 64
     """Number of held-out prompts evaluated every `trainer.eval_every` steps."""
     max_prompt_tokens: int = 256
@@ -95,7 +95,7 @@ class DataConfig:
     """Seed of the prompt order and of the synthetic task."""
 
     def __post_init__(self) -> None:
-        _one_of(self.task, "data.task", ("reverse", "jsonl"))
+        _one_of(self.task, "data.task", ("reverse", "increment", "jsonl"))
         if self.task == "jsonl":
             _check(bool(self.train_path), "data.train_path", "required when data.task=jsonl")
         _check(1 <= self.num_digits <= 32, "data.num_digits", f"must be in [1, 32], got {self.num_digits}")

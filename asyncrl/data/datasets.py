@@ -81,8 +81,16 @@ def build_prompts(
     return PromptSet(out, {k: v for k, v in skipped.items() if v})
 
 
-def reverse_rows(n: int, num_digits: int, seed: int) -> list[dict[str, str]]:
-    """`n` distinct rows {"question": "1234=", "answer": "4321"} from a seeded generator."""
+DIGIT_TASKS = {
+    "reverse": lambda d: d[::-1],
+    "increment": lambda d: "".join(str((int(c) + 1) % 10) for c in d),
+}
+
+
+def digit_rows(n: int, num_digits: int, seed: int, task: str = "reverse") -> list[dict[str, str]]:
+    """`n` distinct rows of a digit task from a seeded generator, e.g. reverse:
+    {"question": "1234=", "answer": "4321"}; increment: {"question": "1239=", "answer": "2340"}."""
+    transform = DIGIT_TASKS[task]
     rng = random.Random(seed)
     n = min(n, 10**num_digits)
     seen: set[str] = set()
@@ -90,7 +98,7 @@ def reverse_rows(n: int, num_digits: int, seed: int) -> list[dict[str, str]]:
         seen.add("".join(rng.choice("0123456789") for _ in range(num_digits)))
     digits = sorted(seen)
     rng.shuffle(digits)
-    return [{"question": d + "=", "answer": d[::-1]} for d in digits]
+    return [{"question": d + "=", "answer": transform(d)} for d in digits]
 
 
 class PromptStream:

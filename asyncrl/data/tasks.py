@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from asyncrl.config import DataConfig
-from asyncrl.data.datasets import PromptSet, build_prompts, read_rows, reverse_rows
+from asyncrl.data.datasets import DIGIT_TASKS, PromptSet, build_prompts, digit_rows, read_rows
 
 
 @dataclass
@@ -29,8 +29,8 @@ class Task:
 
 def build_task(cfg: DataConfig, encode: Callable[[str], list[int]]) -> Task:
     kw = dict(prompt_key="question", answer_key="answer", template="{prompt}", max_prompt_tokens=cfg.max_prompt_tokens)
-    if cfg.task == "reverse":
-        rows = reverse_rows(10**cfg.num_digits, cfg.num_digits, cfg.seed)
+    if cfg.task in DIGIT_TASKS:
+        rows = digit_rows(10**cfg.num_digits, cfg.num_digits, cfg.seed, cfg.task)
         # held-out prompts are never trained on
         return Task(
             train=build_prompts(rows[cfg.eval_size :], encode, **kw),
