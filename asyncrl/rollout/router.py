@@ -1,50 +1,207 @@
 """Router: picks a rollout server per request and is the `LLMClient` the agents call.
 
-Policy: a request of a known session goes to the server that served that session
-before (its prefix cache holds the conversation); otherwise to the server with the
-fewest requests in flight (ties: lowest index). In-flight counts are the router's own,
-so the choice needs no round trip to the servers.
-
-Trace (2 servers): r1 -> s0 (0,0); r2 -> s1 (1,0); r1 ends; r3 -> s0 (0,1);
-session "a" first served by s1 -> its next turns go to s1 while it is healthy.
+Job: one `generate` call in, exactly one `GenerateOutput` out, whatever happens to the servers
+meanwhile: a weight update that aborts the request (partial rollout, `partial.py`), a server
+that dies (failover, `Failover`), a fleet added or drained. Servers are local `RolloutServer`s
+or proxies of Ray actors (`server_actor.ActorServer`): the router sees only the interface, and
+learns that a server died from the `ServerDied` error a proxy raises.
+Boundary: no Ray, no placement, no weights; the `FleetManager` (fleet.py) owns those, and hears
+of a dead server through `on_dead` (it restarts the server and `add`s it back once synced).
+In-flight counts are the router's own, so a choice needs no round trip to the servers.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
 
 from asyncrl.rollout.base import GenerateOutput, RolloutServer, SamplingParams
+from asyncrl.rollout.partial import PartialRollout
+
+DEFAULT_FLEET = "main"
+
+
+class ServerDied(ConnectionError):
+    """A rollout server's process is gone; raised by proxies (e.g. a killed Ray actor)."""
+
+
+class NoServerError(RuntimeError):
+    """No active server can take the request (all dead, draining, or none in that fleet)."""
+
+
+@dataclass(eq=False)
+class Slot:
+    """A server as the router sees it."""
+
+    server: RolloutServer
+    fleet: str
+    in_flight: int = 0
+    state: str = "active"
+    """`active` (takes requests), `draining` (finishes its own, takes none), `out` (removed)."""
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set whenever `in_flight` is 0 (what a drain waits for)."""
+
+
+class Failover:
+    """The failover rule of one caller request: a `ServerDied` moves the request to another
+    server, at most `max_failovers` times (a deliberate, bounded retry); the tokens of segments
+    that finished before the death are kept, the lost segment is generated again.
+
+    Trace (2 servers, max_failovers 2): r1 -> s0; s0's actor is killed -> r1's call raises
+    ServerDied -> router takes s0 out (sessions on s0 forgotten, on_dead(s0) -> the fleet manager
+    restarts it) -> r1 resubmitted to s1 -> r1 returns once. A third death for r1 raises.
+    """
+
+    def __init__(self, max_failovers: int) -> None:
+        self.max_failovers = max_failovers
+        self.moves = 0
+
+    def retry_after(self, exc: ServerDied) -> None:
+        """Count one move; raise (chained to the last death) when the bound is spent."""
+        self.moves += 1
+        if self.moves > self.max_failovers:
+            raise ServerDied(f"request failed over {self.max_failovers} times; last: {exc}") from exc
 
 
 class Router:
-    def __init__(self, servers: list[RolloutServer], max_sessions: int = 100_000) -> None:
-        if not servers:
-            raise ValueError("router needs at least one rollout server")
-        self.servers = list(servers)
-        self.in_flight = [0] * len(servers)
-        self._sessions: OrderedDict[str, int] = OrderedDict()
-        self._max_sessions = max_sessions
+    """Routing policy: a request of a known session goes to the server that served that session
+    before (its prefix cache holds the conversation) while that server is active; otherwise to
+    the active server (of the requested fleet, if any) with the fewest requests in flight, ties
+    to the one added first. An `abort`ed request (weight update) is resubmitted to the same server,
+    which queues it until it resumes, with the tokens so far (`partial_rollouts`).
 
-    def pick(self, session_id: str | None) -> int:
-        if session_id is not None and session_id in self._sessions:
-            self._sessions.move_to_end(session_id)
-            return self._sessions[session_id]
-        i = min(range(len(self.servers)), key=lambda k: self.in_flight[k])
+    Trace (2 servers): r1 -> s0 (0,0); r2 -> s1 (1,0); r1 ends; r3 -> s0 (0,1);
+    session "a" first served by s1 -> its next turns go to s1 while it is active;
+    s1 drained -> session "a" moves to the least-loaded active server.
+
+        router = Router([s0, s1])
+        out = await router.generate(prompt_ids, SamplingParams(max_tokens=64), session_id="a")
+    """
+
+    def __init__(self, servers: Iterable[RolloutServer] = (), *, fleet: str = DEFAULT_FLEET,
+                 max_sessions: int = 100_000, max_failovers: int = 2, partial_rollouts: bool = True,
+                 on_dead: Callable[[RolloutServer, ServerDied], None] | None = None) -> None:
+        self._slots: list[Slot] = []
+        self._sessions: OrderedDict[str, Slot] = OrderedDict()
+        self._max_sessions = max_sessions
+        self.max_failovers = max_failovers
+        self.partial_rollouts = partial_rollouts
+        self.on_dead = on_dead
+        self.failovers = 0
+        """Requests moved off a dead server, since start."""
+        self.resubmits = 0
+        """Aborted segments resubmitted (partial rollouts), since start."""
+        self._ids = itertools.count()
+        for s in servers:
+            self.add(s, fleet)
+
+    # -- membership ------------------------------------------------------------------------
+
+    @property
+    def servers(self) -> list[RolloutServer]:
+        """Active servers, in the order they were added."""
+        return [s.server for s in self._slots if s.state == "active"]
+
+    @property
+    def in_flight(self) -> list[int]:
+        """Router-side in-flight count of each active server (same order as `servers`)."""
+        return [s.in_flight for s in self._slots if s.state == "active"]
+
+    def slots(self) -> list[Slot]:
+        return list(self._slots)
+
+    def add(self, server: RolloutServer, fleet: str = DEFAULT_FLEET) -> None:
+        """Start sending requests to `server` (it must already hold the current weights)."""
+        if any(s.server is server for s in self._slots):
+            raise ValueError("router: server added twice")
+        slot = Slot(server, fleet)
+        slot.idle.set()
+        self._slots.append(slot)
+
+    async def drain(self, server: RolloutServer) -> None:
+        """Send `server` no new request, wait until its requests have returned, forget it."""
+        slot = self._slot(server)
+        slot.state = "draining"
+        await slot.idle.wait()
+        self._remove(slot)
+
+    def take_out(self, server: RolloutServer, cause: ServerDied) -> None:
+        """Forget a dead server at once (its callers fail over) and tell `on_dead`, once."""
+        slot = next((s for s in self._slots if s.server is server), None)
+        if slot is None:
+            return  # another request already reported this death
+        self._remove(slot)
+        if self.on_dead is not None:
+            self.on_dead(server, cause)
+
+    def _remove(self, slot: Slot) -> None:
+        slot.state = "out"
+        self._slots.remove(slot)
+        for sid in [k for k, v in self._sessions.items() if v is slot]:
+            del self._sessions[sid]
+
+    def _slot(self, server: RolloutServer) -> Slot:
+        for s in self._slots:
+            if s.server is server:
+                return s
+        raise KeyError("router: unknown server")
+
+    # -- policy ----------------------------------------------------------------------------
+
+    def pick(self, session_id: str | None = None, fleet: str | None = None) -> Slot:
         if session_id is not None:
-            self._sessions[session_id] = i
+            slot = self._sessions.get(session_id)
+            if slot is not None and slot.state == "active" and fleet in (None, slot.fleet):
+                self._sessions.move_to_end(session_id)
+                return slot
+        live = [s for s in self._slots if s.state == "active" and fleet in (None, s.fleet)]
+        if not live:
+            raise NoServerError(f"router: no active rollout server{'' if fleet is None else f' in fleet {fleet!r}'}")
+        slot = min(live, key=lambda s: s.in_flight)
+        if session_id is not None:
+            self._sessions[session_id] = slot
+            self._sessions.move_to_end(session_id)
             if len(self._sessions) > self._max_sessions:
                 self._sessions.popitem(last=False)
-        return i
+        return slot
 
     def end_session(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
 
-    async def generate(
-        self, prompt_ids: list[int], sampling: SamplingParams, session_id: str | None = None
-    ) -> GenerateOutput:
-        i = self.pick(session_id)
-        self.in_flight[i] += 1
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, session_id: str | None = None,
+                       fleet: str | None = None) -> GenerateOutput:
+        """One whole response: segments cut by `abort` pauses are joined, dead servers failed over."""
+        acc = PartialRollout(prompt_ids, sampling, request_id=f"route-{next(self._ids)}")
+        failover = Failover(self.max_failovers)
+        slot = self.pick(session_id, fleet)
+        while True:
+            prompt, seg_sampling = acc.request()
+            try:
+                out = await self._call(slot, prompt, seg_sampling)
+            except ServerDied as exc:
+                self.take_out(slot.server, exc)
+                failover.retry_after(exc)
+                self.failovers += 1
+                slot = self.pick(session_id, fleet)
+                continue
+            if out.finish_reason == "abort" and not self.partial_rollouts:
+                return out
+            acc.add(out)
+            if acc.done:
+                return acc.result()
+            self.resubmits += 1
+            if slot.state != "active":  # drained or taken out meanwhile: move on
+                slot = self.pick(session_id, fleet)
+
+    async def _call(self, slot: Slot, prompt: list[int], sampling: SamplingParams) -> GenerateOutput:
+        slot.in_flight += 1
+        slot.idle.clear()
         try:
-            return await self.servers[i].generate(prompt_ids, sampling)
+            return await slot.server.generate(prompt, sampling)
         finally:
-            self.in_flight[i] -= 1
+            slot.in_flight -= 1
+            if slot.in_flight == 0:
+                slot.idle.set()

@@ -1,0 +1,158 @@
+"""Router policy (least in-flight, sticky sessions), failover, partial rollouts and drains, on
+scripted servers (no model: the tests must control when each request ends)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from asyncrl.rollout.base import SamplingParams
+from asyncrl.rollout.fleet import Fleet, FleetManager
+from asyncrl.rollout.partial import segment_seed
+from asyncrl.rollout.router import NoServerError, Router, ServerDied
+
+from .fakes import ScriptedServer
+
+SP = SamplingParams(max_tokens=6, seed=11)
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_least_in_flight_balance_and_stickiness():
+    async def go():
+        s = [ScriptedServer(f"s{i}") for i in range(3)]
+        r = Router(s)
+        tasks = [asyncio.create_task(r.generate([i], SP)) for i in range(6)]
+        await settle()
+        assert r.in_flight == [2, 2, 2] and [len(x.open) for x in s] == [2, 2, 2]
+        s[1].release()
+        await asyncio.gather(*tasks[1::3])
+        assert r.in_flight == [2, 0, 2]
+        t = asyncio.create_task(r.generate([9], SP))  # the idle server gets it
+        await settle()
+        assert s[1].served[-1][0] == [9]
+        # session "a": first turn to the least loaded (s1), later turns stay there although s1 is busiest
+        turns = []
+        for turn in range(3):
+            turns.append(asyncio.create_task(r.generate([100 + turn], SP, session_id="a")))
+            await settle()
+        assert [p for p, _ in s[1].served if p[0] >= 100] == [[100], [101], [102]]
+        for x in s:
+            x.release()
+        outs = await asyncio.gather(*tasks, t, *turns)
+        assert all(o.finish_reason == "length" and len(o.token_ids) == 6 for o in outs)
+        assert r.in_flight == [0, 0, 0]
+
+    asyncio.run(go())
+
+
+def test_dead_server_request_fails_over_once():
+    async def go():
+        s0, s1 = ScriptedServer("s0", token=1), ScriptedServer("s1", token=2, hold=False)
+        dead = []
+        r = Router([s0, s1], on_dead=lambda srv, exc: dead.append(srv))
+        t = asyncio.create_task(r.generate([5], SP, session_id="x"))  # -> s0
+        await settle()
+        s0.die()
+        out = await t
+        assert out.token_ids == [2] * 6 and out.finish_reason == "length"  # one result, from s1
+        assert dead == [s0] and r.servers == [s1] and r.failovers == 1
+        assert len(s1.served) == 1 and s1.served[0][0] == [5]
+        r.take_out(s0, ServerDied("again"))  # a second report of the same death is ignored
+        assert dead == [s0]
+        assert (await r.generate([6], SP, session_id="x")).token_ids == [2] * 6  # session moved
+
+    asyncio.run(go())
+
+
+def test_failover_is_bounded():
+    async def go():
+        s = [ScriptedServer(f"s{i}") for i in range(3)]
+        for x in s:
+            x.dead = True
+        r = Router(s, max_failovers=1)
+        with pytest.raises(ServerDied, match="failed over 1 times"):
+            await r.generate([1], SP)
+        assert len(r.servers) == 1
+        with pytest.raises(NoServerError):
+            await Router([], max_failovers=1).generate([1], SP)
+
+    asyncio.run(go())
+
+
+def test_aborted_request_resumes_with_tokens_so_far():
+    async def go():
+        s0 = ScriptedServer("s0", token=3, k=2)
+        r = Router([s0])
+        t = asyncio.create_task(r.generate([8, 9], SP))
+        await settle()
+        s0.abort_all()  # weight update in abort mode: 2 tokens at version 0
+        await settle()
+        s0.v = 1
+        s0.release()
+        out = await t
+        (p0, sp0), (p1, sp1) = s0.served
+        assert p1 == [8, 9, 3, 3] and sp1.max_tokens == 4 and sp1.seed == segment_seed(11, 2) != 11
+        assert out.token_ids == [3] * 6 and out.versions == [0, 0, 1, 1, 1, 1] and out.finish_reason == "length"
+        assert r.resubmits == 1
+        r.partial_rollouts = False
+        t = asyncio.create_task(r.generate([8], SP))
+        await settle()
+        s0.abort_all()
+        assert (await t).finish_reason == "abort"
+
+    asyncio.run(go())
+
+
+def test_drain_finishes_requests_and_takes_no_new_ones():
+    async def go():
+        s0, s1 = ScriptedServer("s0"), ScriptedServer("s1", hold=False)
+        r = Router([s0, s1])
+        t = asyncio.create_task(r.generate([1], SP))  # -> s0, held
+        await settle()
+        drain = asyncio.create_task(r.drain(s0))
+        await settle()
+        assert not drain.done() and r.servers == [s1]
+        await r.generate([2], SP)
+        assert len(s0.served) == 1
+        s0.release()
+        await drain
+        assert (await t).token_ids == [7] * 6 and r.slots()[0].server is s1
+
+    asyncio.run(go())
+
+
+def test_manager_restarts_dead_server_at_current_version():
+    async def go():
+        made = []
+
+        async def respawn(i: int) -> ScriptedServer:
+            made.append(ScriptedServer(f"s{i}-new", hold=False))
+            return made[-1]
+
+        s0, s1 = ScriptedServer("s0"), ScriptedServer("s1", hold=False)
+        manager = FleetManager(Router())
+        await manager.add_fleet(Fleet("main", [s0, s1], respawn))
+        await manager.update_weights([("w", 1.0)], version=4)
+        assert (s0.v, s1.v, manager.version) == (4, 4, 4)
+        late = ScriptedServer("late", hold=False)
+        await manager.add_fleet(Fleet("extra", [late]))  # joins at the current version
+        assert late.v == 4
+        t = asyncio.create_task(manager.router.generate([1], SP, fleet="main"))
+        await settle()
+        assert len(s0.open) == 1
+        s0.die()
+        assert len((await t).token_ids) == 6
+        await manager.wait_restarts()
+        assert made[0].v == 4 and made[0] in manager.router.servers and s0 not in manager.router.servers
+        stats = await manager.stats()
+        assert stats["restarts"] == 1 and stats["failovers"] == 1
+        assert [row["version"] for row in stats["fleets"]["main"]["servers"]] == [4, 4]
+        await manager.remove_fleet("extra")
+        assert late not in manager.router.servers
+
+    asyncio.run(go())
