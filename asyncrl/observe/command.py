@@ -1,0 +1,166 @@
+"""`asyncrl status`: find a run, read its latest snapshot, judge whether it is alive, show it.
+
+    asyncrl status                          the most recent run under runs/ (--root DIR)
+    asyncrl status --run runs/fully_async-20261129-170000
+    asyncrl status --redis redis://host:6379/0 [--name RUN]   a cluster run, from any host
+    asyncrl status --json                   one snapshot, schema in docs/status.md
+    asyncrl status --watch [--interval 1] [--prometheus 9464]
+
+Job: locate the snapshot (a run directory's `status.json`, or Redis keys written by
+`StatusReporter`), add `liveness` (alive, or dead / stalled / finished / failed with the
+age of its last heartbeat) and `source`, then print it. Boundary: reads only; never
+touches the run. A missing run is the one error translated into a message (exit code 1);
+a dead run is not an error, it is a status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from asyncrl.observe.reporter import FINAL_FILE, KEY_PREFIX, RUNS_KEY, status_key
+from asyncrl.observe.snapshot import lifecycle_snapshot
+
+STALL_INTERVALS = 5
+"""A live process whose heartbeat is older than this many reporting intervals is `stalled`
+(remote: `dead`, since its pid cannot be checked)."""
+MIN_STALL_S = 10.0
+
+
+class RunNotFound(Exception):
+    """No run (or no snapshot of it) where the user pointed."""
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a killed child its parent has not reaped yet is a zombie: not running
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+def latest_run(root: Path) -> Path:
+    runs = [p.parent for p in root.glob("*/status.json")]
+    if not runs:
+        raise RunNotFound(f"no run under {str(root)!r} (no <run>/status.json); pass --run DIR, --root DIR or --redis URL")
+    return max(runs, key=lambda d: (d / "status.json").stat().st_mtime)
+
+
+def read_local(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "status.json"
+    if not path.is_file():
+        raise RunNotFound(f"{str(run_dir)!r} has no status.json (not a run directory, or the run never started)")
+    record = json.loads(path.read_text())
+    if "schema_version" not in record:  # `asyncrl train`'s lifecycle record: starting / failed / finished
+        final = run_dir / FINAL_FILE
+        last = json.loads(final.read_text()) if final.is_file() else None
+        record = lifecycle_snapshot(record, str(run_dir.resolve()), last)
+    record["source"] = str(path.resolve())
+    return record
+
+
+def read_redis(url: str, name: str | None) -> dict[str, Any]:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        if not name:
+            newest = client.zrevrange(RUNS_KEY, 0, 0)
+            if not newest:
+                raise RunNotFound(f"no run has reported to {url} ({RUNS_KEY} is empty)")
+            name = newest[0].decode()
+        live = client.get(status_key(name))
+        raw = live if live is not None else client.get(status_key(name) + ":last")
+    finally:
+        client.close()
+    if raw is None:
+        raise RunNotFound(f"no run named {name!r} in {url} (no {KEY_PREFIX}{name}: never started, or reported over a week ago)")
+    snap = json.loads(raw)
+    snap["source"] = f"{url} {status_key(name)}" + ("" if live is not None else ":last")
+    snap["heartbeat_expired"] = live is None
+    return snap
+
+
+def judge(snap: dict[str, Any], now: float | None = None) -> dict[str, Any]:
+    """`liveness` of a snapshot: status (state, or dead / stalled), alive, detail, heartbeat ages."""
+    now = time.time() if now is None else now
+    state = snap.get("state", "running")
+    beat = snap.get("time")
+    age = None if beat is None else max(now - beat, 0.0)
+    ages = {k: round(now - t, 1) for k, t in (snap.get("heartbeats") or {}).items() if t is not None}
+    interval = snap.get("interval_s") or 1.0
+    limit = max(STALL_INTERVALS * interval, MIN_STALL_S)
+    run = snap.get("run") or {}
+    pid, host = run.get("pid"), run.get("host")
+    status, alive, detail = state, state in ("starting", "running"), state
+    if state == "failed":
+        detail = f"failed: {snap.get('error') or 'unknown error'}"
+    elif state == "finished":
+        detail = f"finished {age:.0f} s ago" if age is not None else "finished"
+    elif pid is not None and host == socket.gethostname() and not pid_alive(pid):
+        status, alive = "dead", False
+        detail = f"dead (no heartbeat for {age:.0f} s; process {pid} is gone; last state {state})"
+    elif snap.get("heartbeat_expired") or (age is not None and age > limit and host != socket.gethostname()):
+        status, alive = "dead", False
+        detail = f"dead (no heartbeat for {age:.0f} s; last state {state})"
+    elif age is not None and age > limit and state == "running":
+        status = "stalled"
+        detail = f"stalled (no heartbeat for {age:.0f} s; process {pid} still exists)"
+    return {"status": status, "alive": alive, "detail": detail,
+            "heartbeat_age_s": None if age is None else round(age, 1), "component_age_s": ages}
+
+
+def read(args: argparse.Namespace) -> dict[str, Any]:
+    if args.redis:
+        snap = read_redis(args.redis, args.name)
+    else:
+        snap = read_local(Path(args.run) if args.run else latest_run(Path(args.root)))
+    snap["liveness"] = judge(snap)
+    return snap
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="asyncrl status", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--root", default="runs", help="folder of local runs (logging.run_root); the most recent is shown")
+    p.add_argument("--run", metavar="DIR", help="a run directory")
+    p.add_argument("--redis", metavar="URL", help="read a cluster run from Redis (queue.redis_url of the run)")
+    p.add_argument("--name", metavar="RUN", help="with --redis: the run name (default: the one that reported last)")
+    p.add_argument("--json", action="store_true", help="print one snapshot as JSON (docs/status.md)")
+    p.add_argument("--watch", action="store_true", help="refresh a live view until Ctrl-C")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes with --watch")
+    p.add_argument("--prometheus", type=int, metavar="PORT", help="with --watch: serve the figures as Prometheus text on 127.0.0.1:PORT")
+    args = p.parse_args(argv)
+    if args.json and args.watch:
+        p.error("--json and --watch exclude each other")
+    if args.prometheus is not None and not args.watch:
+        p.error("--prometheus needs --watch")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    try:
+        snap = read(args)
+    except RunNotFound as e:
+        print(f"asyncrl status: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(snap, indent=1))
+        return 0
+    from asyncrl.observe.view import show, watch
+
+    if args.watch:
+        return watch(lambda: read(args), interval_s=args.interval, prometheus_port=args.prometheus)
+    show(snap)
+    return 0

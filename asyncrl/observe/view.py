@@ -1,0 +1,131 @@
+"""The terminal view of a status snapshot (rich): one screen, printed once or refreshed live.
+
+Job: lay out the snapshot of `snapshot.py` (plus the `liveness` that `command.py` adds)
+with the same words as the JSON keys: queue_depth by state, staleness histograms, per
+fleet / per server version, in_flight, tokens/s and health, trainer step and version,
+last publish, drops by cause, rates, idle ratios and heartbeat ages. Boundary: display
+only; it computes nothing that is not in the snapshot except ages relative to now.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+_STYLE = {"running": "green", "starting": "cyan", "finished": "blue", "failed": "red", "dead": "bold red", "stalled": "yellow"}
+
+
+def _hist(h: dict[str, int]) -> str:
+    if not h:
+        return "-"
+    total = sum(h.values())
+    return "  ".join(f"{k}:{v} ({100 * v / total:.0f}%)" for k, v in h.items())
+
+
+def _ago(t: float | None, now: float) -> str:
+    return "never" if not t else f"{now - t:.1f} s ago"
+
+
+def _table(title: str, *columns: str) -> Table:
+    t = Table(title=title, title_justify="left", title_style="bold", box=None, padding=(0, 2, 0, 0), show_edge=False)
+    for c in columns:
+        t.add_column(c, justify="right" if c not in ("fleet", "server", "health", "view", "histogram (staleness:count)") else "left")
+    return t
+
+
+def render(snap: dict[str, Any], now: float | None = None) -> Group:
+    now = time.time() if now is None else now
+    live = snap.get("liveness", {})
+    run, tr = snap.get("run", {}), snap.get("trainer", {})
+    status = live.get("status", snap.get("state", "?"))
+    head = Text()
+    head.append(f"asyncrl status  {run.get('name', '?')}  ", style="bold")
+    head.append(live.get("detail", status), style=_STYLE.get(status, ""))
+    head.append(f"\nmode {run.get('mode')}  pid {run.get('pid')}@{run.get('host')}  "
+                f"heartbeat {live.get('heartbeat_age_s')} s ago  source {snap.get('source', '-')}")
+    parts: list[Any] = [head]
+    if "queue" not in snap:  # a lifecycle record only: the pipeline never reported
+        parts.append(Text(f"step {tr.get('step', 0)}; no pipeline snapshot yet"))
+        return Group(*parts)
+    w, q, ro, st, rates = snap["weights"], snap["queue"], snap["rollout"], snap["staleness"], snap["rates"]
+
+    t = _table("trainer", "step", "version", "last publish", "publish_s", "idle_ratio", "trained_samples", "rollout idle_ratio")
+    t.add_row(f"{tr['step']}/{tr['total_steps']}", str(tr["version"]), _ago(w["last_publish_time"], now),
+              f"{w['last_publish_s']:.3f}", f"{tr['idle_ratio']:.2f}", str(tr["trained_samples"]), f"{ro['idle_ratio']:.2f}")
+    parts.append(t)
+
+    t = _table(f"queue ({q['backend']}, consumer {q['consumer']})", "ready", "leased", "waiting", "acked",
+               "resident/capacity", "complete_groups", "produced/s", "consumed/s")
+    t.add_row(str(q["ready"]), str(q["leased"]), str(q["waiting"]), str(q["acked"]), f"{q['resident']}/{q['capacity']}",
+              str(q["complete_groups"]), f"{rates['produced_per_s']:.2f}", f"{rates['consumed_per_s']:.2f}")
+    parts.append(t)
+
+    t = _table(f"staleness (eta {st['eta']})", "view", "histogram (staleness:count)")
+    t.add_row("queue (at delivery)", _hist(st["queue"]))
+    t.add_row("last batch", _hist(st["last_batch"]))
+    t.add_row("trained (all)", _hist(st["trained"]))
+    parts.append(t)
+
+    t = _table("rollout fleets", "fleet", "server", "version", "in_flight", "tokens/s", "health")
+    for name, fleet in snap["fleets"].items():
+        for s in fleet["servers"]:
+            health = ("healthy" if s["healthy"] else "UNHEALTHY") + (" paused" if s.get("paused") else "")
+            t.add_row(name, str(s["name"]), str(s["version"]), str(s["in_flight"]), f"{s['tokens_per_s']:.1f}", health)
+    parts.append(t)
+
+    drops = ", ".join(f"{k} {v}" for k, v in snap["drops"].items()) or "none"
+    qdrops = ", ".join(f"{k} {v}" for k, v in q["drops"].items()) or "none"
+    beats = "  ".join(f"{k} {v:.1f} s" for k, v in live.get("component_age_s", {}).items())
+    parts.append(Text.assemble(("drops ", "bold"), f"groups: {drops}; queue records: {qdrops}   ",
+                               ("groups ", "bold"), f"running {ro['running_groups']} accepted {ro['accepted_groups']}\n",
+                               ("heartbeats ", "bold"), beats or "-"))
+    if snap.get("error"):
+        parts.append(Text(f"error: {snap['error']}", style="red"))
+    return Group(*parts)
+
+
+def console() -> Console:
+    """The terminal, or 110 columns when printing to a pipe or file (rich's default 80 wraps the tables)."""
+    c = Console()
+    return c if c.is_terminal else Console(width=110)
+
+
+def show(snap: dict[str, Any]) -> None:
+    console().print(render(snap))
+
+
+def watch(read: Callable[[], dict[str, Any]], *, interval_s: float = 1.0, prometheus_port: int | None = None) -> int:
+    """Refresh the view every `interval_s` until Ctrl-C; a run that ends stays on screen with its end state."""
+    from asyncrl.observe.command import RunNotFound
+
+    latest: dict[str, Any] = {}
+    server = None
+    if prometheus_port is not None:
+        from asyncrl.observe.prometheus import serve
+
+        server = serve(prometheus_port, lambda: latest)
+
+    def frame() -> Any:
+        try:
+            snap = read()
+        except RunNotFound as e:
+            return Text(f"asyncrl status: {e}", style="yellow")
+        latest.clear()
+        latest.update(snap)
+        return render(snap)
+
+    try:
+        with Live(frame(), auto_refresh=False, screen=False) as view:
+            while True:
+                time.sleep(interval_s)
+                view.update(frame(), refresh=True)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if server is not None:
+            server.shutdown()

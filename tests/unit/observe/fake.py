@@ -1,0 +1,49 @@
+"""A stand-in pipeline with the attributes `SnapshotBuilder` reads (real staleness manager, real QueueStats)."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+from asyncrl.config import Config
+from asyncrl.rollout.base import ServerStats
+from asyncrl.staleness import StalenessManager
+from transfer_queue.records import QueueStats
+
+
+class FakeClient:
+    def __init__(self) -> None:
+        self.stats_value = QueueStats(
+            capacity=64, resident=12, put=40, complete_groups=3,
+            depth={"trainer": {"ready": 8, "waiting": 2, "leased": 2}}, acked={"trainer": 24},
+            dropped={"trainer": {"stale": 4}}, redelivered={"trainer": 1},
+            staleness={"trainer": {0: 8, 2: 4, 1: 12}}, rates={"put_per_s": 4.0, "ack_per_s": 2.4},
+        )
+
+    async def stats(self) -> QueueStats:
+        return self.stats_value
+
+
+class FakeServer:
+    def __init__(self, version: int, healthy: bool = True) -> None:
+        self.version, self.healthy = version, healthy
+
+    def stats(self) -> ServerStats:
+        return ServerStats(version=self.version, in_flight=3, paused=False, generated_tokens=500, tokens_per_s=41.5, healthy=self.healthy)
+
+
+def fake_pipeline(run_dir: Path) -> SimpleNamespace:
+    staleness = StalenessManager(batch_groups=2, eta=2)
+    staleness.version, staleness.accepted, staleness.running = 3, 9, 2
+    staleness.dropped = Counter({"stale": 1})
+    return SimpleNamespace(
+        cfg=Config(), run_dir=run_dir, step=3, staleness=staleness, publish_every=1,
+        queue=SimpleNamespace(client=FakeClient(), consumer="trainer"),
+        weights=SimpleNamespace(last_seconds=0.25, last_time=time.time() - 2, evicted={}),
+        rollouter=SimpleNamespace(generated_tokens=1000, reward_failures=0, idle_seconds=lambda: 1.0),
+        parts=SimpleNamespace(servers=[FakeServer(3), FakeServer(2, healthy=False)]),
+        staleness_hist=Counter({0: 8, 1: 12, 2: 4}), wait_s=0.5, trained_samples=24, trained_tokens=300,
+        t_start=time.time() - 10,
+    )

@@ -1,0 +1,73 @@
+import asyncio
+import json
+
+from asyncrl.observe.command import main
+from asyncrl.observe.reporter import FINAL_FILE, StatusReporter
+from asyncrl.observe.snapshot import SCHEMA_VERSION, SnapshotBuilder, hist
+from tests.unit.observe.fake import fake_pipeline
+
+
+def test_snapshot_figures_come_from_the_queue_and_pipeline(tmp_path):
+    p = fake_pipeline(tmp_path)
+    snap = asyncio.run(SnapshotBuilder(p).build())
+    q = snap["queue"]
+    assert snap["schema_version"] == SCHEMA_VERSION and snap["state"] == "running"
+    assert (q["ready"], q["leased"], q["waiting"], q["acked"], q["capacity"], q["complete_groups"]) == (8, 2, 2, 24, 64, 3)
+    assert q["stats"] == p.queue.client.stats_value.to_wire() and q["drops"] == {"stale": 4}
+    assert snap["staleness"]["queue"] == {"0": 8, "1": 12, "2": 4}  # sorted numerically, string keys
+    assert snap["staleness"]["trained"] == {"0": 8, "1": 12, "2": 4} and snap["drops"] == {"stale": 1}
+    servers = snap["fleets"]["default"]["servers"]
+    assert [s["version"] for s in servers] == [3, 2] and [s["healthy"] for s in servers] == [True, False]
+    assert snap["fleets"]["default"]["in_flight"] == 6
+    assert (snap["trainer"]["step"], snap["trainer"]["version"], snap["weights"]["last_publish_s"]) == (3, 3, 0.25)
+    assert 0 < snap["rates"]["produced_per_s"] and 0 < snap["trainer"]["idle_ratio"] < 1
+    json.dumps(snap)  # plain JSON, no custom types
+
+
+def test_last_batch_is_the_growth_of_the_trained_histogram(tmp_path):
+    p = fake_pipeline(tmp_path)
+    b = SnapshotBuilder(p)
+    asyncio.run(b.build())
+    p.staleness_hist.update([2, 2, 1])
+    p.step += 1
+    snap = asyncio.run(b.build())
+    assert snap["staleness"]["last_batch"] == {"1": 1, "2": 2}
+    assert snap["heartbeats"]["trainer"] is not None and snap["heartbeats"]["rollout"] is None
+    assert hist({3: 0, 1: 2}) == {"1": 2}
+
+
+def test_reporter_final_state_survives_the_lifecycle_record(tmp_path, capsys):
+    from asyncrl.run_dir import write_status
+
+    p = fake_pipeline(tmp_path)
+    rep = StatusReporter(p)
+
+    async def go():
+        await rep.tick()
+        await rep.final()
+
+    asyncio.run(go())
+    assert json.loads((tmp_path / FINAL_FILE).read_text())["state"] == "finished"
+    write_status(tmp_path, state="finished", step=3)  # what `asyncrl train` writes last
+    assert main(["--run", str(tmp_path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["state"] == "finished" and out["liveness"]["status"] == "finished" and not out["liveness"]["alive"]
+    assert out["queue"]["ready"] == 8  # the last-known figures are kept
+
+
+def test_final_snapshot_of_a_failing_run_says_failed(tmp_path):
+    p = fake_pipeline(tmp_path)
+    rep = StatusReporter(p)
+
+    async def go():
+        try:
+            raise RuntimeError("trainer died")
+        finally:
+            await rep.final()
+
+    try:
+        asyncio.run(go())
+    except RuntimeError:
+        pass
+    snap = json.loads((tmp_path / "status.json").read_text())
+    assert snap["state"] == "failed" and "trainer died" in snap["error"]
