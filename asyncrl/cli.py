@@ -1,9 +1,12 @@
-"""`asyncrl` command line: train, bench, config.
+"""`asyncrl` command line: train, bench, config, status.
 
     asyncrl train [CONFIG.yaml] [key=value ...]   run a job (no CONFIG: the embedded demo)
     asyncrl bench rollout|queue|weights [--json]  measurements, ratios against baselines
+    asyncrl bench rollout --fleet [--json]        fleet scaling over 1, 2, 4 servers
     asyncrl config [CONFIG.yaml] [key=value ...] [--doc]
                                                   print the resolved config, or document every key
+    asyncrl status [--run DIR | --redis URL] [--json | --watch]
+                                                  state of a run (docs/status.md)
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ BENCHES = {
     "rollout": "asyncrl.bench.rollout",
     "queue": "asyncrl.bench.queue",
     "weights": "asyncrl.bench.weights",
+    "pipeline": "asyncrl.bench.pipeline",
 }
 
 
@@ -102,8 +106,11 @@ def bench(args: list[str]) -> int:
     if not args or args[0] not in BENCHES:
         print(f"usage: asyncrl bench {{{','.join(BENCHES)}}} [--json] [--quick]", file=sys.stderr)
         return 2
-    mod = importlib.import_module(BENCHES[args[0]])
-    return int(mod.main(args[1:]) or 0)
+    rest = args[1:]
+    name = BENCHES[args[0]]
+    if args[0] == "rollout" and "--fleet" in rest:  # scaling over 1, 2, 4 servers instead of engines
+        name, rest = "asyncrl.bench.fleet", [a for a in rest if a != "--fleet"]
+    return int(importlib.import_module(name).main(rest) or 0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="asyncrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["train", "bench", "config"])
+    parser.add_argument("command", choices=["train", "bench", "config", "status"])
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0 if argv else 2
@@ -123,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
             return bench(rest)
         if cmd == "config":
             return config_cmd(rest)
+        if cmd == "status":
+            from asyncrl.observe.command import main as status_main
+
+            return status_main(rest)
     except ConfigError as e:
         print(f"asyncrl: config error: {e}", file=sys.stderr)
         return 2
