@@ -100,7 +100,8 @@ if net == "netns" and procs == "rlimit_nproc":
     blocked = set()  # the kernel enforces both; keep ctypes usable
 
 
-def _hook(event: str, args: tuple) -> None:
+def _hook(event: str, args: tuple, blocked: frozenset = frozenset(blocked)) -> None:
+    # `blocked` is bound at definition: the code can reach this module's globals through frames
     if event in blocked:
         if event == "socket.__new__" and args and args[1] == 1:  # AF_UNIX: local only
             return
@@ -112,7 +113,7 @@ with os.fdopen(cfg["report_fd"], "w") as report:
     report.write(json.dumps({"net": net, "procs": procs, "uid": os.getuid(),
                              "hidden": sorted({h for h, _ in cfg["expose"]}) if uid is not None else []}) + "\n")
 sys.addaudithook(_hook)  # cannot be removed from Python code once added
-del cfg, libc
+del cfg, libc, _hook, blocked
 sys.argv = ["main.py"]
 sys.path[0] = os.getcwd()
 try:

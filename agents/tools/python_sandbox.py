@@ -2,30 +2,32 @@
 
 Job: run untrusted, model-written code so that an infinite loop, a memory bomb, a fork
 bomb or a network call is stopped and *reported*, never felt by the host. Boundary: one
-`python -I` child per run (bootstrap in `_sandbox_child.py`), no container runtime, no
-mount namespace: the child can still read world-readable files.
+`python -I` child per run (bootstrap in `_sandbox_child.py`); no container runtime, no
+seccomp, no chroot: the child can read world-readable files (never write outside its
+working directory and /tmp when it runs as its own uid).
 
 Mechanisms (each run reports which ones it got in `SandboxResult.isolation`):
 - CPU time: RLIMIT_CPU (SIGXCPU, then SIGKILL one second later).
 - memory: RLIMIT_AS per process (allocations beyond it raise MemoryError); RLIMIT_FSIZE for files.
-- wall clock: the parent kills the child's process group (and, with a dedicated uid, every
-  process of that uid, which catches children that left the group) after `wall_s`.
+- wall clock: the parent kills the child's process group, and every process of the run's
+  uid (which catches children that left the group), after `wall_s`.
 - processes: as root the child switches to a fresh random uid (no passwd entry) so that
   RLIMIT_NPROC counts this run's processes alone; as a normal user RLIMIT_NPROC counts the
-  user's processes, so the limit is the current count plus `max_processes`. Root without a
-  uid drop (see `drop_privileges`) is exempt from RLIMIT_NPROC: then an audit hook refuses
-  fork/exec/spawn/system instead.
-- network: as root with CAP_SYS_ADMIN, a private network namespace (kernel-enforced, no
-  interface up). Otherwise an audit hook refuses inet sockets and DNS lookups, and ctypes
-  (which could call libc around the hook). The hook is a barrier against an LLM's casual
-  network use, not against a determined adversary inside the process.
-- files: a temporary working directory owned by the sandbox uid, removed afterwards.
+  user's processes, so the limit is their current count plus `max_processes`. Root without
+  a uid drop (`drop_privileges="never"`, or a failed mount below) is exempt from
+  RLIMIT_NPROC: then an audit hook refuses fork/exec/spawn/system instead.
+- network: as root (CAP_SYS_ADMIN), a private network namespace: kernel-enforced, no
+  interface up. Otherwise an audit hook refuses inet sockets and DNS lookups, and ctypes
+  (which could call libc around the hook); that hook stops an LLM's casual network use,
+  not a determined adversary inside the process.
+- files: a temporary working directory owned by the run's uid, removed afterwards.
 - output: stdout and stderr each truncated to `max_output_chars`.
 
-The interpreter is started as root and drops privileges itself, because a root-only
-interpreter path (e.g. under /root) would not be executable by the sandbox uid; with
-`drop_privileges="auto"` the drop happens only when the interpreter's standard library is
-reachable by other users, so that imports still work after it.
+The interpreter starts as root and drops privileges itself, so a root-only interpreter
+path still starts. When the interpreter's files sit under a directory other users cannot
+enter (e.g. pyenv under /root, mode 700), the child first makes a private mount namespace
+in which that directory is an empty tmpfs with only the interpreter's prefix mounted back:
+imports keep working after the drop and the rest of /root is invisible to the code.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import signal
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -61,7 +63,7 @@ class SandboxLimits:
     memory_mb: int = 1024
     """Address space per process (RLIMIT_AS); Python itself needs ~50 MB, numpy ~300 MB."""
     max_processes: int = 8
-    """Processes the run may have at once (RLIMIT_NPROC, or no children at all as root without a uid drop)."""
+    """Processes (threads count too) the run may have at once: RLIMIT_NPROC; as root without a uid drop, no children."""
     file_mb: int = 64
     """Largest file the run may write (RLIMIT_FSIZE)."""
     max_output_chars: int = 8000
@@ -69,9 +71,18 @@ class SandboxLimits:
     network_namespace: bool = True
     """Try a private network namespace (root only); False leaves only the audit hook."""
     drop_privileges: Literal["auto", "never"] = "auto"
-    """As root, run as a fresh uid when the interpreter allows it (`auto`), or stay root (`never`)."""
+    """As root, run as a fresh uid (`auto`) or stay root (`never`: process creation refused by the hook)."""
     python: str = sys.executable
     """Interpreter for the child (the same minor version keeps this environment's site-packages)."""
+
+    def __post_init__(self) -> None:
+        for key in ("wall_s", "cpu_s", "max_processes", "file_mb", "max_output_chars"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"sandbox.{key} must be > 0, got {getattr(self, key)}")
+        if self.memory_mb < 64:
+            raise ValueError(f"sandbox.memory_mb must be >= 64 (Python alone needs ~50 MB), got {self.memory_mb}")
+        if self.drop_privileges not in ("auto", "never"):
+            raise ValueError(f"sandbox.drop_privileges must be 'auto' or 'never', got {self.drop_privileges!r}")
 
 
 @dataclass
@@ -84,7 +95,7 @@ class SandboxResult:
     truncated: bool
     seconds: float
     isolation: dict[str, Any] = field(default_factory=dict)
-    """What the child achieved: `net` (netns | audit_hook), `procs` (rlimit_nproc | audit_hook), `uid`."""
+    """What the child achieved: `net` (netns | audit_hook), `procs` (rlimit_nproc | audit_hook), `uid`, `hidden` dirs."""
 
     @property
     def ok(self) -> bool:
@@ -186,6 +197,17 @@ async def _reap(proc: asyncio.subprocess.Process) -> None:
         pass
 
 
+async def _main_exited(proc: asyncio.subprocess.Process, timeout_s: float) -> bool:
+    """True when the main process exits within `timeout_s`. Polled: `proc.wait()` would also
+    wait for background children that still hold stdout."""
+    deadline = time.monotonic() + timeout_s
+    while proc.returncode is None:
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
 def _read_report(fd: int) -> dict[str, Any]:
     os.set_blocking(fd, False)
     try:
@@ -241,12 +263,8 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits(), stdin: 
         readers = [asyncio.ensure_future(_read_capped(s, cap)) for s in (proc.stdout, proc.stderr)]
         proc.stdin.write(stdin.encode())
         proc.stdin.close()
-        timed_out = False
-        try:
-            await asyncio.wait_for(proc.wait(), limits.wall_s)
-        except asyncio.TimeoutError:
-            timed_out = True
-        _kill_tree(proc.pid, uid)
+        timed_out = not await _main_exited(proc, limits.wall_s)
+        _kill_tree(proc.pid, uid)  # also children left running in the background
         done, pending = await asyncio.wait(readers, timeout=1.0)
         for t in pending:  # a writer outside our reach still holds the pipe
             t.cancel()

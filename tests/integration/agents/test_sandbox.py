@@ -98,7 +98,7 @@ print("children", len(pids), flush=True)
 @pytest.mark.parametrize("mode", MODES)
 def test_fork_bomb_is_contained(mode):
     r, _ = sandbox(COUNT_CHILDREN, **mode)
-    assert "refused" in r.stdout
+    assert "refused" in r.stdout and r.ok  # done when the main process exits, though children still sleep
     children = int(r.stdout.split("children")[1])
     if r.isolation["procs"] == "rlimit_nproc":
         assert 1 <= children < SMALL["max_processes"]  # RLIMIT_NPROC counts the parent too
