@@ -20,6 +20,7 @@ BENCHES = {
     "rollout": "asyncrl.bench.rollout",
     "queue": "asyncrl.bench.queue",
     "weights": "asyncrl.bench.weights",
+    "pipeline": "asyncrl.bench.pipeline",
 }
 
 

@@ -1,0 +1,258 @@
+"""`asyncrl bench pipeline`: trained tokens/s of `sync`, `one_step_off` and `fully_async` on a long-tail load.
+
+Job: measure orchestration. The real `Pipeline` (Rollouter, admission, Router, TrajectoryQueue,
+CheckpointEngine publish, trainer loop) runs against simulated servers and a simulated trainer
+(`cost_model.py`) whose costs are wall-time sleeps, so CPU contention does not decide the result.
+Capacities: rollout = servers * max_concurrency / token_cost_s tokens/s, trainer =
+trainer_ratio * rollout (balanced by default). The bound for any mode is min(rollout, trainer).
+
+Why `sync` loses on a long tail: each step generates a whole batch, so it waits for the batch's
+longest sample (5% of samples are 10x longer) while most slots idle, then trains while every
+server idles. `one_step_off` hides the training but still waits for the tail each step.
+`fully_async` keeps admitting groups up to the staleness bound eta, so both sides stay busy
+and the slower side sets the pace.
+
+Per mode it reports, over the steps after `warmup` (steady state): trained tokens/s, its ratio
+to the bound, the speedup over `sync`, trainer and rollout idle ratios in that window (rollout
+idle = 1 - generated tokens / rollout capacity), mean seconds per step and of it waiting for
+rollouts, staleness max / mean over all steps, drops. `--json` prints the same as JSON only;
+`--quick` runs a small, fast load (a smoke test, noisier).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from asyncrl.bench.cost_model import CostModelServer, CostModelTrainer, LongTail
+
+MODES = ("sync", "one_step_off", "fully_async")
+TARGET_RATIO, TARGET_SPEEDUP = 0.95, 2.8
+
+
+@dataclass
+class Load:
+    servers: int = 4
+    max_concurrency: int = 16
+    """Requests one server runs at once (continuous batching); more wait for a slot."""
+    token_cost_s: float = 0.002
+    """Seconds per generated token of one running request."""
+    lengths: LongTail = field(default_factory=LongTail)
+    groups: int = 16
+    """Groups per trainer step (trainer.prompts_per_step)."""
+    group_size: int = 8
+    trainer_ratio: float = 1.0
+    """Trainer capacity / rollout capacity."""
+    eta: int = 4
+    """trainer.max_staleness of fully_async."""
+    publish_every: int = 1
+    update_mode: str = "keep"
+    steps: dict[str, int] = field(default_factory=lambda: {"sync": 5, "one_step_off": 6, "fully_async": 24})
+    warmup: dict[str, int] = field(default_factory=lambda: {"sync": 1, "one_step_off": 2, "fully_async": 4})
+
+    @property
+    def rollout_capacity(self) -> float:
+        return self.servers * self.max_concurrency / self.token_cost_s
+
+    @property
+    def trainer_capacity(self) -> float:
+        return self.trainer_ratio * self.rollout_capacity
+
+    @property
+    def bound(self) -> float:
+        return min(self.rollout_capacity, self.trainer_capacity)
+
+
+QUICK = dict(servers=2, max_concurrency=8, token_cost_s=0.0005, lengths=LongTail(short_tokens=40), groups=4,
+             steps={"sync": 4, "one_step_off": 5, "fully_async": 16}, warmup={"sync": 1, "one_step_off": 1, "fully_async": 4})
+
+
+def build_parts(load: Load, seed: int) -> Any:
+    """Components of a run on the cost model (what `launch.build` makes for a real run)."""
+    from agents.base import Sample
+    from agents.single_turn import SingleTurnAgent
+    from asyncrl.data.datasets import Prompt, PromptSet, PromptStream
+    from asyncrl.launch import Components
+    from asyncrl.rollout.base import SamplingParams
+    from asyncrl.rollout.router import Router
+
+    rng = random.Random(seed)
+
+    async def reward(response: str, answer: str) -> float:
+        return rng.random()  # rewards do not matter here; random ones keep advantages non-degenerate
+
+    prompts = PromptSet([Prompt(index=i, text=str(i), prompt_ids=[1 + i % 97, 2, 3], answer="") for i in range(256)])
+    servers = [CostModelServer(token_cost_s=load.token_cost_s, max_concurrency=load.max_concurrency, lengths=load.lengths, seed=seed + i)
+               for i in range(load.servers)]
+    decode = lambda ids: ""
+    return Components(
+        model_path="",
+        tokenizer=None,
+        task=None,  # type: ignore[arg-type]  # the pipeline never reads the task
+        prompts=PromptStream(prompts, seed=seed),
+        servers=servers,
+        router=Router(servers),
+        trainer=CostModelTrainer(1.0 / load.trainer_capacity),
+        agent=SingleTurnAgent(decode=decode, reward_fn=reward, sampling=SamplingParams(max_tokens=load.lengths.max)),
+        eval_agent=SingleTurnAgent(decode=decode, reward_fn=reward, sampling=SamplingParams(max_tokens=1)),
+        eval_samples=[Sample(uid="eval-0", group_id="eval-0", index_in_group=0, group_size=1, prompt_ids=[1, 2, 3], answer="")],
+        make_batch=lambda groups: (n := sum(t.num_generated_tokens for g in groups for t in g), n),
+    )
+
+
+def run_mode(mode: str, load: Load, seed: int = 0) -> dict[str, Any]:
+    """One mode on the real `Pipeline`; figures over the steady-state window."""
+    from asyncrl.config import LoggingConfig, load as load_config
+    from asyncrl.controller import Pipeline
+    from asyncrl.metrics import MetricsLogger
+
+    total = load.warmup[mode] + load.steps[mode]
+    cfg = load_config(None, [
+        f"trainer.mode={mode}", f"trainer.total_steps={total}", f"trainer.prompts_per_step={load.groups}",
+        f"trainer.max_staleness={load.eta}", f"trainer.publish_every={load.publish_every}",
+        f"trainer.eval_every={10 ** 9}", "trainer.save_every=0", f"rollout.group_size={load.group_size}",
+        f"rollout.update_mode={load.update_mode}", "queue.storage=local", "weights.backend=local",
+        "weights.bucket_size_mb=1", "logging.mlflow=false", "logging.progress=false", f"seed={seed}",
+    ])
+    with tempfile.TemporaryDirectory(prefix="asyncrl-bench-pipeline-") as tmp:
+        run_dir = Path(tmp)
+        metrics = MetricsLogger(LoggingConfig(mlflow=False, progress=False), run_dir, {})
+
+        async def go() -> tuple[dict[str, Any], Any]:
+            parts = build_parts(load, seed)
+            try:
+                return await Pipeline(cfg, parts, run_dir, metrics).run(), parts
+            finally:
+                await parts.close()
+
+        try:
+            summary, parts = asyncio.run(go())
+        finally:
+            metrics.close()
+    return measure(mode, load, summary, parts)
+
+
+def measure(mode: str, load: Load, summary: dict[str, Any], parts: Any) -> dict[str, Any]:
+    steps = parts.trainer.steps
+    w = load.warmup[mode]
+    t0, t1 = steps[w - 1][1] if w else steps[0][0], steps[-1][1]
+    window = [s for s in steps[w:]]
+    span = t1 - t0
+    tokens = sum(s[2] for s in window)
+    busy = sum(s[1] - s[0] for s in window)
+    generated = sum(k for srv in parts.servers for t, k in srv.completions if t0 < t <= t1)
+    hist = {int(k): v for k, v in summary["staleness_hist"].items()}
+    n = sum(hist.values())
+    tps = tokens / span
+    return {
+        "steps": len(steps),
+        "measured_steps": len(window),
+        "trained_tokens_per_s": round(tps, 1),
+        "ratio_to_bound": round(tps / load.bound, 3),
+        "trainer_idle_ratio": round(1 - busy / span, 3),
+        "rollout_idle_ratio": round(1 - generated / (load.rollout_capacity * span), 3),
+        "step_s": round(span / len(window), 3),
+        "wait_s": round((span - busy) / len(window), 3),
+        "staleness_max": max(hist),
+        "staleness_mean": round(sum(k * v for k, v in hist.items()) / n, 3),
+        "drops": sum(summary["drops"].values()),
+        "drops_by_cause": summary["drops"],
+        "wall_s": summary["wall_s"],
+    }
+
+
+def run(load: Load, modes: tuple[str, ...] = MODES, seed: int = 0) -> dict[str, Any]:
+    rows = {m: run_mode(m, load, seed) for m in modes}
+    base = rows.get("sync", {}).get("trained_tokens_per_s")
+    for r in rows.values():
+        r["speedup_vs_sync"] = round(r["trained_tokens_per_s"] / base, 2) if base else None
+    lt = load.lengths
+    out: dict[str, Any] = {
+        "load": {**{k: v for k, v in asdict(load).items() if k != "lengths"}, "lengths": asdict(lt), "mean_length": lt.mean,
+                 "samples_per_step": load.groups * load.group_size, "slots": load.servers * load.max_concurrency,
+                 "tokens_per_step": lt.mean * load.groups * load.group_size},
+        "rollout_capacity_tokens_per_s": load.rollout_capacity,
+        "trainer_capacity_tokens_per_s": load.trainer_capacity,
+        "bound_tokens_per_s": load.bound,
+        "modes": rows,
+    }
+    fa = rows.get("fully_async")
+    if fa is not None:
+        out["targets"] = {
+            "fully_async_ratio": {"target": TARGET_RATIO, "measured": fa["ratio_to_bound"], "met": fa["ratio_to_bound"] >= TARGET_RATIO},
+            "speedup_vs_sync": {"target": TARGET_SPEEDUP, "measured": fa["speedup_vs_sync"],
+                                "met": fa["speedup_vs_sync"] is not None and fa["speedup_vs_sync"] >= TARGET_SPEEDUP},
+        }
+    return out
+
+
+def print_table(res: dict[str, Any]) -> None:
+    ld = res["load"]
+    lt = ld["lengths"]
+    print(f"load: {ld['servers']} servers x {ld['max_concurrency']} slots, {ld['token_cost_s'] * 1e3:g} ms/token/request; "
+          f"lengths {lt['short_tokens']} tokens +-{lt['jitter']:.0%}, {lt['long_fraction']:.0%} x{lt['long_factor']:g} (mean {ld['mean_length']:g}); "
+          f"step = {ld['groups']} groups x {ld['group_size']} = {ld['samples_per_step']} samples (~{ld['tokens_per_step']:.0f} tokens); "
+          f"eta {ld['eta']}, publish_every {ld['publish_every']}, update_mode {ld['update_mode']}")
+    print(f"capacity: rollout {res['rollout_capacity_tokens_per_s']:.0f} tok/s, trainer {res['trainer_capacity_tokens_per_s']:.0f} tok/s, "
+          f"bound {res['bound_tokens_per_s']:.0f} tok/s")
+    cols = ["mode", "tok/s", "/bound", "x sync", "step_s", "wait_s", "trainer_idle", "rollout_idle", "stale_max", "stale_mean", "drops", "steps"]
+    print(("{:<13}" + "{:>13}" * (len(cols) - 1)).format(*cols))
+    for m, r in res["modes"].items():
+        vals = [r["trained_tokens_per_s"], r["ratio_to_bound"], r["speedup_vs_sync"], r["step_s"], r["wait_s"], r["trainer_idle_ratio"],
+                r["rollout_idle_ratio"], r["staleness_max"], r["staleness_mean"], r["drops"], f"{r['measured_steps']}+{r['steps'] - r['measured_steps']}w"]
+        print(("{:<13}" + "{:>13}" * len(vals)).format(m, *[str(v) for v in vals]))
+    for name, t in res.get("targets", {}).items():
+        print(f"target {name} >= {t['target']}: measured {t['measured']} -> {'met' if t['met'] else 'NOT met'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="asyncrl bench pipeline", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", action="store_true", help="print the figures as JSON only")
+    p.add_argument("--quick", action="store_true", help="small, fast load (smoke test)")
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--servers", type=int)
+    p.add_argument("--max-concurrency", type=int)
+    p.add_argument("--token-cost-ms", type=float)
+    p.add_argument("--short-tokens", type=int)
+    p.add_argument("--long-fraction", type=float)
+    p.add_argument("--long-factor", type=float)
+    p.add_argument("--groups", type=int)
+    p.add_argument("--group-size", type=int)
+    p.add_argument("--trainer-ratio", type=float)
+    p.add_argument("--eta", type=int)
+    p.add_argument("--publish-every", type=int)
+    p.add_argument("--update-mode", choices=["keep", "wait", "abort"])
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    load = Load(**QUICK) if a.quick else Load()
+    lt = load.lengths
+    load.lengths = LongTail(short_tokens=a.short_tokens or lt.short_tokens, long_fraction=lt.long_fraction if a.long_fraction is None else a.long_fraction,
+                            long_factor=a.long_factor or lt.long_factor, jitter=lt.jitter)
+    for key in ("servers", "max_concurrency", "groups", "group_size", "trainer_ratio", "eta", "publish_every", "update_mode"):
+        if getattr(a, key) is not None:
+            setattr(load, key, getattr(a, key))
+    if a.token_cost_ms is not None:
+        load.token_cost_s = a.token_cost_ms / 1e3
+    modes = tuple(m for m in a.modes.split(",") if m)
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        p.error(f"--modes: unknown {unknown}; choose from {MODES}")
+    t = time.time()
+    res = run(load, modes, a.seed)
+    res["bench_wall_s"] = round(time.time() - t, 1)
+    if a.json:
+        print(json.dumps(res, indent=1))
+    else:
+        print_table(res)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
