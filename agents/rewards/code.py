@@ -5,7 +5,8 @@ The ground truth holds the tests: a JSON list of Python snippets (each usually o
 test). The code is the last fenced block of the response (```python ... ``` or ``` ... ```),
 else the whole response. All tests run in one sandboxed process (`run_python`): the
 solution once, then each test in its own copy of the solution's namespace; each result is
-reported on stdout with a per-run random nonce that the code never sees in its source.
+reported on stdout with a per-run random nonce that the code never sees in its source
+(the solution's own prints are discarded, so they cannot crowd out the results).
 
 `mode="fraction"`: reward = passed / total; `mode="all"`: 1.0 only when every test passes.
 A crash, timeout or limit in the solution fails the tests that had not reported yet.
@@ -25,12 +26,15 @@ from agents.tools.python_sandbox import SandboxLimits, run_python
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
 _HARNESS = '''
+import os
 import sys
 
 
 def _main(code, setup, tests):
     nonce = sys.stdin.readline().strip()
-    out = sys.stdout
+    out = os.fdopen(os.dup(1), "w")  # results go here; the solution's prints go to /dev/null
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+    sys.stdout = open(os.devnull, "w")
     ns = {"__name__": "__solution__"}
     exec(compile(setup + "\\n" + code, "solution.py", "exec"), ns)
     for i, test in enumerate(tests):

@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import shutil
 import signal
 import sys
@@ -46,10 +45,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agents.tools.base import Tool, register_tool
+from agents.tools.sandbox_host import exposures, kill_tree, pick_uid, processes_of, release_uid
 
 _CHILD = (Path(__file__).parent / "_sandbox_child.py").read_text()
-_UID_RANGE = (200_000, 1 << 30)  # far above real accounts; collisions are ~1e-9 per pair
-_uids_in_use: set[int] = set()
 
 
 @dataclass
@@ -115,80 +113,6 @@ class SandboxResult:
         return f"exit code {self.exit_code}" if self.exit_code else ""
 
 
-def _first_unreachable(path: str) -> str | None:
-    """The first directory on the way to `path` that other users cannot enter, if any."""
-    p = Path(path).resolve()
-    for d in [*reversed(p.parents), p if p.is_dir() else p.parent]:
-        if not os.stat(d).st_mode & 0o001:
-            return str(d)
-    return None
-
-
-def _exposures(python: str) -> list[tuple[str, str]]:
-    """(hide, keep) pairs: directories the interpreter reads from that a fresh uid could not reach."""
-    if os.path.realpath(python) == os.path.realpath(sys.executable):
-        keeps = {sys.base_prefix, sys.prefix, *(p for p in sys.path if p and os.path.isdir(p))}
-    else:  # another interpreter: its installation prefix
-        keeps = {str(Path(os.path.realpath(python)).parent.parent)}
-    pairs: list[tuple[str, str]] = []
-    for keep in sorted(os.path.realpath(k) for k in keeps):
-        if any(keep.startswith(k + "/") for _, k in pairs):
-            continue  # inside a directory already kept
-        hide = _first_unreachable(keep)
-        if hide is not None and hide != keep:
-            pairs.append((hide, keep))
-    return pairs
-
-
-def _processes_of(uid: int) -> list[int]:
-    """Pids of `uid`'s processes that have not exited yet (zombies hold no resources but a pid)."""
-    pids = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            if os.stat(f"/proc/{pid}").st_uid != uid:
-                continue
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            continue
-        if state not in (b"Z", b"X"):
-            pids.append(int(pid))
-    return pids
-
-
-def _kill_uid(uid: int) -> None:
-    """SIGKILL every process of `uid` until none is alive (a fork bomb races the first passes)."""
-    for _ in range(200):
-        pids = _processes_of(uid)
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.005)
-
-
-def _pick_uid() -> int:
-    while True:
-        uid = random.randrange(*_UID_RANGE)
-        if uid not in _uids_in_use:
-            _uids_in_use.add(uid)
-            return uid
-
-
-def _kill_tree(pid: int, uid: int | None) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)  # the child leads its own session and process group
-    except ProcessLookupError:
-        pass
-    if uid is not None:
-        _kill_uid(uid)
-
-
 async def _reap(proc: asyncio.subprocess.Process) -> None:
     """Wait for a killed child and close its pipes, so nothing outlives the event loop."""
     try:
@@ -235,9 +159,9 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits(), stdin: 
     """Run `code` as `main.py` in a fresh sandbox; never raises for anything the code does."""
     t0 = time.monotonic()
     root = os.geteuid() == 0
-    uid = _pick_uid() if root and limits.drop_privileges == "auto" else None
-    expose = _exposures(limits.python) if uid is not None else []
-    nproc = limits.max_processes + (0 if root else len(_processes_of(os.getuid())))
+    uid = pick_uid() if root and limits.drop_privileges == "auto" else None
+    expose = exposures(limits.python) if uid is not None else []
+    nproc = limits.max_processes + (0 if root else len(processes_of(os.getuid())))
     workdir = tempfile.mkdtemp(prefix="asyncrl-sandbox-")
     proc: asyncio.subprocess.Process | None = None
     readers: list[asyncio.Future] = []
@@ -264,7 +188,7 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits(), stdin: 
         proc.stdin.write(stdin.encode())
         proc.stdin.close()
         timed_out = not await _main_exited(proc, limits.wall_s)
-        _kill_tree(proc.pid, uid)  # also children left running in the background
+        kill_tree(proc.pid, uid)  # also children left running in the background
         done, pending = await asyncio.wait(readers, timeout=1.0)
         for t in pending:  # a writer outside our reach still holds the pipe
             t.cancel()
@@ -278,14 +202,15 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits(), stdin: 
     finally:
         for t in readers:
             t.cancel()
-        if proc is not None and proc.returncode is None:  # cancelled (e.g. a reward timeout)
-            _kill_tree(proc.pid, uid)
-            await _reap(proc)
+        if proc is not None:  # again: a cancel (e.g. a reward timeout) may have skipped the kill above
+            kill_tree(proc.pid, uid)
+            if proc.returncode is None:
+                await _reap(proc)
         if report_w >= 0:
             os.close(report_w)
         os.close(report_r)
         shutil.rmtree(workdir, ignore_errors=True)
-        _uids_in_use.discard(uid)
+        release_uid(uid)
 
 
 @register_tool("python")

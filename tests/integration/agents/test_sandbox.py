@@ -17,7 +17,7 @@ import time
 import pytest
 
 from agents.tools import PythonTool, SandboxLimits, run_python
-from agents.tools.python_sandbox import _first_unreachable, _processes_of
+from agents.tools.sandbox_host import first_unreachable, processes_of
 
 SMALL = dict(wall_s=3.0, cpu_s=1, memory_mb=256, max_processes=4)
 # as root the default drops to a fresh uid (RLIMIT_NPROC path); "never" keeps root (audit-hook path)
@@ -36,9 +36,9 @@ def assert_nothing_left(r) -> None:
     uid = r.isolation.get("uid")
     if uid not in (None, 0, os.getuid()):
         deadline = time.monotonic() + 2.0  # SIGKILLed processes may still be on their way out
-        while _processes_of(uid) and time.monotonic() < deadline:
+        while processes_of(uid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert _processes_of(uid) == []
+        assert processes_of(uid) == []
     assert subprocess.run(["true"]).returncode == 0  # the host can still start processes
 
 
@@ -49,7 +49,7 @@ def test_ordinary_run_output_workdir_and_truncation():
     assert os.path.basename(workdir).startswith("asyncrl-sandbox-") and not os.path.exists(workdir)
     if os.geteuid() == 0:  # a fresh uid; a root-only directory holding the interpreter is hidden, not opened
         assert r.isolation["uid"] != 0 and r.isolation["procs"] == "rlimit_nproc"
-        hidden = _first_unreachable(sys.base_prefix)
+        hidden = first_unreachable(sys.base_prefix)
         assert r.isolation["hidden"] == ([hidden] if hidden else [])
         if hidden:
             r, _ = sandbox(f"import os, json, statistics, numpy\nprint(os.listdir({hidden!r}))")

@@ -25,6 +25,8 @@ def test_code_reward_fraction_and_all():
     assert asyncio.run(code_tests(SOLUTION, json.dumps({"setup": "import math", "tests": ["assert add(1, 1) == 2"]}),
                                   mode="all"))[0] == 1.0
     assert extract_code("```py\nfirst\n```\ntext\n```\nsecond\n```") == "second\n"
+    chatty = "```python\nprint('x' * 100000)\ndef add(a, b):\n    print('y' * 100000)\n    return a + b\n```"
+    assert asyncio.run(code_tests(chatty, TESTS))[1]["passed"] == 2  # prints cannot crowd out the results
 
 
 @pytest.mark.parametrize(

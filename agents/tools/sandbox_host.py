@@ -1,0 +1,98 @@
+"""Host side of the sandbox: uids for runs, killing a run's processes, and what a fresh uid cannot read.
+
+Job: the parent's bookkeeping around one sandboxed child (`python_sandbox.run_python`):
+pick a fresh uid per run, find and SIGKILL every live process of that uid (a fork bomb's
+children may have left the process group), and find the directories an interpreter
+needs that a fresh uid could not enter (the child re-mounts them; see `_sandbox_child`).
+Linux only (reads /proc).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+
+_UID_RANGE = (200_000, 1 << 30)  # far above real accounts; a clash between two runs is ~1e-9
+_uids_in_use: set[int] = set()
+
+
+def first_unreachable(path: str) -> str | None:
+    """The first directory on the way to `path` that other users cannot enter, if any."""
+    p = Path(path).resolve()
+    for d in [*reversed(p.parents), p if p.is_dir() else p.parent]:
+        if not os.stat(d).st_mode & 0o001:
+            return str(d)
+    return None
+
+
+def exposures(python: str) -> list[tuple[str, str]]:
+    """(hide, keep) pairs: directories the interpreter reads from that a fresh uid could not reach."""
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        keeps = {sys.base_prefix, sys.prefix, *(p for p in sys.path if p and os.path.isdir(p))}
+    else:  # another interpreter: its installation prefix
+        keeps = {str(Path(os.path.realpath(python)).parent.parent)}
+    pairs: list[tuple[str, str]] = []
+    for keep in sorted(os.path.realpath(k) for k in keeps):
+        if any(keep.startswith(k + "/") for _, k in pairs):
+            continue  # inside a directory already kept
+        hide = first_unreachable(keep)
+        if hide is not None and hide != keep:
+            pairs.append((hide, keep))
+    return pairs
+
+
+def processes_of(uid: int) -> list[int]:
+    """Pids of `uid`'s processes that have not exited yet (zombies hold no resources but a pid)."""
+    pids = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if state not in (b"Z", b"X"):
+            pids.append(int(pid))
+    return pids
+
+
+def kill_uid(uid: int) -> None:
+    """SIGKILL every process of `uid` until none is alive (a fork bomb races the first passes)."""
+    for _ in range(200):
+        pids = processes_of(uid)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.005)
+
+
+def release_uid(uid: int | None) -> None:
+    _uids_in_use.discard(uid)
+
+
+def pick_uid() -> int:
+    while True:
+        uid = random.randrange(*_UID_RANGE)
+        if uid not in _uids_in_use:
+            _uids_in_use.add(uid)
+            return uid
+
+
+def kill_tree(pid: int, uid: int | None) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)  # the child leads its own session and process group
+    except ProcessLookupError:
+        pass
+    if uid is not None:
+        kill_uid(uid)
