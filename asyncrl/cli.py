@@ -110,9 +110,13 @@ def bench(args: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "status":  # reads a snapshot only: answers without importing torch
+        from asyncrl.observe.command import main as status_main
+
+        return status_main(argv[1:])
     from asyncrl.config import ConfigError
 
-    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="asyncrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["train", "bench", "config", "status"])
     if not argv or argv[0] in ("-h", "--help"):
@@ -126,10 +130,6 @@ def main(argv: list[str] | None = None) -> int:
             return bench(rest)
         if cmd == "config":
             return config_cmd(rest)
-        if cmd == "status":
-            from asyncrl.observe.command import main as status_main
-
-            return status_main(rest)
     except ConfigError as e:
         print(f"asyncrl: config error: {e}", file=sys.stderr)
         return 2
