@@ -1,5 +1,6 @@
-"""Fleets of real Ray server actors (tiny torch engines): a server killed mid-request, fleets
-added and removed while requests run."""
+"""Fleets of real Ray server actors (tiny torch engines), one Ray for the module: a partial
+rollout across an abort-mode weight update, a server killed mid-request, fleets added and
+removed while requests run."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
 from asyncrl.config import RolloutConfig
 from asyncrl.rollout.base import SamplingParams
@@ -17,6 +19,7 @@ from asyncrl.rollout.server_actor import kill
 
 CFG = RolloutConfig(num_servers=2, torch_threads=1, cpus_per_server=1, max_batch_size=64)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=400)
+SHORTER = SamplingParams(temperature=0.0, max_tokens=150)
 PROMPTS = [[4, 5], [5, 5], [7, 5], [8, 5], [9, 5], [4, 5, 5]]
 """Greedy on the tiny model, these run long (most reach 400 tokens before EOS)."""
 
@@ -30,6 +33,42 @@ async def _until(cond, timeout_s: float = 60.0) -> None:
     while not await cond():
         assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
         await asyncio.sleep(0.02)
+
+
+@torch.no_grad()
+def _teacher_forced(path, prompt: list[int], response: list[int]) -> list[float]:
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    logits = model(input_ids=torch.tensor([prompt + response])).logits[0, len(prompt) - 1 : -1].float()
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(response).unsqueeze(1)).squeeze(1).tolist()
+
+
+def test_partial_rollout_spans_a_weight_update(ray_cluster, tiny_model, tiny_model_b):
+    """One `generate` call returns the whole response; per-token versions show both policies and
+    each token's log-prob is its policy's (teacher-forced reference, fp32)."""
+
+    async def go():
+        manager = FleetManager(Router())
+        cfg = RolloutConfig(num_servers=1, torch_threads=1)
+        await manager.add_fleet(await Fleet.spawn("main", cfg, str(tiny_model), dtype="float32", seed=0))
+        (server,) = manager.router.servers
+        t = asyncio.create_task(manager.router.generate(PROMPTS[0], GREEDY))
+        while (await server.refresh()).generated_tokens < 20:
+            await asyncio.sleep(0.02)
+        await manager.update_weights(_state(tiny_model_b), version=1, pause_mode="abort")
+        out = await t
+        await manager.close()
+        return out, manager.router.resubmits
+
+    out, resubmits = asyncio.run(go())
+    cut = out.versions.index(1)
+    assert resubmits == 1 and 20 <= cut < 400 and out.versions == [0] * cut + [1] * (len(out.versions) - cut)
+    assert len(out.token_ids) == len(out.logprobs) == len(out.versions) and out.finish_reason in ("length", "stop")
+    old = _teacher_forced(tiny_model, PROMPTS[0], out.token_ids[:cut])
+    new = _teacher_forced(tiny_model_b, PROMPTS[0], out.token_ids)[cut:]
+    assert max(abs(a - b) for a, b in zip(out.logprobs[:cut], old)) <= 1e-4
+    assert max(abs(a - b) for a, b in zip(out.logprobs[cut:], new)) <= 1e-4
+    # and the new-policy tokens are not scored like the old policy would have
+    assert max(abs(a - b) for a, b in zip(out.logprobs[cut:], _teacher_forced(tiny_model, PROMPTS[0], out.token_ids)[cut:])) > 1e-2
 
 
 def test_killed_server_fails_over_and_rejoins_at_current_version(ray_cluster, tiny_model, tiny_model_b):
@@ -69,10 +108,10 @@ def test_fleets_added_and_removed_while_requests_run(ray_cluster, tiny_model):
         one = RolloutConfig(num_servers=1, torch_threads=1, max_batch_size=64)
         main, extra = await asyncio.gather(*(Fleet.spawn(n, one, str(tiny_model), dtype="float32", seed=0) for n in ("main", "extra")))
         await manager.add_fleet(main)
-        first = [asyncio.create_task(manager.router.generate(p, GREEDY)) for p in PROMPTS[:3]]
+        first = [asyncio.create_task(manager.router.generate(p, SHORTER)) for p in PROMPTS[:3]]
         await asyncio.sleep(0.05)
         await manager.add_fleet(extra)  # while `first` runs on main
-        second = [asyncio.create_task(manager.router.generate(p, GREEDY)) for p in PROMPTS[3:]]
+        second = [asyncio.create_task(manager.router.generate(p, SHORTER)) for p in PROMPTS[3:]]
         await asyncio.sleep(0.05)
         assert manager.router.in_flight == [3, 3]  # least-in-flight sent the new ones to the new fleet
         removing = asyncio.create_task(manager.remove_fleet("main"))  # drains: its requests finish
@@ -86,7 +125,7 @@ def test_fleets_added_and_removed_while_requests_run(ray_cluster, tiny_model):
         stats = await manager.stats()
         assert stats["fleets"]["extra"]["servers"][0]["generated_tokens"] == sum(len(o.token_ids) for o in outs[3:])
         with pytest.raises(NoServerError):
-            await manager.router.generate([1], GREEDY, fleet="main")
+            await manager.router.generate([1], SHORTER, fleet="main")
         await manager.close()
 
     asyncio.run(go())
