@@ -297,6 +297,24 @@ class AlgorithmConfig:
 
 
 @dataclass
+class AgentConfig:
+    name: str = "single_turn"
+    """AgentLoop: `single_turn`, `tool` (multi-turn tool use), a registered name, or `module:attr`."""
+    reward: str = ""
+    """Reward function by name or `module:function`; empty: the task's own (`reverse_digits`, `math_answer`)."""
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments bound to the reward function."""
+    reward_timeout_s: float = 10.0
+    """A reward taking longer is a counted failure (reward 0), never a stuck run."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments of the agent (e.g. for `tool`: `tools: [python, calculator]`, `max_turns: 4`)."""
+
+    def __post_init__(self) -> None:
+        _check(bool(self.name), "agent.name", "must not be empty")
+        _check(self.reward_timeout_s > 0, "agent.reward_timeout_s", "must be > 0")
+
+
+@dataclass
 class LoggingConfig:
     run_root: str = "runs"
     """Folder holding one directory per run."""
@@ -329,6 +347,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
     queue: TransferQueueConfig = field(default_factory=TransferQueueConfig)
     weights: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agents.base import AgentLoop, Sample
+from agents.registry import AGENTS, build_agent, resolve
 from agents.rewards import get_reward
-from agents.single_turn import SingleTurnAgent
 from asyncrl.config import Config, ConfigError
 from asyncrl.data.datasets import PromptStream
 from asyncrl.data.tasks import Task, build_task
@@ -80,6 +80,29 @@ def build_trainer(cfg: Config, model_path: str) -> Any:
     return TrainerEngine(model_path, **kw)
 
 
+def make_agent(cfg: Config, task: Task, encode: Callable, decode: Callable, sampling: SamplingParams) -> AgentLoop:
+    """The configured AgentLoop; `encode` is passed to agents that take it (multi-turn ones)."""
+    import inspect
+
+    a = cfg.agent
+    kw: dict[str, Any] = dict(decode=decode, sampling=sampling, reward=a.reward or task.reward, reward_kwargs=dict(a.reward_kwargs),
+                              reward_timeout_s=a.reward_timeout_s, **a.kwargs)
+    try:
+        factory = resolve(a.name, AGENTS, "agent")
+    except (ValueError, ImportError, AttributeError) as e:
+        raise ConfigError(f"agent.name: {e}") from None
+    try:
+        get_reward(a.reward or task.reward, **a.reward_kwargs)
+    except (ValueError, ImportError, AttributeError) as e:
+        raise ConfigError(f"agent.reward: {e}") from None
+    if "encode" in inspect.signature(factory).parameters:
+        kw["encode"] = encode
+    try:
+        return build_agent(a.name, **kw)
+    except TypeError as e:
+        raise ConfigError(f"agent.kwargs: {e}") from None
+
+
 def build(cfg: Config) -> Components:
     from transformers import AutoTokenizer
 
@@ -92,7 +115,7 @@ def build(cfg: Config) -> Components:
         raise ConfigError(f"model.path: tokenizer in {model_path} has no EOS token")
     task = build_task(cfg.data, lambda s: tok(s, add_special_tokens=False)["input_ids"])
     decode: Callable[[list[int]], str] = lambda ids: tok.decode(ids, skip_special_tokens=True)
-    reward_fn = get_reward(task.reward)
+    encode: Callable[[str], list[int]] = lambda s: tok(s, add_special_tokens=False)["input_ids"]
     r = cfg.rollout
     sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_tokens, stop_token_ids=[tok.eos_token_id])
     eval_sampling = SamplingParams(temperature=r.eval_temperature, max_tokens=r.max_tokens, stop_token_ids=[tok.eos_token_id], seed=cfg.seed)
@@ -109,8 +132,8 @@ def build(cfg: Config) -> Components:
         servers=servers,
         router=Router(servers),
         trainer=build_trainer(cfg, model_path),
-        agent=SingleTurnAgent(decode=decode, reward_fn=reward_fn, sampling=sampling),
-        eval_agent=SingleTurnAgent(decode=decode, reward_fn=reward_fn, sampling=eval_sampling),
+        agent=make_agent(cfg, task, encode, decode, sampling),
+        eval_agent=make_agent(cfg, task, encode, decode, eval_sampling),
         eval_samples=eval_samples,
         make_batch=BatchBuilder(cfg.algorithm, pad_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id),
     )
