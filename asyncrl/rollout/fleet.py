@@ -134,6 +134,20 @@ class FleetManager:
         self._tasks: set[asyncio.Task] = set()
         self._error: BaseException | None = None
 
+    @classmethod
+    async def spawn(cls, cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int,
+                    sync: SyncFn | None = None) -> "FleetManager":
+        """Every fleet of `cfg` (`main` + `rollout.fleets`) as Ray actors, behind one router built
+        from the rollout keys. Fleet k's servers draw seeds from `seed + 1000 * k + index`."""
+        router = Router(max_failovers=cfg.max_failovers, partial_rollouts=cfg.partial_rollouts)
+        manager = cls(router, sync=sync, restart_dead=cfg.restart_dead_servers)
+        named = list(fleet_configs(cfg).items())
+        fleets = await asyncio.gather(*(Fleet.spawn(name, c, model_path, dtype=dtype, seed=seed + 1000 * k)
+                                        for k, (name, c) in enumerate(named)))
+        for fleet in fleets:
+            await manager.add_fleet(fleet)
+        return manager
+
     def _check(self) -> None:
         if self._error is not None:
             raise RuntimeError(f"fleet manager: a server restart failed: {self._error!r}") from self._error
@@ -162,11 +176,14 @@ class FleetManager:
         named = list(named_tensors)
 
         async def one(s: RolloutServer) -> None:
-            await s.pause(pause_mode)
             try:
-                await s.update_weights(named, version)
-            finally:
-                await s.resume()
+                await s.pause(pause_mode)
+                try:
+                    await s.update_weights(named, version)
+                finally:
+                    await s.resume()
+            except ServerDied as exc:  # translated: a death is the router's failover (restart syncs it)
+                self.router.take_out(s, exc)
 
         self._last_named, self.version = named, version  # first: a server rejoining meanwhile syncs to it
         await asyncio.gather(*(one(s) for s in self.router.servers))

@@ -73,8 +73,7 @@ def test_partial_rollout_spans_a_weight_update(ray_cluster, tiny_model, tiny_mod
 
 def test_killed_server_fails_over_and_rejoins_at_current_version(ray_cluster, tiny_model, tiny_model_b):
     async def go():
-        manager = FleetManager(Router(max_failovers=2))
-        await manager.add_fleet(await Fleet.spawn("main", CFG, str(tiny_model), dtype="float32", seed=0))
+        manager = await FleetManager.spawn(CFG, str(tiny_model), dtype="float32", seed=0)
         await manager.update_weights(_state(tiny_model_b), version=1, pause_mode="wait")
         victim = manager.router.servers[0]
         sp = SamplingParams(temperature=1.0, max_tokens=40, seed=5)

@@ -53,10 +53,20 @@ class ScriptedServer(RolloutServer):
             if not fut.done():
                 fut.set_exception(ServerDied(f"{self.name} died"))
 
-    async def pause(self, mode="wait") -> None: ...
-    async def resume(self) -> None: ...
+    def _alive(self) -> None:
+        if self.dead:
+            raise ServerDied(f"{self.name} is dead")
+
+    async def pause(self, mode="wait") -> None:
+        self._alive()
+
+    async def resume(self) -> None:
+        self._alive()
+
     async def update_weights(self, named_tensors, version: int) -> None:
+        self._alive()
         self.v = version
+
     async def reset_prefix_cache(self) -> None: ...
 
     def stats(self) -> ServerStats:

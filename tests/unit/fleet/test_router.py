@@ -156,3 +156,22 @@ def test_manager_restarts_dead_server_at_current_version():
         assert late not in manager.router.servers
 
     asyncio.run(go())
+
+
+def test_update_skips_a_server_that_died_and_restart_syncs_it():
+    async def go():
+        made = []
+
+        async def respawn(i: int) -> ScriptedServer:
+            made.append(ScriptedServer(f"s{i}-new", hold=False))
+            return made[-1]
+
+        s0, s1 = ScriptedServer("s0"), ScriptedServer("s1")
+        manager = FleetManager(Router())
+        await manager.add_fleet(Fleet("main", [s0, s1], respawn))
+        s1.dead = True
+        await manager.update_weights([("w", 2.0)], version=2)  # s1's death does not fail the update
+        await manager.wait_restarts()
+        assert s0.v == 2 and made[0].v == 2 and manager.router.servers == [s0, made[0]]
+
+    asyncio.run(go())
