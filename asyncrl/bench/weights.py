@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-ray", action="store_true", help="skip the naive Ray baseline")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    os.environ.setdefault("NIXL_LOG_LEVEL", "WARNING")  # NIXL logs to stdout: keep --json clean
+    os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")  # NIXL logs to stdout: keep --json clean
     if args.worker:
         worker(args.worker)
         return 0
@@ -256,9 +256,10 @@ def main(argv: list[str] | None = None) -> int:
         for backend in args.backends.split(","):
             rows += bench_backend(backend, ks, states, bucket_mb, workers, checksum=False)
             print(json.dumps(rows[-2 * len(ks):]), file=sys.stderr, flush=True)  # progress
-        one = {"synthetic": states["synthetic"]}
-        rows += bench_backend("shm", [1], one, bucket_mb, workers, checksum=True)
-        rows += bench_backend("shm", [1], one, bucket_mb, workers, checksum=False, borrow=False)
+        if not args.quick:  # the cost of checksums and of owned (freshly allocated) tensors
+            one = {"synthetic": states["synthetic"]}
+            rows += bench_backend("shm", [1], one, bucket_mb, workers, checksum=True)
+            rows += bench_backend("shm", [1], one, bucket_mb, workers, checksum=False, borrow=False)
     finally:
         workers.close()
     if not args.no_ray:
