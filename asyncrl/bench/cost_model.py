@@ -81,6 +81,8 @@ class CostModelServer(RolloutServer):
         self._requests = 0
         self.running = 0
         self.generated_tokens = 0
+        self.late_s = 0.0
+        """Summed delay between a request's due time and its return (event-loop lag: CPU load)."""
         self.completions: list[tuple[float, int]] = []
         """(monotonic time, tokens) of every returned segment, for the bench's windows."""
         self._t0 = time.monotonic()
@@ -135,7 +137,11 @@ class CostModelServer(RolloutServer):
                 self.running -= 1
                 if self.running == 0:
                     self._wake_all()  # a `wait` pause drains on this
-            k = n if epoch == self._abort_epoch else min(n, int((self.vclock() - start) / self.token_cost_s))
+            if epoch == self._abort_epoch:
+                k = n
+                self.late_s += self.vclock() - end
+            else:
+                k = min(n, int((self.vclock() - start) / self.token_cost_s))
         reason = "abort" if k < n else ("stop" if done + n == target else "length")
         self.generated_tokens += k
         self.completions.append((time.monotonic(), k))

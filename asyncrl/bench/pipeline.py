@@ -42,7 +42,7 @@ class Load:
     servers: int = 4
     max_concurrency: int = 16
     """Requests one server runs at once (continuous batching); more wait for a slot."""
-    token_cost_s: float = 0.002
+    token_cost_s: float = 0.005
     """Seconds per generated token of one running request."""
     lengths: LongTail = field(default_factory=LongTail)
     groups: int = 16
@@ -54,8 +54,9 @@ class Load:
     """trainer.max_staleness of fully_async."""
     publish_every: int = 1
     update_mode: str = "keep"
-    steps: dict[str, int] = field(default_factory=lambda: {"sync": 5, "one_step_off": 6, "fully_async": 24})
-    warmup: dict[str, int] = field(default_factory=lambda: {"sync": 1, "one_step_off": 2, "fully_async": 4})
+    steps: dict[str, int] = field(default_factory=lambda: {"sync": 3, "one_step_off": 4, "fully_async": 12})
+    """Measured steps per mode (after `warmup`)."""
+    warmup: dict[str, int] = field(default_factory=lambda: {"sync": 1, "one_step_off": 1, "fully_async": 3})
 
     @property
     def rollout_capacity(self) -> float:
@@ -103,8 +104,14 @@ def build_parts(load: Load, seed: int) -> Any:
         agent=SingleTurnAgent(decode=decode, reward_fn=reward, sampling=SamplingParams(max_tokens=load.lengths.max)),
         eval_agent=SingleTurnAgent(decode=decode, reward_fn=reward, sampling=SamplingParams(max_tokens=1)),
         eval_samples=[Sample(uid="eval-0", group_id="eval-0", index_in_group=0, group_size=1, prompt_ids=[1, 2, 3], answer="")],
-        make_batch=lambda groups: (n := sum(t.num_generated_tokens for g in groups for t in g), n),
+        make_batch=token_batch,
     )
+
+
+def token_batch(groups: list[list[Any]]) -> tuple[int, int]:
+    """The cost-model trainer's batch is its token count: (batch, trained tokens)."""
+    n = sum(t.num_generated_tokens for g in groups for t in g)
+    return n, n
 
 
 def run_mode(mode: str, load: Load, seed: int = 0) -> dict[str, Any]:
@@ -136,14 +143,16 @@ def run_mode(mode: str, load: Load, seed: int = 0) -> dict[str, Any]:
             summary, parts = asyncio.run(go())
         finally:
             metrics.close()
-    return measure(mode, load, summary, parts)
+        logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    publish_s = [m["weights/publish_s"] for m in logged if m["step"] > 0 and "weights/publish_s" in m]
+    return measure(mode, load, summary, parts, sum(publish_s) / max(len(publish_s), 1))
 
 
-def measure(mode: str, load: Load, summary: dict[str, Any], parts: Any) -> dict[str, Any]:
+def measure(mode: str, load: Load, summary: dict[str, Any], parts: Any, publish_s: float) -> dict[str, Any]:
     steps = parts.trainer.steps
     w = load.warmup[mode]
     t0, t1 = steps[w - 1][1] if w else steps[0][0], steps[-1][1]
-    window = [s for s in steps[w:]]
+    window = steps[w:]
     span = t1 - t0
     tokens = sum(s[2] for s in window)
     busy = sum(s[1] - s[0] for s in window)
@@ -156,13 +165,17 @@ def measure(mode: str, load: Load, summary: dict[str, Any], parts: Any) -> dict[
         "measured_steps": len(window),
         "trained_tokens_per_s": round(tps, 1),
         "ratio_to_bound": round(tps / load.bound, 3),
+        "generated_tokens_per_s": round(generated / span, 1),
         "trainer_idle_ratio": round(1 - busy / span, 3),
         "rollout_idle_ratio": round(1 - generated / (load.rollout_capacity * span), 3),
         "step_s": round(span / len(window), 3),
         "wait_s": round((span - busy) / len(window), 3),
         "staleness_max": max(hist),
         "staleness_mean": round(sum(k * v for k, v in hist.items()) / n, 3),
+        "publish_s": round(publish_s, 3),
+        "loop_lag_ms": round(1e3 * sum(s.late_s for s in parts.servers) / max(sum(len(s.completions) for s in parts.servers), 1), 2),
         "drops": sum(summary["drops"].values()),
+        "dropped_fraction": round(sum(summary["drops"].values()) / (sum(summary["drops"].values()) + len(steps) * load.groups), 3),
         "drops_by_cause": summary["drops"],
         "wall_s": summary["wall_s"],
     }
@@ -202,12 +215,16 @@ def print_table(res: dict[str, Any]) -> None:
           f"eta {ld['eta']}, publish_every {ld['publish_every']}, update_mode {ld['update_mode']}")
     print(f"capacity: rollout {res['rollout_capacity_tokens_per_s']:.0f} tok/s, trainer {res['trainer_capacity_tokens_per_s']:.0f} tok/s, "
           f"bound {res['bound_tokens_per_s']:.0f} tok/s")
-    cols = ["mode", "tok/s", "/bound", "x sync", "step_s", "wait_s", "trainer_idle", "rollout_idle", "stale_max", "stale_mean", "drops", "steps"]
+    cols = ["mode", "tok/s", "/bound", "x sync", "step_s", "wait_s", "publish_s", "lag_ms", "trainer_idle", "rollout_idle", "stale_max",
+            "stale_mean", "drops", "steps"]
     print(("{:<13}" + "{:>13}" * (len(cols) - 1)).format(*cols))
     for m, r in res["modes"].items():
-        vals = [r["trained_tokens_per_s"], r["ratio_to_bound"], r["speedup_vs_sync"], r["step_s"], r["wait_s"], r["trainer_idle_ratio"],
-                r["rollout_idle_ratio"], r["staleness_max"], r["staleness_mean"], r["drops"], f"{r['measured_steps']}+{r['steps'] - r['measured_steps']}w"]
+        vals = [r["trained_tokens_per_s"], r["ratio_to_bound"], r["speedup_vs_sync"], r["step_s"], r["wait_s"], r["publish_s"], r["loop_lag_ms"],
+                r["trainer_idle_ratio"], r["rollout_idle_ratio"], r["staleness_max"], r["staleness_mean"],
+                f"{r['drops']} ({r['dropped_fraction']:.0%})", f"{r['measured_steps']}+{r['steps'] - r['measured_steps']}w"]
         print(("{:<13}" + "{:>13}" * len(vals)).format(m, *[str(v) for v in vals]))
+    print("step_s, wait_s: mean seconds per trainer step and of it not training; rollout_idle: 1 - generated tokens / rollout "
+          "capacity; lag_ms: mean delay of a request's return past its due time (event-loop lag, CPU load); drops: groups generated, then dropped as too stale (share of all finished groups)")
     for name, t in res.get("targets", {}).items():
         print(f"target {name} >= {t['target']}: measured {t['measured']} -> {'met' if t['met'] else 'NOT met'}")
 
