@@ -156,7 +156,10 @@ def main(argv: list[str]) -> int:
         print(f"asyncrl status: {e}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(snap, indent=1))
+        try:
+            print(json.dumps(snap, indent=1), flush=True)
+        except BrokenPipeError:  # `asyncrl status --json | head`: the reader left, nothing to report
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     from asyncrl.observe.view import show, watch
 

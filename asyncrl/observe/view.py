@@ -46,8 +46,8 @@ def render(snap: dict[str, Any], now: float | None = None) -> Group:
     head = Text()
     head.append(f"asyncrl status  {run.get('name', '?')}  ", style="bold")
     head.append(live.get("detail", status), style=_STYLE.get(status, ""))
-    head.append(f"\nmode {run.get('mode')}  pid {run.get('pid')}@{run.get('host')}  "
-                f"heartbeat {live.get('heartbeat_age_s')} s ago  source {snap.get('source', '-')}")
+    head.append(f"\nmode {run.get('mode')}  pid {run.get('pid')}@{run.get('host')}  heartbeat {live.get('heartbeat_age_s')} s ago"
+                f"\nsource {snap.get('source', '-')}")
     parts: list[Any] = [head]
     if "queue" not in snap:  # a lifecycle record only: the pipeline never reported
         parts.append(Text(f"step {tr.get('step', 0)}; no pipeline snapshot yet"))
@@ -79,7 +79,7 @@ def render(snap: dict[str, Any], now: float | None = None) -> Group:
     parts.append(t)
 
     drops = ", ".join(f"{k} {v}" for k, v in snap["drops"].items()) or "none"
-    qdrops = ", ".join(f"{k} {v}" for k, v in q["drops"].items()) or "none"
+    qdrops = ", ".join(f"{k} {v}" for k, v in q["drops"].items() if v) or "none"
     beats = "  ".join(f"{k} {v:.1f} s" for k, v in live.get("component_age_s", {}).items())
     parts.append(Text.assemble(("drops ", "bold"), f"groups: {drops}; queue records: {qdrops}   ",
                                ("groups ", "bold"), f"running {ro['running_groups']} accepted {ro['accepted_groups']}\n",
