@@ -62,12 +62,13 @@ class SnapshotBuilder:
 
     def __init__(self, pipeline: Any, *, interval_s: float = 1.0) -> None:
         self.pipeline, self.interval_s = pipeline, interval_s
-        self.started_at = time.time()
-        now = time.time()
+        self.started_at = now = time.time()
         self._beats: dict[str, float | None] = {"status": now, "trainer": None, "rollout": None, "weights": None, "queue": None}
         self._seen: dict[str, Any] = {"trainer": pipeline.step, "rollout": pipeline.rollouter.generated_tokens, "queue": None}
         self._trained = Counter(pipeline.staleness_hist)
         self._last_batch: dict[str, int] = {}
+        self._base = (pipeline.trained_samples, pipeline.trained_tokens)
+        """Totals when reporting started: a resumed run counts earlier segments in them."""
 
     def _progress(self, name: str, value: Any, now: float) -> None:
         if value != self._seen[name]:
@@ -91,7 +92,8 @@ class SnapshotBuilder:
         stats = await p.queue.client.stats()
         fleets = await fleet_stats(p.parts)
         now = time.time()
-        wall = max(now - p.t_start, 1e-9)
+        wall = max(now - p.t_start, 1e-9)  # this segment of the run (idle ratios, generated tokens)
+        span = max(now - self.started_at, 1e-9)  # since reporting started (trained rates)
         step, consumer = p.step, p.queue.consumer
         self._beats["status"] = now
         self._progress("trainer", step, now)
@@ -144,10 +146,10 @@ class SnapshotBuilder:
             "drops": {k: int(v) for k, v in sorted(p.staleness.dropped.items())},
             "fleets": fleets,
             "rates": {
-                "produced_per_s": round(stats.put / wall, 4),
-                "consumed_per_s": round(p.trained_samples / wall, 4),
+                "produced_per_s": round(float(stats.rates.get("put_per_s", 0.0)), 4),
+                "consumed_per_s": round((p.trained_samples - self._base[0]) / span, 4),
                 "generated_tokens_per_s": round(p.rollouter.generated_tokens / wall, 3),
-                "trained_tokens_per_s": round(p.trained_tokens / wall, 3),
+                "trained_tokens_per_s": round((p.trained_tokens - self._base[1]) / span, 3),
             },
             "heartbeats": dict(self._beats),
         }
