@@ -12,11 +12,21 @@ server idles. `one_step_off` hides the training but still waits for the tail eac
 `fully_async` keeps admitting groups up to the staleness bound eta, so both sides stay busy
 and the slower side sets the pace.
 
+What keeps `fully_async` under the bound on this load: groups finish out of start order (a group
+waits for its longest sample), so groups started later are trained first, versions move on,
+and a group with a long sample can reach the queue with staleness > eta; the queue drops it
+(`drops`, cause `stale`). Those drops fall mostly on groups with a long sample, so long samples
+are under-represented in what is trained (`trained_long_fraction` against `long_fraction`).
+Publishing also pauses every server each step (`publish_s`), and a loaded host delays
+the simulated clock (`loop_lag_ms`): keep the per-token cost large enough that this lag is a
+small part of a request.
+
 Per mode it reports, over the steps after `warmup` (steady state): trained tokens/s, its ratio
 to the bound, the speedup over `sync`, trainer and rollout idle ratios in that window (rollout
-idle = 1 - generated tokens / rollout capacity), mean seconds per step and of it waiting for
-rollouts, staleness max / mean over all steps, drops. `--json` prints the same as JSON only;
-`--quick` runs a small, fast load (a smoke test, noisier).
+idle = 1 - generated tokens / rollout capacity), mean seconds per step and of it not training,
+staleness max / mean over all steps, drops. `--json` prints the same as JSON only; `--quick`
+runs a small, fast load (a smoke test: its millisecond costs make the figures noisier). The
+default load takes about 100 s.
 """
 
 from __future__ import annotations
@@ -104,14 +114,24 @@ def build_parts(load: Load, seed: int) -> Any:
         agent=SingleTurnAgent(decode=decode, reward_fn=reward, sampling=SamplingParams(max_tokens=load.lengths.max)),
         eval_agent=SingleTurnAgent(decode=decode, reward_fn=reward, sampling=SamplingParams(max_tokens=1)),
         eval_samples=[Sample(uid="eval-0", group_id="eval-0", index_in_group=0, group_size=1, prompt_ids=[1, 2, 3], answer="")],
-        make_batch=token_batch,
+        make_batch=TokenBatch(long_above=load.lengths.short_tokens * (1 + load.lengths.jitter)),
     )
 
 
-def token_batch(groups: list[list[Any]]) -> tuple[int, int]:
-    """The cost-model trainer's batch is its token count: (batch, trained tokens)."""
-    n = sum(t.num_generated_tokens for g in groups for t in g)
-    return n, n
+class TokenBatch:
+    """`make_batch` for the cost-model trainer, whose batch is its token count; counts the trained
+    samples that were long (to compare with `LongTail.long_fraction`: stale drops bias it)."""
+
+    def __init__(self, long_above: float) -> None:
+        self.long_above = long_above
+        self.samples = 0
+        self.long = 0
+
+    def __call__(self, groups: list[list[Any]]) -> tuple[int, int]:
+        lens = [t.num_generated_tokens for g in groups for t in g]
+        self.samples += len(lens)
+        self.long += sum(n > self.long_above for n in lens)
+        return sum(lens), sum(lens)
 
 
 def run_mode(mode: str, load: Load, seed: int = 0) -> dict[str, Any]:
@@ -174,6 +194,7 @@ def measure(mode: str, load: Load, summary: dict[str, Any], parts: Any, publish_
         "staleness_mean": round(sum(k * v for k, v in hist.items()) / n, 3),
         "publish_s": round(publish_s, 3),
         "loop_lag_ms": round(1e3 * sum(s.late_s for s in parts.servers) / max(sum(len(s.completions) for s in parts.servers), 1), 2),
+        "trained_long_fraction": round(parts.make_batch.long / parts.make_batch.samples, 4),
         "drops": sum(summary["drops"].values()),
         "dropped_fraction": round(sum(summary["drops"].values()) / (sum(summary["drops"].values()) + len(steps) * load.groups), 3),
         "drops_by_cause": summary["drops"],
@@ -225,6 +246,10 @@ def print_table(res: dict[str, Any]) -> None:
         print(("{:<13}" + "{:>13}" * len(vals)).format(m, *[str(v) for v in vals]))
     print("step_s, wait_s: mean seconds per trainer step and of it not training; rollout_idle: 1 - generated tokens / rollout "
           "capacity; lag_ms: mean delay of a request's return past its due time (event-loop lag, CPU load); drops: groups generated, then dropped as too stale (share of all finished groups)")
+    rows = res["modes"].items()
+    print(f"long samples among trained ones (drawn: {lt['long_fraction']:.1%}): "
+          + ", ".join(f"{m} {r['trained_long_fraction']:.1%}" for m, r in rows)
+          + "; generated tokens/s: " + ", ".join(f"{m} {r['generated_tokens_per_s']:.0f}" for m, r in rows))
     for name, t in res.get("targets", {}).items():
         print(f"target {name} >= {t['target']}: measured {t['measured']} -> {'met' if t['met'] else 'NOT met'}")
 

@@ -24,7 +24,8 @@ def test_quick_bench_respects_bound_and_staleness(capsys):
         assert r["ratio_to_bound"] == pytest.approx(r["trained_tokens_per_s"] / bound, abs=2e-3)
         assert 0 <= r["trainer_idle_ratio"] < 1 and r["rollout_idle_ratio"] < 1, (mode, r)
         assert r["staleness_max"] <= MODE_ETA.get(mode, eta), (mode, r)
-        assert r["drops"] == sum(r["drops_by_cause"].values())
+        assert r["drops"] == sum(r["drops_by_cause"].values()) and 0 <= r["dropped_fraction"] < 1
+        assert 0 <= r["trained_long_fraction"] <= 1 and r["generated_tokens_per_s"] > 0
     assert res["modes"]["sync"]["staleness_max"] == 0 and res["modes"]["sync"]["drops"] == 0
     assert res["modes"]["sync"]["speedup_vs_sync"] == 1.0
     # the long tail leaves sync's trainer waiting for most of each step
