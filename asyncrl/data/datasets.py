@@ -113,11 +113,14 @@ class PromptStream:
             raise ValueError("prompt set is empty: nothing to train on")
         self._prompts, self._seed = prompts.prompts, seed
         self.position = 0
+        self._epoch, self._perm = -1, []
 
     def _order(self, epoch: int) -> list[int]:
-        order = list(range(len(self._prompts)))
-        random.Random(self._seed * 1_000_003 + epoch).shuffle(order)
-        return order
+        if epoch != self._epoch:  # one shuffle per pass, not per prompt
+            self._perm = list(range(len(self._prompts)))
+            random.Random(self._seed * 1_000_003 + epoch).shuffle(self._perm)
+            self._epoch = epoch
+        return self._perm
 
     def __iter__(self) -> Iterator[Prompt]:
         return self
