@@ -4,13 +4,19 @@ Version = the trainer's optimizer-step count at publication; `version` here is t
 *published* version (the newest weights a rollout can use). A new group may start only
 while `(eta + version + 1) * batch_groups > accepted + running`, where `accepted` counts
 groups that finished and were queued for training (dropped ones do not count) and
-`running` counts groups in generation. Group g (in start order) is trained at step
-about g / batch_groups <= eta + version-at-its-start, so staleness = trainer step at use -
-oldest token version <= eta holds by construction, also when weights are published only
-every k steps. The modes are this one rule with different `eta`: `sync` is eta = 0 (a
-batch is generated with the current weights, then trained, then published),
-`one_step_off` is eta = 1 (batch t+1 is generated while batch t trains; from the second
-step on every sample is exactly one version old), `fully_async` is the configured eta.
+`running` counts groups in generation. The modes are this one rule with different
+`eta`: `sync` is eta = 0 (a batch is generated with the current weights, then trained,
+then published), `one_step_off` is eta = 1 (batch t+1 is generated while batch t
+trains), `fully_async` is the configured eta.
+
+What the rule guarantees, and what it does not: if groups are trained in the order they
+started, group g is trained at step about g / batch_groups <= eta + version-at-its-start,
+so staleness (trainer step at use - oldest token version) <= eta, also when weights are
+published only every k steps. The queue hands out groups in the order they *finish*; with
+a long-tailed length distribution a group that started early can finish after younger
+ones and reach the trainer with staleness > eta. The bound on what is trained is then
+kept by the queue, which drops such a group and counts it (`dropped["stale"]`), and the
+admission slot it held is given back. `asyncrl bench pipeline` reports that share.
 
 Trace (batch_groups=2, eta=0, i.e. sync):
     version 0: start g0, g1 (2 > 0, 2 > 1); g2 waits (2 > 2 is false)
