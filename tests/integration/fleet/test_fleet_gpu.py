@@ -11,10 +11,11 @@ pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
 
 
 def test_vllm_fleet_on_gpu_bundles_partial_rollout(tiny_model, tiny_model_b):
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("vllm")
+    import torch
+
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
+    pytest.importorskip("vllm")
     import ray
     from safetensors.torch import load_file
 
