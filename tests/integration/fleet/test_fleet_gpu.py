@@ -6,15 +6,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
 
-pytestmark = [pytest.mark.gpu, pytest.mark.vllm]
+pytestmark = [pytest.mark.gpu, pytest.mark.vllm,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
 def test_vllm_fleet_on_gpu_bundles_partial_rollout(tiny_model, tiny_model_b):
-    import torch
-
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
     pytest.importorskip("vllm")
     import ray
     from safetensors.torch import load_file
