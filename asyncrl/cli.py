@@ -2,6 +2,7 @@
 
     asyncrl train [CONFIG.yaml] [key=value ...]   run a job (no CONFIG: the embedded demo)
     asyncrl bench rollout|queue|weights [--json]  measurements, ratios against baselines
+    asyncrl bench rollout --fleet [--json]        fleet scaling over 1, 2, 4 servers
     asyncrl config [CONFIG.yaml] [key=value ...] [--doc]
                                                   print the resolved config, or document every key
     asyncrl status [--run DIR | --redis URL] [--json | --watch]
@@ -105,8 +106,11 @@ def bench(args: list[str]) -> int:
     if not args or args[0] not in BENCHES:
         print(f"usage: asyncrl bench {{{','.join(BENCHES)}}} [--json] [--quick]", file=sys.stderr)
         return 2
-    mod = importlib.import_module(BENCHES[args[0]])
-    return int(mod.main(args[1:]) or 0)
+    rest = args[1:]
+    name = BENCHES[args[0]]
+    if args[0] == "rollout" and "--fleet" in rest:  # scaling over 1, 2, 4 servers instead of engines
+        name, rest = "asyncrl.bench.fleet", [a for a in rest if a != "--fleet"]
+    return int(importlib.import_module(name).main(rest) or 0)
 
 
 def main(argv: list[str] | None = None) -> int:

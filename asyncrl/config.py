@@ -115,8 +115,8 @@ class RolloutConfig:
     """Nucleus sampling; keep 1.0 for RL so the log-probs are those of the sampling distribution."""
     top_k: int = -1
     """Top-k sampling; -1 is off."""
-    max_tokens: int = 8
-    """Most tokens generated per response."""
+    max_tokens: int = 4
+    """Most tokens generated per response (the demo's answers are 4 digits; GPU recipes raise it)."""
     eval_temperature: float = 0.0
     """Temperature for held-out evaluation (0 = greedy)."""
     max_batch_size: int = 512
@@ -186,13 +186,13 @@ class RolloutConfig:
 
 @dataclass
 class TrainerConfig:
-    mode: str = "fully_async"
+    mode: str = "sync"
     """Pipeline mode: `sync` (on-policy baseline: generate, train, publish), `one_step_off` (generate batch t+1 while training batch t), `fully_async` (rollouts stream; staleness <= `max_staleness`)."""
     max_staleness: int = 4
     """fully_async: eta, the most versions a trained sample may lag the trainer (sync uses 0, one_step_off 1)."""
     publish_every: int = 1
     """fully_async: publish weights to the rollout servers every this many optimizer steps (sync and one_step_off: 1)."""
-    total_steps: int = 60
+    total_steps: int = 300
     """Optimizer steps of the run."""
     prompts_per_step: int = 32
     """Groups (prompts) per training batch; samples per step = prompts_per_step * rollout.group_size."""

