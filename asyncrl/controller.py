@@ -201,6 +201,7 @@ class Pipeline:
     async def run(self) -> dict[str, Any]:
         self.t_start = time.time()
         self._tokens_at_start = self.trained_tokens
+        await self.parts.start()  # Ray fleets (if placed by Ray) join parts.servers here
         self.weights.start(asyncio.get_running_loop())
         resumed = self.cfg.resume and await self.restore()
         self._tokens_at_start = self.trained_tokens

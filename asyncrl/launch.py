@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from agents.base import AgentLoop, Sample
 from agents.registry import AGENTS, build_agent, resolve
@@ -54,13 +54,34 @@ class Components:
     eval_agent: AgentLoop
     eval_samples: list[Sample]
     make_batch: Callable[[list[list[Trajectory]]], tuple[Any, int]]
+    spawn: Callable[[], Awaitable[Any]] | None = None
+    """Ray placement: starts the fleets of server actors (run inside the pipeline's event loop)."""
+    fleets: Any = None
+    """The FleetManager of Ray-placed fleets (None for in-process servers)."""
+
+    async def start(self) -> None:
+        """Start what needs the event loop: Ray fleets join `servers` and `router` here."""
+        if self.spawn is not None and self.fleets is None:
+            self.fleets = await self.spawn()
+            self.servers.extend(s for f in self.fleets.fleets.values() for s in f.servers)
 
     async def close(self) -> None:
-        for s in self.servers:
-            await s.close()
+        if self.fleets is not None:
+            await self.fleets.close()
+        else:
+            for s in self.servers:
+                await s.close()
         close = getattr(self.trainer, "close", None)
         if close is not None:
             close()
+
+
+def init_ray(cfg: Config) -> None:
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=cfg.ray.address or None, num_cpus=cfg.ray.num_cpus or None, include_dashboard=False,
+                 log_to_driver=False)
 
 
 def build_trainer(cfg: Config, model_path: str) -> Any:
@@ -72,6 +93,7 @@ def build_trainer(cfg: Config, model_path: str) -> Any:
     if cfg.ray.enabled:
         from asyncrl.trainer.actor import TrainerGroup
 
+        init_ray(cfg)
         return TrainerGroup(cfg.trainer.num_ranks, model_path, **kw)
     if cfg.trainer.num_ranks > 1:
         raise ConfigError("trainer.num_ranks > 1 needs ray.enabled=true (or run the trainer under torchrun)")
@@ -119,7 +141,17 @@ def build(cfg: Config) -> Components:
     r = cfg.rollout
     sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_tokens, stop_token_ids=[tok.eos_token_id])
     eval_sampling = SamplingParams(temperature=r.eval_temperature, max_tokens=r.max_tokens, stop_token_ids=[tok.eos_token_id], seed=cfg.seed)
-    servers = build_fleet(r, model_path, dtype=cfg.model.dtype, seed=cfg.seed)
+    spawn = None
+    if cfg.ray.enabled:  # servers are Ray actors in placement groups, started inside the event loop
+        init_ray(cfg)
+        router = Router(max_failovers=r.max_failovers, partial_rollouts=r.partial_rollouts)
+        servers: list[RolloutServer] = []
+        from asyncrl.rollout.fleet import FleetManager
+
+        spawn = lambda: FleetManager.spawn(r, model_path, dtype=cfg.model.dtype, seed=cfg.seed, router=router)
+    else:
+        servers = build_fleet(r, model_path, dtype=cfg.model.dtype, seed=cfg.seed)
+        router = Router(servers, max_failovers=r.max_failovers, partial_rollouts=r.partial_rollouts)
     eval_samples = [
         Sample(uid=f"eval-{p.index}", group_id=f"eval-{p.index}", index_in_group=0, group_size=1, prompt_ids=p.prompt_ids, answer=p.answer)
         for p in task.eval.prompts
@@ -130,10 +162,11 @@ def build(cfg: Config) -> Components:
         task=task,
         prompts=PromptStream(task.train, seed=cfg.data.seed),
         servers=servers,
-        router=Router(servers),
+        router=router,
         trainer=build_trainer(cfg, model_path),
         agent=make_agent(cfg, task, encode, decode, sampling),
         eval_agent=make_agent(cfg, task, encode, decode, eval_sampling),
         eval_samples=eval_samples,
+        spawn=spawn,
         make_batch=BatchBuilder(cfg.algorithm, pad_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id),
     )

@@ -136,10 +136,11 @@ class FleetManager:
 
     @classmethod
     async def spawn(cls, cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int,
-                    sync: SyncFn | None = None) -> "FleetManager":
-        """Every fleet of `cfg` (`main` + `rollout.fleets`) as Ray actors, behind one router built
-        from the rollout keys. Fleet k's servers draw seeds from `seed + 1000 * k + index`."""
-        router = Router(max_failovers=cfg.max_failovers, partial_rollouts=cfg.partial_rollouts)
+                    sync: SyncFn | None = None, router: Router | None = None) -> "FleetManager":
+        """Every fleet of `cfg` (`main` + `rollout.fleets`) as Ray actors, behind one router (built
+        from the rollout keys unless given). Fleet k's servers draw seeds from `seed + 1000 * k + index`."""
+        if router is None:
+            router = Router(max_failovers=cfg.max_failovers, partial_rollouts=cfg.partial_rollouts)
         manager = cls(router, sync=sync, restart_dead=cfg.restart_dead_servers)
         named = list(fleet_configs(cfg).items())
         fleets = await asyncio.gather(*(Fleet.spawn(name, c, model_path, dtype=dtype, seed=seed + 1000 * k)
