@@ -1,6 +1,6 @@
 """The typed config tree of a run: one dataclass per component, a docstring under every field.
 
-`load(path, overrides)` merges the dataclass defaults, an optional YAML recipe and
+`load(path, overrides)` (in `config_io`, re-exported here) merges the dataclass defaults, an optional YAML recipe and
 `key=value` overrides with OmegaConf and turns the result back into dataclasses. An
 unknown key, a value of the wrong type or an out-of-range value fails here, with a
 `ConfigError` naming the key (e.g. `trainer.lr`). Recipes state only what differs
@@ -11,8 +11,6 @@ directory. `configs/README.md` documents every key (generated from these docstri
 
 from __future__ import annotations
 
-import dataclasses
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -358,73 +356,6 @@ class Config:
     """Continue the run named `logging.run_name` from its latest checkpoint."""
 
 
-def _translate(e: Exception) -> ConfigError:
-    key = getattr(e, "full_key", None)
-    msg = (getattr(e, "msg", None) or str(e)).splitlines()[0]
-    return ConfigError(f"{key}: {msg}" if key else msg)
-
-
-def load(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -> Config:
-    """Defaults <- YAML recipe <- `key=value` overrides, validated; errors name the key."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    try:
-        base = OmegaConf.structured(Config)
-        layers = [base]
-        if path is not None:
-            p = Path(path)
-            if not p.is_file():
-                raise ConfigError(f"config file {str(path)!r} not found")
-            y = OmegaConf.load(p)
-            if y is not None and not isinstance(y, dict) and not OmegaConf.is_dict(y):
-                raise ConfigError(f"config file {str(path)!r} must hold a mapping")
-            layers.append(y)
-        for o in overrides:
-            if "=" not in o:
-                raise ConfigError(f"override {o!r} must look like key=value")
-        layers.append(OmegaConf.from_dotlist(list(overrides)))
-        merged = OmegaConf.merge(*layers)
-        cfg = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as e:
-        raise _translate(e) from None
-    except ValueError as e:  # raised by a __post_init__ (already names its key)
-        if isinstance(e, ConfigError):
-            raise
-        raise ConfigError(str(e)) from None
-    assert isinstance(cfg, Config)
-    return cfg
-
-
-def to_dict(cfg: Any) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
-
-
-def dump_resolved(cfg: Config, path: str | os.PathLike) -> None:
-    """Write the full resolved config as YAML (what this run used, every key)."""
-    from omegaconf import OmegaConf
-
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(OmegaConf.create(to_dict(cfg)), path)
-
-
-def document(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(key, default, doc) for every field, read from the docstrings under the fields."""
-    import ast
-    import inspect
-
-    docs: dict[str, str] = {}
-    tree = ast.parse(inspect.getsource(cls))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    for a, b in zip(body, body[1:]):
-        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(getattr(b, "value", None), ast.Constant):
-            docs[a.target.id] = " ".join(str(b.value.value).split())  # type: ignore[union-attr]
-    rows: list[tuple[str, str, str]] = []
-    inst = cls()
-    for f in dataclasses.fields(cls):
-        v = getattr(inst, f.name)
-        if dataclasses.is_dataclass(v):
-            rows += document(type(v), f"{prefix}{f.name}.")
-        else:
-            rows.append((f"{prefix}{f.name}", repr(v), docs.get(f.name, "")))
-    return rows
+# Loading, saving and documenting the tree live in config_io (another reason to change);
+# re-exported so that callers import one module.
+from asyncrl.config_io import document, dump_resolved, load, to_dict  # noqa: E402
