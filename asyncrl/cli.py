@@ -46,6 +46,9 @@ def train(args: list[str]) -> int:
     from asyncrl.config import dump_resolved, load, to_dict
     from asyncrl.run_dir import resolve_run_dir, write_status
 
+    if args and args[0] in ("-h", "--help"):
+        print("usage: asyncrl train [CONFIG.yaml] [key=value ...]   (keys: asyncrl config --doc; resume: resume=true)")
+        return 0
     path, overrides = _split(args)
     cfg = load(path, overrides)
     run_dir = resolve_run_dir(cfg)
