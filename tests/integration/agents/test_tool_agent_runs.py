@@ -18,7 +18,6 @@ import torch
 from agents.base import LLMClient
 from agents.rewards import get_reward
 from agents.tool_agent import ToolAgent
-from asyncrl.data.tiny_model import ensure_tiny_model
 from asyncrl.rollout.base import GenerateOutput, SamplingParams
 from asyncrl.rollout.torch_engine import TorchRolloutServer
 from tests.unit.agents.scripted import ScriptedLLM, Turn, decode, encode, make_sample, tool_call
@@ -46,11 +45,6 @@ class ScriptedThenReal:
         self.calls += 1
         llm = self.first if self.calls == 1 else self.real
         return await llm.generate(prompt_ids, sampling, session_id)
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return ensure_tiny_model(tmp_path_factory.mktemp("tiny_models"))
 
 
 def test_tool_agent_against_the_torch_engine(tiny_model: Path):
