@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import json
 import sys
-from pathlib import Path
 
 BENCHES = {
     "rollout": "asyncrl.bench.rollout",

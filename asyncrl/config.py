@@ -358,4 +358,4 @@ class Config:
 
 # Loading, saving and documenting the tree live in config_io (another reason to change);
 # re-exported so that callers import one module.
-from asyncrl.config_io import document, dump_resolved, load, to_dict  # noqa: E402
+from asyncrl.config_io import document, dump_resolved, load, to_dict  # noqa: E402, F401

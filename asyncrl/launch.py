@@ -7,7 +7,6 @@ pool is a group of FSDP2 actor shells.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable

@@ -16,7 +16,6 @@ batch is acked as soon as it is trained.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import numpy as np
