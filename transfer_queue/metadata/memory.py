@@ -9,6 +9,7 @@ Per consumer group a record is in exactly one state:
     waiting (group incomplete or fields missing) -> ready -> leased -> acked | dropped
                                                      ^----------'  (nack, lease expiry)
 so `put == acked + dropped + in flight` holds for every consumer group at any time.
+Ready groups are delivered oldest version first (ties: redeliveries, then arrival order).
 """
 
 from __future__ import annotations
@@ -134,11 +135,14 @@ class MemoryController(MetadataStore):
         return batch
 
     def _take(self, req: GetRequest, freed: list[dict[str, Any]]) -> tuple[list[str], bool]:
-        """Pick ready whole groups in arrival order; drop stale ones on the way."""
+        """Pick ready whole groups oldest first (lowest version; ties in arrival order, redeliveries
+        first); drop stale ones on the way. Oldest first keeps a group that finished late (a long
+        sample) from being passed over by younger ones until it is too stale."""
         c, avail = req.consumer, self._avail[req.consumer]
         picked: list[str] = []
         groups = 0
         gone = []
+        candidates: list[tuple[int, str, list[str]]] = []
         for gid in avail:
             if gid not in self._complete:  # freed, or a reused id not yet complete
                 gone.append(gid)
@@ -148,11 +152,12 @@ class MemoryController(MetadataStore):
             if not members:
                 gone.append(gid)
                 continue
+            candidates.append((min(self._records[u].sample.version for u in members), gid, members))
+        for version, gid, members in sorted(candidates, key=lambda x: x[0]):  # stable: arrival order within a version
             first = self._records[members[0]].sample
             if req.group_size is not None and first.group_size != req.group_size:
                 continue
             if req.max_staleness is not None:
-                version = min(self._records[u].sample.version for u in members)
                 if req.current_version - version > req.max_staleness:  # type: ignore[operator]
                     gone.append(gid)
                     self._dropped[c]["stale"] += len(members)

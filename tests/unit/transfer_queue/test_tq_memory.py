@@ -113,6 +113,16 @@ def test_renew_keeps_a_lease():
 
 
 @pytest.mark.timeout(10)
+def test_groups_are_taken_oldest_version_first_then_in_arrival_order():
+    q = _q(capacity=32)
+    q.put(_group("young", 2, version=5))
+    q.put(_group("old-a", 2, version=3))  # finished after "young" (a long sample), older policy
+    q.put(_group("old-b", 2, version=3))
+    assert q.get("trainer", num_groups=1, timeout=1).group_ids == ["old-a"]
+    assert q.get("trainer", num_groups=2, max_staleness=4, current_version=7, timeout=1).group_ids == ["old-b", "young"]
+
+
+@pytest.mark.timeout(10)
 def test_stale_groups_are_dropped_and_counted():
     q = _q(capacity=16)
     q.put(_group("old", 2, version=1))
