@@ -153,6 +153,10 @@ class RolloutConfig:
     versions show both policies); false returns it unfinished (`finish_reason="abort"`)."""
     update_mode: str = "keep"
     """How servers pause for a weight update: `keep` (in-flight requests continue under the new weights, tokens tagged with their version), `wait` (drain first), `abort` (return partial responses, resubmitted after the update)."""
+    max_running_samples: int = 0
+    """Fleet slots (servers x requests each runs at once): a new group starts only while fewer
+    samples than this are generating, so groups start when they can run instead of queueing
+    in the servers; 0 leaves admission to the staleness rule alone."""
 
     def __post_init__(self) -> None:
         _one_of(self.backend, "rollout.backend", ("torch", "vllm"))
@@ -165,6 +169,7 @@ class RolloutConfig:
         _check(self.eval_temperature >= 0, "rollout.eval_temperature", "must be >= 0")
         _check(self.num_servers >= 1, "rollout.num_servers", "must be >= 1")
         _check(self.max_batch_size >= 1, "rollout.max_batch_size", "must be >= 1")
+        _check(self.max_running_samples >= 0, "rollout.max_running_samples", "must be >= 0 (0: no cap)")
         _check(self.prefix_cache_size >= 0, "rollout.prefix_cache_size", "must be >= 0")
         _check(self.torch_threads >= 0, "rollout.torch_threads", "must be >= 0")
         _check(0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization", "must be in (0, 1]")

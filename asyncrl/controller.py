@@ -1,11 +1,11 @@
 """The pipeline loop of a run, for every mode. Modes differ only in the admission rule.
 
-    prompts ─> Rollouter ──acquire()──> StalenessManager (admission: eta by mode)
+    prompts ─> Rollouter ──free slot, acquire()──> StalenessManager (admission: eta by mode)
                   │  group_size AgentLoops per prompt ─> Router ─> rollout servers
                   │  finished group (rewards scored)
                   v
               TrajectoryQueue (TransferQueue: metadata + tensor storage)
-                  │  get(B whole groups, staleness <= eta at the trainer's step; stale ones dropped, counted)
+                  │  get(B whole groups oldest first, staleness <= eta at the trainer's step; stale ones dropped, counted)
                   v
               trainer loop: advantages ─> TrainBatch ─> train_step ─> every k steps: publish(version = step)
                                                                           │ CheckpointEngine buckets
@@ -15,11 +15,12 @@
                                                        StalenessManager.set_version ─> admits more groups
 
 Loops and what unblocks them:
-- rollout loop (`Rollouter.run`): waits in `acquire()` until `(eta + version + 1) * B >
+- rollout loop (`Rollouter.run`): waits for a free fleet slot (`rollout.max_running_samples`;
+  a finished sample unblocks it), then in `acquire()` until `(eta + version + 1) * B >
   accepted + running`; a published version or a dropped group unblocks it. Its groups run
   concurrently; a finished group is put into the queue (put waits while the queue is full).
-- trainer loop (`Pipeline._train_loop`): waits in `TrajectoryQueue.get` for B whole groups;
-  a finished group unblocks it. After each step it acks (or, with a durable queue, holds
+- trainer loop (`Pipeline._train_loop`): waits in `TrajectoryQueue.get` for B whole groups,
+  taken oldest version first; a finished group unblocks it. After each step it acks (or, with a durable queue, holds
   the ack until the checkpoint), publishes every k steps, evaluates every
   `trainer.eval_every` steps and checkpoints every `trainer.save_every` steps.
 Modes: `sync` eta = 0, k = 1 (generate B groups with version v, train, publish v + 1);
@@ -65,7 +66,8 @@ class Pipeline:
         self.queue = TrajectoryQueue(cfg.queue, self.staleness)
         self.weights = WeightPublisher(cfg.weights, parts.servers, update_mode=cfg.rollout.update_mode)
         self.rollouter = Rollouter(
-            agent=parts.agent, llm=parts.router, prompts=parts.prompts, staleness=self.staleness, sink=self.queue.put, group_size=self.n
+            agent=parts.agent, llm=parts.router, prompts=parts.prompts, staleness=self.staleness, sink=self.queue.put, group_size=self.n,
+            max_running_samples=cfg.rollout.max_running_samples,
         )
         self.step = 0
         self.trained_samples = 0

@@ -12,11 +12,15 @@ trains), `fully_async` is the configured eta.
 What the rule guarantees, and what it does not: if groups are trained in the order they
 started, group g is trained at step about g / batch_groups <= eta + version-at-its-start,
 so staleness (trainer step at use - oldest token version) <= eta, also when weights are
-published only every k steps. The queue hands out groups in the order they *finish*; with
-a long-tailed length distribution a group that started early can finish after younger
-ones and reach the trainer with staleness > eta. The bound on what is trained is then
-kept by the queue, which drops such a group and counts it (`dropped["stale"]`), and the
-admission slot it held is given back. `asyncrl bench pipeline` reports that share.
+published only every k steps. Groups *finish* out of start order: a group waits for its
+longest sample. The queue hands out the oldest ready groups first (lowest version), so a
+late group is not passed over by younger ones; but a group whose generation alone spans
+more than about eta trainer steps (a long sample started late in a step) cannot be trained
+within eta. The bound on what is trained is then kept by the queue, which drops such a
+group and counts it (`dropped["stale"]`), and the admission slot it held is given back.
+`asyncrl bench pipeline` reports that share. This rule caps how far rollouts run ahead;
+the rollouter also waits for a free fleet slot (`rollout.max_running_samples`), so admitted
+groups run instead of queueing in the servers.
 
 Trace (batch_groups=2, eta=0, i.e. sync):
     version 0: start g0, g1 (2 > 0, 2 > 1); g2 waits (2 > 2 is false)

@@ -1,7 +1,9 @@
 """Rollouter: starts groups of AgentLoops under the admission rule and queues finished groups.
 
-It waits on `StalenessManager.acquire()` before starting each group (that is where the
-mode lives), runs the group's `group_size` agent loops concurrently against the router,
+Before starting each group it waits for a free fleet slot (`max_running_samples`: fewer
+samples generating than the fleet runs at once, so a group's samples start together
+instead of queueing in the servers) and then on `StalenessManager.acquire()` (that is
+where the mode lives). It runs the group's `group_size` agent loops concurrently against the router,
 and hands the finished group to `sink(group)`. A group whose every reward failed is
 dropped and counted (`dropped["reward_failed"]`), so a broken reward function shows up
 in the metrics instead of silently training on zeros. An exception inside an agent loop
@@ -30,9 +32,13 @@ class Rollouter:
         staleness: StalenessManager,
         sink: Callable[[list[Trajectory]], Awaitable[None]],
         group_size: int,
+        max_running_samples: int = 0,
     ) -> None:
         self.agent, self.llm, self.prompts = agent, llm, prompts
         self.staleness, self.sink, self.group_size = staleness, sink, group_size
+        self.max_running_samples = max_running_samples
+        self.running_samples = 0
+        self._slot_freed = asyncio.Condition()
         self.reward_failures = 0
         self.generated_tokens = 0
         self._tasks: set[asyncio.Task] = set()
@@ -48,8 +54,10 @@ class Rollouter:
         self._run_task = asyncio.current_task()
         try:
             while True:
+                await self._wait_for_slot()
                 await self.staleness.acquire()
                 prompt = next(self.prompts)
+                self.running_samples += self.group_size
                 t = asyncio.create_task(self._run_group(prompt))
                 self._tasks.add(t)
                 t.add_done_callback(self._done)
@@ -60,6 +68,21 @@ class Rollouter:
         finally:
             for t in self._tasks:
                 t.cancel()
+
+    async def _wait_for_slot(self) -> None:
+        """Fleet back-pressure: wait while every slot is taken (a group may overfill by up to
+        group_size - 1 samples, which start as soon as short samples finish)."""
+        if self.max_running_samples:
+            async with self._slot_freed:
+                await self._slot_freed.wait_for(lambda: self.running_samples < self.max_running_samples)
+
+    async def _run_sample(self, s: Sample) -> Trajectory:
+        try:
+            return await self.agent.run(s, self.llm)
+        finally:
+            self.running_samples -= 1
+            async with self._slot_freed:
+                self._slot_freed.notify_all()
 
     def _done(self, t: asyncio.Task) -> None:
         self._tasks.discard(t)
@@ -81,7 +104,7 @@ class Rollouter:
             )
             for i in range(self.group_size)
         ]
-        group = list(await asyncio.gather(*(self.agent.run(s, self.llm) for s in samples)))
+        group = list(await asyncio.gather(*(self._run_sample(s) for s in samples)))
         self.generated_tokens += sum(t.num_generated_tokens for t in group)
         failed = sum("failed" in t.reward_info for t in group)
         self.reward_failures += failed

@@ -63,3 +63,45 @@ def test_an_agent_loop_error_stops_the_rollouter_loudly():
         assert "agent bug" in str(e)
     else:
         raise AssertionError("the rollouter swallowed an agent error")
+
+
+def test_admission_waits_for_a_free_fleet_slot():
+    class Gate:
+        """An LLM whose requests run until released; records how many run at once."""
+
+        def __init__(self):
+            self.running, self.most = 0, 0
+            self.release = asyncio.Event()
+
+        async def generate(self, prompt_ids, sampling, session_id=None):
+            self.running += 1
+            self.most = max(self.most, self.running)
+            await self.release.wait()
+            self.running -= 1
+            return GenerateOutput("r", [7], [-0.5], [0], "stop")
+
+    async def go():
+        prompts = PromptSet([Prompt(i, "q", [1, 2], "ok") for i in range(8)])
+        staleness = StalenessManager(batch_groups=8, eta=0)  # the staleness rule alone admits 8 groups
+        queued = []
+
+        async def sink(group):
+            queued.append(group)
+
+        llm = Gate()
+        agent = SingleTurnAgent(decode=lambda ids: "x", reward_fn=lambda r, a: 1.0, sampling=SamplingParams())
+        r = Rollouter(agent=agent, llm=llm, prompts=PromptStream(prompts, seed=0), staleness=staleness,
+                      sink=sink, group_size=2, max_running_samples=3)
+        task = asyncio.create_task(r.run())
+        await asyncio.sleep(0.05)
+        started_while_full = staleness.running
+        llm.release.set()
+        while len(queued) < 8:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return started_while_full, llm.most, r.running_samples
+
+    started, most, left = asyncio.run(go())
+    assert started == 2 and most == 4  # a group starts while a slot is free: 2 + 2 samples on 3 slots
+    assert left == 0
