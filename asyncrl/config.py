@@ -71,8 +71,8 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    task: str = "reverse"
-    """Task: `reverse` (reverse a digit string), `increment` (add 1 to every digit, mod 10) or `jsonl` (prompt file + math answer reward)."""
+    task: str = "increment"
+    """Task: `increment` (add 1 to every digit, mod 10: the demo), `reverse` (reverse a digit string; harder for a tiny model under RL, see `asyncrl/data/tasks.py`) or `jsonl` (prompt file + math answer reward)."""
     train_path: str = ""
     """jsonl or parquet file of training prompts (task `jsonl`)."""
     eval_path: str = ""
@@ -268,7 +268,13 @@ class AlgorithmConfig:
     kl_estimator: str = "k3"
     """KL estimator: `k1`, `k2`, `k3`."""
     entropy_coef: float = 0.0
-    """Entropy bonus weight (entropy is always logged)."""
+    """Entropy bonus weight (entropy is always logged); with `entropy_target` > 0 it is the starting value of the adapted weight."""
+    entropy_target: float = 0.5
+    """Adaptive entropy control, 0 = off: after every step the entropy bonus weight moves by `entropy_coef_lr * (entropy_target - entropy)` (token-mean entropy of the step's batch, nats), clamped to [0, `entropy_coef_max`], so the policy keeps exploring instead of collapsing onto a wrong answer (greedy evaluation is unaffected by the spread it keeps)."""
+    entropy_coef_lr: float = 0.01
+    """Adaptive entropy control: change of the weight per nat of entropy below/above `entropy_target`, per step."""
+    entropy_coef_max: float = 1.0
+    """Adaptive entropy control: upper bound of the adapted weight."""
     correction: str = "none"
     """Off-policy correction (`trainer/corrections.py`): `none`/`bypass` (PPO around the behavior policy), `decoupled_ppo` (AReaL), `tis`, `mis`."""
     proximal: str = "recompute"
@@ -297,6 +303,11 @@ class AlgorithmConfig:
         _check(0 <= self.clip_ratio_low < 1, "algorithm.clip_ratio_low", "must be in [0, 1)")
         _check(self.clip_ratio_high >= 0, "algorithm.clip_ratio_high", "must be >= 0")
         _check(self.kl_coef >= 0, "algorithm.kl_coef", "must be >= 0")
+        _check(self.entropy_coef >= 0, "algorithm.entropy_coef", f"must be >= 0, got {self.entropy_coef}")
+        _check(self.entropy_target >= 0, "algorithm.entropy_target", f"must be >= 0 (0 = off), got {self.entropy_target}")
+        _check(self.entropy_coef_lr > 0, "algorithm.entropy_coef_lr", f"must be > 0, got {self.entropy_coef_lr}")
+        _check(self.entropy_coef_max >= self.entropy_coef, "algorithm.entropy_coef_max",
+               f"must be >= algorithm.entropy_coef ({self.entropy_coef}), got {self.entropy_coef_max}")
 
 
 @dataclass
@@ -304,7 +315,7 @@ class AgentConfig:
     name: str = "single_turn"
     """AgentLoop: `single_turn`, `tool` (multi-turn tool use), a registered name, or `module:attr`."""
     reward: str = ""
-    """Reward function by name or `module:function`; empty: the task's own (`reverse_digits`, `math_answer`)."""
+    """Reward function by name or `module:function`; empty: the task's own (`digits` for the digit tasks, `math_answer`)."""
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments bound to the reward function."""
     reward_timeout_s: float = 10.0

@@ -1,6 +1,6 @@
 """Reward functions: a registry of pure functions `fn(response_text, ground_truth, **kwargs) -> float | (float, info)`.
 
-Built in: `reverse_digits` (the demo task), `math_answer` (GSM8K `####` / `\\boxed{}` final
+Built in: `digits` (the digit tasks of the demo; also registered as `reverse_digits`), `math_answer` (GSM8K `####` / `\\boxed{}` final
 answer match), `code_tests` (unit tests run in the sandbox; async) and `reward_model` (POST
 to a reward-model server). Custom functions (sync or async) are chosen by registry name or
 by import path (`package.module:function`) from config, with keyword settings bound by
@@ -23,6 +23,7 @@ from agents.rewards.reward_model import reward_model
 RewardFn = Callable[..., "float | tuple[float, dict]"]
 
 REWARDS: dict[str, RewardFn] = {
+    "digits": reverse_digits,
     "reverse_digits": reverse_digits,
     "math_answer": math_answer,
     "code_tests": code_tests,

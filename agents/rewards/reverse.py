@@ -1,11 +1,14 @@
-"""Reward of the demo task: reverse a string of digits.
+"""Reward of the digit tasks (`increment`, the demo, and `reverse`): registered as `digits`.
+
+It compares the response with the target digit string position by position, so it scores
+any digit task; for `increment`, `1239=` -> `2340` scores 1.0.
 
 Shaped so that a tiny randomly initialised model (100-token vocabulary) gets a signal
 from the first step, while only the exact answer scores 1.0:
     reward = 0.2 * (share of the first L characters that are digits)
            + 0.8 * (share of the L positions holding the right digit)
     times L / len(answer) when the answer is longer than L (L = len(target)).
-A random policy scores about 0.01-0.03; `4321` for `1234=` scores 1.0. The demo
+A random policy scores about 0.01-0.03; `4321` for `1234=` (reverse) scores 1.0. The demo
 generates at most L tokens (`rollout.max_tokens`), so no end-of-sequence token has to
 be discovered by chance first.
 """

@@ -1,4 +1,5 @@
-"""Trainer checkpoints with torch.distributed.checkpoint (DCP): model, optimizer, LR schedule, step.
+"""Trainer checkpoints with torch.distributed.checkpoint (DCP): model, optimizer, LR schedule, step,
+adapted entropy weight.
 
 Each rank writes and reads only its own shards, so a checkpoint costs no gather and
 scales with the pool; DCP reshards on load, so a run saved with N ranks resumes on M.
@@ -33,13 +34,15 @@ class TrainerState(Stateful):
     def state_dict(self) -> dict[str, Any]:
         e = self.engine
         model_sd, optim_sd = get_state_dict(e.model, e.optimizer)
-        return {"model": model_sd, "optim": optim_sd, "scheduler": e.scheduler.state_dict(), "step": e.step}
+        return {"model": model_sd, "optim": optim_sd, "scheduler": e.scheduler.state_dict(), "step": e.step,
+                "entropy_coef": e.entropy_coef}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         e = self.engine
         set_state_dict(e.model, e.optimizer, model_state_dict=state_dict["model"], optim_state_dict=state_dict["optim"])
         e.scheduler.load_state_dict(state_dict["scheduler"])
         e.step = int(state_dict["step"])
+        e.entropy_coef = float(state_dict.get("entropy_coef", e.entropy_coef))
 
 
 def save(engine: "TrainerEngine", path: str) -> None:

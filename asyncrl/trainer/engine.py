@@ -143,6 +143,8 @@ class TrainerEngine:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
         self.step = 0
+        self.entropy_coef = algorithm.entropy_coef
+        """Weight of the entropy bonus; adapted after each step when `algorithm.entropy_target` > 0 (checkpointed)."""
         """Optimizer steps taken: the policy version of the current weights."""
 
     # ---- scoring --------------------------------------------------------
@@ -183,7 +185,20 @@ class TrainerEngine:
         """One optimizer step over the global batch; returns its metrics (see `forward_backward`)."""
         metrics = self.forward_backward(batch)
         metrics.update(self.optimizer_step())
+        metrics["entropy_coef"] = self.adapt_entropy_coef(metrics["entropy"])
         return metrics
+
+    def adapt_entropy_coef(self, entropy: float) -> float:
+        """Adaptive entropy control: move the bonus weight toward keeping `entropy` at the target.
+
+        Returns the weight used in the step just taken. With `entropy_target` = 0 nothing changes.
+        Every rank sees the same all-reduced entropy, so every rank keeps the same weight.
+        Trace (target 0.5, lr 0.01): entropy 0.1 -> weight +0.004; entropy 0.9 -> -0.004, never below 0.
+        """
+        used, alg = self.entropy_coef, self.algorithm
+        if alg.entropy_target > 0 and math.isfinite(entropy):
+            self.entropy_coef = min(max(used + alg.entropy_coef_lr * (alg.entropy_target - entropy), 0.0), alg.entropy_coef_max)
+        return used
 
     def forward_backward(self, batch: TrainBatch) -> dict[str, float]:
         """Accumulate gradients of the globally normalised loss over this rank's micro-batches.
@@ -208,7 +223,7 @@ class TrainerEngine:
         for mb in shard.micro_batches(self.trainer.micro_batch_size):
             mask = mb.loss_mask
             logprobs, logits = self._logprobs_and_logits(self.model, mb)
-            with torch.set_grad_enabled(alg.entropy_coef > 0):
+            with torch.set_grad_enabled(self.entropy_coef > 0):
                 entropy = torch.nn.functional.pad(entropy_from_logits(logits[:, :-1] / self.temperature), (1, 0))
             corr = self.corrector(
                 logprobs, mb.old_logprobs, mask,
@@ -219,7 +234,7 @@ class TrainerEngine:
                 clip_ratio_low=alg.clip_ratio_low, clip_ratio_high=alg.clip_ratio_high, proximal_logprobs=corr.proximal_logprobs,
             )
             pg_loss = agg_loss(out.loss * corr.weight, mask, alg.loss_agg, **norm)
-            loss = pg_loss - alg.entropy_coef * agg_loss(entropy, mask, alg.loss_agg, **norm) if alg.entropy_coef > 0 else pg_loss
+            loss = pg_loss - self.entropy_coef * agg_loss(entropy, mask, alg.loss_agg, **norm) if self.entropy_coef > 0 else pg_loss
             kl = torch.zeros_like(logprobs)
             if mb.ref_logprobs is not None:
                 kl = kl_penalty(logprobs, mb.ref_logprobs, alg.kl_estimator)

@@ -87,19 +87,41 @@ def test_iter_full_params_gives_hf_names_and_values(tiny_model_path):
         assert params[name].device.type == "cpu" and torch.equal(params[name], t), name
 
 
+def test_adaptive_entropy_weight_tracks_the_target(tiny_model_path):
+    batch = synthetic_batch(6, vocab_size=VOCAB, seed=5)
+    up = make_engine(tiny_model_path, entropy_target=10.0, entropy_coef_lr=0.01)  # entropy (<= ln V) is below 10
+    down = make_engine(tiny_model_path, entropy_coef=0.002, entropy_target=0.01, entropy_coef_lr=0.01)
+    try:
+        m1 = up.train_step(batch)
+        m2 = up.train_step(batch)
+        assert m1["entropy_coef"] == 0.0  # the weight used in a step is the one before its update
+        assert m2["entropy_coef"] == pytest.approx(0.01 * (10.0 - m1["entropy"]))
+        assert up.entropy_coef == pytest.approx(m2["entropy_coef"] + 0.01 * (10.0 - m2["entropy"]))
+        # with a non-zero weight the bonus is in the loss: loss = pg_loss - weight * entropy (token_mean)
+        assert m2["loss"] == pytest.approx(m2["pg_loss"] - m2["entropy_coef"] * m2["entropy"], abs=1e-6)
+        d = down.train_step(batch)
+        assert d["entropy_coef"] == 0.002 and down.entropy_coef == 0.0  # above the target: lowered, clamped at 0
+    finally:
+        up.close()
+        down.close()
+
+
 def test_save_load_resumes_identically(tiny_model_path, tmp_path):
     batch = synthetic_batch(6, vocab_size=VOCAB, seed=4)
     batch = batch.replace(old_logprobs=batch.old_logprobs * 0 + (-4.6) * batch.loss_mask)
-    a = make_engine(tiny_model_path, lr=1e-3)
+    adaptive = dict(entropy_target=10.0, entropy_coef_lr=0.01)  # the adapted entropy weight is state too
+    a = make_engine(tiny_model_path, lr=1e-3, **adaptive)
     b = None
     try:
         a.train_step(batch)
+        coef = a.entropy_coef
+        assert coef > 0
         a.save(str(tmp_path / "ckpt"))
         saved = {k: v.clone() for k, v in a.iter_full_params()}
         next_a = a.train_step(batch)
-        b = make_engine(tiny_model_path, lr=1e-3)
+        b = make_engine(tiny_model_path, lr=1e-3, **adaptive)
         b.load(str(tmp_path / "ckpt"))
-        assert b.step == 1
+        assert b.step == 1 and b.entropy_coef == coef
         assert b.scheduler.last_epoch == 1
         for name, t in b.iter_full_params():
             assert torch.equal(t, saved[name]), name
