@@ -5,7 +5,8 @@ base with the same semantics, defined by `MemoryController`:
 
 - `put` waits for space (back-pressure) and never drops;
 - `get` returns whole groups whose records hold the asked fields (or are sealed), drops
-  groups older than `max_staleness` with a counted `stale` drop, and leases the batch;
+  groups older than `max_staleness` with a counted `stale` drop, leaves groups newer than
+  `max_version` ready for a later `get`, and leases the batch;
 - `ack` / `drop` finish records for one consumer group (idempotent); `nack` or lease expiry
   makes them deliverable again; a record is freed (its storage handles passed to `on_free`)
   once every consumer group finished it.
@@ -49,6 +50,10 @@ class GetRequest:
     """Tensor fields that must be written; None: the record must be sealed."""
     max_staleness: int | None = None
     current_version: int | None = None
+    max_version: int | None = None
+    """Only groups whose version (their oldest record's) is at most this; newer ones stay
+    ready. A consumer that must take groups in version order passes the oldest version still
+    being produced (None: any)."""
     timeout: float | None = 0.0
     """Seconds to wait for a full batch; None forever."""
     allow_partial: bool = False
@@ -67,7 +72,7 @@ class GetRequest:
             raise ValueError(f"get: batch size must be >= 1, got {n!r}")
         if self.fields is not None and (not isinstance(self.fields, list) or not all(isinstance(f, str) for f in self.fields)):
             raise ValueError(f"get: fields must be a list of names, got {self.fields!r}")
-        for k in ("group_size", "max_staleness", "current_version"):
+        for k in ("group_size", "max_staleness", "current_version", "max_version"):
             if getattr(self, k) is not None and not isinstance(getattr(self, k), int):
                 raise ValueError(f"get: {k} must be an int")
         if self.timeout is not None and (not isinstance(self.timeout, (int, float)) or self.timeout < 0):

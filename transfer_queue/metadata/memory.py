@@ -136,7 +136,7 @@ class MemoryController(MetadataStore):
 
     def _take(self, req: GetRequest, freed: list[dict[str, Any]]) -> tuple[list[str], bool]:
         """Pick ready whole groups oldest first (lowest version; ties in arrival order, redeliveries
-        first); drop stale ones on the way. Oldest first keeps a group that finished late (a long
+        first), none newer than `max_version`; drop stale ones on the way. Oldest first keeps a group that finished late (a long
         sample) from being passed over by younger ones until it is too stale."""
         c, avail = req.consumer, self._avail[req.consumer]
         picked: list[str] = []
@@ -154,6 +154,8 @@ class MemoryController(MetadataStore):
                 continue
             candidates.append((min(self._records[u].sample.version for u in members), gid, members))
         for version, gid, members in sorted(candidates, key=lambda x: x[0]):  # stable: arrival order within a version
+            if req.max_version is not None and version > req.max_version:
+                break  # sorted: every later group is newer too
             first = self._records[members[0]].sample
             if req.group_size is not None and first.group_size != req.group_size:
                 continue

@@ -205,3 +205,14 @@ def test_100k_records_exact_accounting():
     assert s.put == s.acked["trainer"] + dropped + s.in_flight("trainer")
     assert s.in_flight("trainer") == s.resident > 0
     assert s.acked["trainer"] > n * 0.5
+
+
+def test_max_version_leaves_newer_groups_ready():
+    q = connect(TransferQueueConfig(storage="local", capacity=8))
+    for gid, v in (("young", 3), ("old", 2)):
+        q.put([Record(f"{gid}-0", gid, 1, v, {}, {"x": np.zeros(1, np.int32)})])
+    assert q.get("trainer", num_groups=2, max_version=2, timeout=0.05).samples == []  # only one group is old enough
+    b = q.get("trainer", num_groups=1, max_version=2, timeout=0.05)
+    assert b.group_ids == ["old"]
+    assert q.get("trainer", num_groups=1, max_version=3, timeout=0.05).group_ids == ["young"]
+    q.close()
