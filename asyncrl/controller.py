@@ -5,7 +5,8 @@
                   │  finished group (rewards scored)
                   v
               TrajectoryQueue (TransferQueue: metadata + tensor storage)
-                  │  get(B whole groups oldest first, staleness <= eta at the trainer's step; stale ones dropped, counted)
+                  │  get(B whole groups oldest first, staleness <= eta at the trainer's step; stale ones dropped, counted;
+                  │      in order: none newer than the oldest group still running, StalenessManager.takeable_version())
                   v
               trainer loop: advantages ─> TrainBatch ─> train_step ─> every k steps: publish(version = step)
                                                                           │ CheckpointEngine buckets
@@ -20,13 +21,17 @@ Loops and what unblocks them:
   accepted + running`; a published version or a dropped group unblocks it. Its groups run
   concurrently; a finished group is put into the queue (put waits while the queue is full).
 - trainer loop (`Pipeline._train_loop`): waits in `TrajectoryQueue.get` for B whole groups,
-  taken oldest version first; a finished group unblocks it. After each step it acks (or, with a durable queue, holds
-  the ack until the checkpoint), publishes every k steps, evaluates every
-  `trainer.eval_every` steps and checkpoints every `trainer.save_every` steps.
-Modes: `sync` eta = 0, k = 1 (generate B groups with version v, train, publish v + 1);
-`one_step_off` eta = 1, k = 1 (batch t + 1 generates while batch t trains); `fully_async`
-eta = trainer.max_staleness, k = trainer.publish_every. The run stops when either loop
-raises (errors propagate) or after `trainer.total_steps`.
+  taken oldest version first; a finished group unblocks it. In order it also waits while a
+  group older than those it would take is still running (a newer group is taken only when
+  no older one runs or is queued); that group's finish unblocks it. After each step it acks
+  (or, with a durable queue, holds the ack until the checkpoint), publishes every k steps,
+  evaluates every `trainer.eval_every` steps and checkpoints every `trainer.save_every` steps.
+Modes (eta, k, order): `sync` 0, 1, in order (generate B groups with version v, train,
+publish v + 1); `one_step_off` 1, 1, in order (batch t + 1 generates with weights t while
+batch t trains: step t trains the groups of version t - 1, each exactly one version old);
+`fully_async` trainer.max_staleness, trainer.publish_every, ready first (the oldest ready
+groups; a group still running when it would exceed eta is dropped, counted). The run stops
+when either loop raises (errors propagate) or after `trainer.total_steps`.
 """
 
 from __future__ import annotations
@@ -51,18 +56,18 @@ from asyncrl.types import Trajectory
 from asyncrl.weight_sync import WeightPublisher
 
 
-def mode_rule(cfg: Config) -> tuple[int, int]:
-    """(eta, publish_every) of the configured mode."""
+def mode_rule(cfg: Config) -> tuple[int, int, bool]:
+    """(eta, publish_every, in_order) of the configured mode; see `StalenessManager` for in_order."""
     t = cfg.trainer
-    return {"sync": (0, 1), "one_step_off": (1, 1), "fully_async": (t.max_staleness, t.publish_every)}[t.mode]
+    return {"sync": (0, 1, True), "one_step_off": (1, 1, True), "fully_async": (t.max_staleness, t.publish_every, False)}[t.mode]
 
 
 class Pipeline:
     def __init__(self, cfg: Config, parts: Components, run_dir: Path, metrics: MetricsLogger) -> None:
         self.cfg, self.parts, self.run_dir, self.metrics = cfg, parts, run_dir, metrics
         self.B, self.n = cfg.trainer.prompts_per_step, cfg.rollout.group_size
-        eta, self.publish_every = mode_rule(cfg)
-        self.staleness = StalenessManager(batch_groups=self.B, eta=eta)
+        eta, self.publish_every, in_order = mode_rule(cfg)
+        self.staleness = StalenessManager(batch_groups=self.B, eta=eta, in_order=in_order)
         self.queue = TrajectoryQueue(cfg.queue, self.staleness)
         self.weights = WeightPublisher(cfg.weights, parts.servers, update_mode=cfg.rollout.update_mode)
         self.rollouter = Rollouter(

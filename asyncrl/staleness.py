@@ -14,18 +14,41 @@ started, group g is trained at step about g / batch_groups <= eta + version-at-i
 so staleness (trainer step at use - oldest token version) <= eta, also when weights are
 published only every k steps. Groups *finish* out of start order: a group waits for its
 longest sample. The queue hands out the oldest ready groups first (lowest version), so a
-late group is not passed over by younger ones; but a group whose generation alone spans
-more than about eta trainer steps (a long sample started late in a step) cannot be trained
-within eta. The bound on what is trained is then kept by the queue, which drops such a
-group and counts it (`dropped["stale"]`), and the admission slot it held is given back.
-`asyncrl bench pipeline` reports that share. This rule caps how far rollouts run ahead;
-the rollouter also waits for a free fleet slot (`rollout.max_running_samples`), so admitted
-groups run instead of queueing in the servers.
+late group is not passed over by younger ones once it is ready; while it still runs, two
+consumption orders exist (`in_order`):
+
+- in order (`sync`, `one_step_off`): the trainer takes no group newer than the oldest
+  group still running (`takeable_version()`); it waits for that group instead. Then
+  groups are trained in version order, so every group started at version v is trained
+  before any of version v + 1: with eta = 1 and one publish per step, step s trains the
+  groups of version s - 1, all exactly one version old. A newer group is taken only when
+  no older one remains running or queued, e.g. the replacement of a group dropped for a
+  failed reward started after the publish; it is trained less stale than eta (counted in
+  the trainer's staleness histogram) and the order heals at the next version.
+- ready first (`fully_async`): the trainer takes the oldest *ready* groups and does not
+  wait for running ones. A group whose generation alone spans more than about eta trainer
+  steps (a long sample started late in a step) cannot be trained within eta; the queue
+  drops it and counts it (`dropped["stale"]`), and the admission slot it held is given
+  back. `asyncrl bench pipeline` reports that share. Waiting for such groups instead
+  removes the drops but not the limit (the trainer then idles at the staleness bound).
+
+Either way nothing is trained with staleness > eta. This rule caps how far rollouts run
+ahead; the rollouter also waits for a free fleet slot (`rollout.max_running_samples`), so
+admitted groups run instead of queueing in the servers. In order needs the queue to hold
+what admission lets run ahead (queue.capacity >= (eta + 2) * batch_groups * group_size
+records): a finished old group whose `put` waits for space would otherwise wait on a
+trainer that waits for it.
 
 Trace (batch_groups=2, eta=0, i.e. sync):
     version 0: start g0, g1 (2 > 0, 2 > 1); g2 waits (2 > 2 is false)
     g0, g1 finish -> accepted 2; trainer takes both, steps, publishes version 1
     version 1: (0+1+1)*2 = 4 > 2 -> start g2, g3; both are trained at version 1: staleness 0
+
+Trace (batch_groups=2, eta=1, in order, i.e. one_step_off):
+    version 0: start g0..g3 (4 > 3); g0, g2 finish first; step 0 takes them (staleness 0)
+    publish 1: start g4, g5 (6 > 5); g4 finishes while g1 still runs (version 0)
+    step 1: takeable_version() = 0, so the trainer waits for g1 instead of taking g4;
+            g1, g3 finish -> step 1 takes them (staleness 1); step 2 takes g4, g5 (staleness 1)
 
 A sample that still exceeds eta when the trainer takes it (e.g. after a resume) is
 dropped and counted under `dropped["stale"]`.
@@ -40,38 +63,70 @@ from typing import Any
 
 
 class StalenessManager:
-    def __init__(self, *, batch_groups: int, eta: int) -> None:
+    def __init__(self, *, batch_groups: int, eta: int, in_order: bool = False) -> None:
         if batch_groups < 1 or eta < 0:
             raise ValueError(f"batch_groups must be >= 1 and eta >= 0, got {batch_groups}, {eta}")
-        self.batch_groups, self.eta = batch_groups, eta
+        self.batch_groups, self.eta, self.in_order = batch_groups, eta, in_order
         self.version = 0
         self.accepted = 0
-        self.running = 0
+        self.running_by_version: Counter[int] = Counter()
+        """Groups in generation, by the version published when each started (a lower bound of
+        its oldest token version: a publish may land before its first token)."""
         self.dropped: Counter[str] = Counter()
+        self.changes = 0
+        """Bumped by every event that can unblock a waiter (see `wait_changed`)."""
         self._changed = asyncio.Condition()
         self._idle_s = 0.0
         self._idle_since: float | None = None
         """Set while no group runs (admission holds new ones back, or none started yet)."""
 
+    @property
+    def running(self) -> int:
+        return sum(self.running_by_version.values())
+
     def can_start(self) -> bool:
         return (self.eta + self.version + 1) * self.batch_groups > self.accepted + self.running
 
-    async def acquire(self) -> None:
-        """Wait until a new group may start, and count it as running."""
+    async def acquire(self) -> int:
+        """Wait until a new group may start, count it as running; returns its version
+        (pass it back to `finish`)."""
         async with self._changed:
             await self._changed.wait_for(self.can_start)
-            self.running += 1
+            self.running_by_version[self.version] += 1
             if self._idle_since is not None:
                 self._idle_s += time.monotonic() - self._idle_since
                 self._idle_since = None
+            return self.version
+
+    def takeable_version(self) -> int | None:
+        """The newest group version the trainer may take now; None: any. In order, that is the
+        oldest version still running: a newer group waits until the older ones are queued."""
+        if not self.in_order or not self.running_by_version:
+            return None
+        return min(self.running_by_version)
+
+    async def wait_changed(self, seen: int, timeout: float) -> None:
+        """Wait until `changes` moves past `seen` (a group ended, a version was published, a
+        group was dropped), or `timeout` seconds."""
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait_for(lambda: self.changes != seen), timeout)
+            except asyncio.TimeoutError:
+                pass
 
     async def _notify(self) -> None:
         async with self._changed:
+            self.changes += 1
             self._changed.notify_all()
 
-    async def finish(self, accepted: bool, cause: str = "") -> None:
-        """A started group ended: queued for training (`accepted`) or dropped for `cause`."""
-        self.running -= 1
+    async def finish(self, accepted: bool, cause: str = "", *, version: int) -> None:
+        """The group started at `version` (what `acquire` returned) ended: queued for training
+        (`accepted`; call after it is in the queue) or dropped for `cause`."""
+        if self.running_by_version[version] < 1:
+            raise ValueError(f"finish: no group of version {version} is running")
+        self.running_by_version[version] -= 1
+        if not self.running_by_version[version]:
+            del self.running_by_version[version]
         if self.running == 0:
             self._idle_since = time.monotonic()
         if accepted:
@@ -112,4 +167,4 @@ class StalenessManager:
         """Restore after resume: in-flight groups were lost with the process, so `running` is 0."""
         self.version, self.accepted = int(state["version"]), int(state["accepted"])
         self.dropped = Counter(state["dropped"])
-        self.running = 0
+        self.running_by_version.clear()

@@ -3,8 +3,10 @@
 A `Trajectory` is put as one TransferQueue record: scalar fields in `meta`, per-token
 arrays as tensors (written once to the data plane), `version` = its oldest token
 version, grouped by `group_id` so GRPO groups are delivered whole. The trainer takes
-`n` whole groups within the staleness bound (`max_staleness=eta` at its current step);
-groups the queue drops as too stale are reported to the `StalenessManager` so admission
+`n` whole groups within the staleness bound (`max_staleness=eta` at its current step),
+oldest first; with in-order consumption none newer than the oldest group still running
+(`max_version=StalenessManager.takeable_version()`, asked again whenever a group ends).
+Groups the queue drops as too stale are reported to the `StalenessManager` so admission
 can replace them.
 
 Acknowledgement (who owns "trained exactly once"): with a durable queue (`redis`) the
@@ -60,19 +62,26 @@ class TrajectoryQueue:
         await self.client.put([to_record(t) for t in group])
 
     async def get(self, n: int, group_size: int, step: int, poll_s: float = 0.5) -> tuple[Batch, list[list[Trajectory]]]:
-        """Wait for `n` whole groups with staleness <= eta at trainer step `step`."""
+        """Wait for `n` whole groups with staleness <= eta at trainer step `step`, none newer
+        than the oldest group still running when consumption is in order."""
         while True:
+            seen = self.staleness.changes
+            newest = self.staleness.takeable_version()
             batch = await self.client.get(
                 self.consumer,
                 num_groups=n,
                 group_size=group_size,
                 max_staleness=self.staleness.eta,
                 current_version=step,
-                timeout=poll_s,
+                max_version=newest,
+                # a limit is only good until a running group ends: then ask again at once
+                timeout=poll_s if newest is None else 0.01,
             )
             await self._sync_drops(group_size)
             if batch.samples:
                 break
+            if newest is not None:
+                await self.staleness.wait_changed(seen, poll_s)
         tensors = await self.client.fetch(batch, as_torch=False)
         by_group: dict[str, list[Trajectory]] = {}
         for s, ts in zip(batch.samples, tensors):

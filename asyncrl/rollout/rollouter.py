@@ -3,8 +3,9 @@
 Before starting each group it waits for a free fleet slot (`max_running_samples`: fewer
 samples generating than the fleet runs at once, so a group's samples start together
 instead of queueing in the servers) and then on `StalenessManager.acquire()` (that is
-where the mode lives). It runs the group's `group_size` agent loops concurrently against the router,
-and hands the finished group to `sink(group)`. A group whose every reward failed is
+where the mode lives), which also records the version each running group started at (what
+in-order consumption waits on). It runs the group's `group_size` agent loops concurrently
+against the router, and hands the finished group to `sink(group)`. A group whose every reward failed is
 dropped and counted (`dropped["reward_failed"]`), so a broken reward function shows up
 in the metrics instead of silently training on zeros. An exception inside an agent loop
 stops the run loudly (errors propagate through `run`).
@@ -55,10 +56,10 @@ class Rollouter:
         try:
             while True:
                 await self._wait_for_slot()
-                await self.staleness.acquire()
+                version = await self.staleness.acquire()
                 prompt = next(self.prompts)
                 self.running_samples += self.group_size
-                t = asyncio.create_task(self._run_group(prompt))
+                t = asyncio.create_task(self._run_group(prompt, version))
                 self._tasks.add(t)
                 t.add_done_callback(self._done)
         except asyncio.CancelledError:
@@ -90,7 +91,7 @@ class Rollouter:
             self._error = t.exception()
             self._run_task.cancel()  # run() re-raises the group's error
 
-    async def _run_group(self, prompt: Prompt) -> None:
+    async def _run_group(self, prompt: Prompt, version: int) -> None:
         gid = uuid.uuid4().hex[:12]
         samples = [
             Sample(
@@ -109,7 +110,7 @@ class Rollouter:
         failed = sum("failed" in t.reward_info for t in group)
         self.reward_failures += failed
         if failed == len(group):
-            await self.staleness.finish(accepted=False, cause="reward_failed")
+            await self.staleness.finish(accepted=False, cause="reward_failed", version=version)
             return
-        await self.sink(group)
-        await self.staleness.finish(accepted=True)
+        await self.sink(group)  # queued before it stops counting as running: in-order consumption waits on it
+        await self.staleness.finish(accepted=True, version=version)

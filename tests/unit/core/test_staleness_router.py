@@ -12,14 +12,14 @@ from asyncrl.types import Trajectory, WireError
 def test_admission_rule_sync_trace():
     async def go():
         s = StalenessManager(batch_groups=2, eta=0)
-        await s.acquire(); await s.acquire()
-        assert not s.can_start()
-        await s.finish(accepted=True); await s.finish(accepted=True)
+        v = await s.acquire(); await s.acquire()
+        assert not s.can_start() and v == 0
+        await s.finish(accepted=True, version=v); await s.finish(accepted=True, version=v)
         assert not s.can_start()  # must wait for the next version
         await s.set_version(1)
         assert s.can_start()
-        await s.acquire()
-        await s.finish(accepted=False, cause="reward_failed")
+        v = await s.acquire()
+        await s.finish(accepted=False, cause="reward_failed", version=v)
         assert s.dropped["reward_failed"] == 1 and s.can_start()
         with pytest.raises(ValueError):
             await s.set_version(0)
@@ -34,9 +34,8 @@ def test_admission_bounds_staleness_by_eta():
         started_at = []
         for version in range(6):
             while s.can_start():
-                await s.acquire()
-                started_at.append(version)
-                await s.finish(accepted=True)
+                started_at.append(await s.acquire())
+                await s.finish(accepted=True, version=version)
             trained = started_at[version * 3 : version * 3 + 3]
             assert all(version - v <= eta for v in trained)
             await s.set_version(version + 1)

@@ -36,7 +36,8 @@ class FakeServer:
 
 def fake_pipeline(run_dir: Path) -> SimpleNamespace:
     staleness = StalenessManager(batch_groups=2, eta=2)
-    staleness.version, staleness.accepted, staleness.running = 3, 9, 2
+    staleness.version, staleness.accepted = 3, 9
+    staleness.running_by_version.update({2: 1, 3: 1})
     staleness.dropped = Counter({"stale": 1})
     return SimpleNamespace(
         cfg=Config(), run_dir=run_dir, step=3, staleness=staleness, publish_every=1,
