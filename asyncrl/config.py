@@ -270,7 +270,7 @@ class AlgorithmConfig:
     entropy_coef: float = 0.0
     """Entropy bonus weight (entropy is always logged); with `entropy_target` > 0 it is the starting value of the adapted weight."""
     entropy_target: float = 0.5
-    """Adaptive entropy control, 0 = off: after every step the entropy bonus weight moves by `entropy_coef_lr * (entropy_target - entropy)` (token-mean entropy of the step's batch, nats), clamped to [0, `entropy_coef_max`], so the policy keeps exploring instead of collapsing onto a wrong answer (greedy evaluation is unaffected by the spread it keeps)."""
+    """Adaptive entropy control, 0 = off: after every step the entropy bonus weight moves by `entropy_coef_lr * (entropy_target - entropy)` (token-mean entropy of the step's batch, nats), clamped to [0, `entropy_coef_max`], so the policy keeps exploring instead of collapsing onto a wrong answer (greedy evaluation is unaffected by the spread it keeps). The bonus then counts each token's entropy only up to the target, so it lifts collapsed tokens and never pushes any token further."""
     entropy_coef_lr: float = 0.01
     """Adaptive entropy control: change of the weight per nat of entropy below/above `entropy_target`, per step."""
     entropy_coef_max: float = 1.0

@@ -234,7 +234,12 @@ class TrainerEngine:
                 clip_ratio_low=alg.clip_ratio_low, clip_ratio_high=alg.clip_ratio_high, proximal_logprobs=corr.proximal_logprobs,
             )
             pg_loss = agg_loss(out.loss * corr.weight, mask, alg.loss_agg, **norm)
-            loss = pg_loss - self.entropy_coef * agg_loss(entropy, mask, alg.loss_agg, **norm) if self.entropy_coef > 0 else pg_loss
+            loss = pg_loss
+            if self.entropy_coef > 0:
+                # with a target, a token's entropy counts only up to it: the bonus lifts collapsed tokens and
+                # never pushes one further (an unbounded bonus can drive the policy to uniform and rewards to 0)
+                bonus = entropy.clamp(max=alg.entropy_target) if alg.entropy_target > 0 else entropy
+                loss = loss - self.entropy_coef * agg_loss(bonus, mask, alg.loss_agg, **norm)
             kl = torch.zeros_like(logprobs)
             if mb.ref_logprobs is not None:
                 kl = kl_penalty(logprobs, mb.ref_logprobs, alg.kl_estimator)

@@ -101,6 +101,9 @@ def test_adaptive_entropy_weight_tracks_the_target(tiny_model_path):
         assert m2["loss"] == pytest.approx(m2["pg_loss"] - m2["entropy_coef"] * m2["entropy"], abs=1e-6)
         d = down.train_step(batch)
         assert d["entropy_coef"] == 0.002 and down.entropy_coef == 0.0  # above the target: lowered, clamped at 0
+        # every token is above the 0.01 target (near-uniform policy): each counts as 0.01 in the bonus
+        assert d["entropy"] > 1.0
+        assert d["loss"] == pytest.approx(d["pg_loss"] - 0.002 * 0.01, abs=1e-7)
     finally:
         up.close()
         down.close()
