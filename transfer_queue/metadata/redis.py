@@ -14,7 +14,11 @@ Layout (P = `tq:<run_id>:`):
 
 Differences from the memory backend (documented, not hidden): a group is published once
 all its records are sealed, so `fields` does not make unsealed records deliverable; acks
-and drops apply to whole groups. Scripts touch keys they compute, so a single Redis
+and drops apply to whole groups. Oldest first and `max_version` apply to the entries this
+client has read: an entry it read but did not deliver (newer than `max_version`, or a
+batch that did not fill before its timeout) stays leased to it ("parked", counted as
+leased in `stats`) and is offered first, oldest version first, at its next `get`; another
+consumer gets it only once that lease expires. Scripts touch keys they compute, so a single Redis
 (not Redis Cluster) is assumed. Back-pressure polls: `put` retries every few ms while full.
 """
 
@@ -173,6 +177,9 @@ class RedisController(MetadataStore):
         self._lease_ms = int(config.lease_timeout_s * 1000)
         self._claim_every = min(config.lease_timeout_s / 4, 0.5)
         self._next_claim: dict[str, float] = {}
+        self._parked: dict[str, dict[str, list[SampleMeta]]] = {}
+        """Per consumer group: entries this client read but did not deliver (newer than a
+        `max_version`, or a batch that did not fill before its timeout), by stream id."""
         for cg in self.consumer_groups:
             try:
                 self.r.xgroup_create(self.p + "stream", cg, id="0", mkstream=True)
@@ -230,6 +237,7 @@ class RedisController(MetadataStore):
         stream, cg, me = self.p + "stream", req.consumer, req.consumer_id
         deadline = None if req.timeout is None else time.monotonic() + req.timeout
         held: list[tuple[str, list[SampleMeta]]] = []
+        parked = self._parked.setdefault(cg, {})
         while True:
             want = (req.num_groups or req.num_samples or 1) - (len(held) if req.num_groups else sum(len(g) for _, g in held))
             entries = []
@@ -250,25 +258,34 @@ class RedisController(MetadataStore):
             groups = self._load(entries)
             if redelivered:
                 self.r.hincrby(self.p + "stats", f"redelivered:{cg}", sum(len(g) for g in groups[:redelivered]))
+            taken = {e for e, _ in held}
             for (eid, _), samples in zip(entries, groups):
                 if not samples:  # freed meanwhile (a late ack elsewhere): nothing to deliver
                     self.r.xack(stream, cg, eid)
                     continue
+                if eid.decode() not in taken:
+                    parked[eid.decode()] = samples
+            for eid, samples in sorted(parked.items(), key=lambda kv: min(s.version for s in kv[1])):  # oldest first
                 version = min(s.version for s in samples)
                 if req.max_staleness is not None and req.current_version - version > req.max_staleness:  # type: ignore[operator]
+                    del parked[eid]
                     self._settle(cg, [samples[0].uid], "stale")
                     continue
-                held.append((eid.decode(), samples))
-            ids = [e for e, _ in held]
+                if (req.max_version is not None and version > req.max_version) or req.enough(len(held), sum(len(g) for _, g in held)):
+                    break
+                held.append((eid, parked.pop(eid)))
             if req.enough(len(held), sum(len(g) for _, g in held)):
                 break
             if deadline is not None and time.monotonic() >= deadline:
-                if not req.allow_partial and ids:
-                    self.r.xclaim(stream, cg, me, 0, ids, idle=self._lease_ms + 1, justid=True)  # give back now
+                if not req.allow_partial:
+                    parked.update(held)  # still leased to this consumer: offered first at its next get
                     held = []
                 break
+            ids = [e for e, _ in held] + list(parked)
             if ids:
                 self.r.xclaim(stream, cg, me, 0, ids, justid=True)  # keep the lease fresh while waiting
+        if parked:
+            self.r.xclaim(stream, cg, me, 0, list(parked), justid=True)  # keep their lease fresh
         samples = [s for _, g in held for s in g]
         if req.current_version is not None and samples:
             pipe = self.r.pipeline(transaction=False)
@@ -309,6 +326,9 @@ class RedisController(MetadataStore):
 
     def renew(self, consumer: str, lease_id: str, uids: list[str]) -> bool:
         me, _, ids = lease_id.partition("|")
+        parked = list(self._parked.get(consumer, {}))
+        if parked:
+            self.r.xclaim(self.p + "stream", consumer, me, 0, parked, justid=True)
         return bool(ids) and bool(self.r.xclaim(self.p + "stream", consumer, me, 0, ids.split(","), justid=True))
 
     # ---- observability ---------------------------------------------------

@@ -132,3 +132,18 @@ def test_redis_consumer_killed_then_redis_killed_and_restarted_loses_nothing(ser
     assert set(lost) <= set(seen) and set(first.uids) <= set(seen)
     s = q.stats()
     assert s.put == 20 and s.acked["trainer"] == 20 and s.resident == 0 and s.redelivered["trainer"] >= 10
+
+
+@pytest.mark.timeout(60)
+def test_redis_max_version_and_oldest_first(server, tmp_path):
+    q = connect(TransferQueueConfig(**_cfg(server, tmp_path, capacity=16)))
+    q.put(_group("young", 1, version=3))
+    q.put(_group("old", 1, version=2))
+    assert len(q.get("trainer", num_groups=2, max_version=2, current_version=3, timeout=0.2)) == 0
+    b = q.get("trainer", num_groups=1, max_version=2, current_version=3, timeout=1)
+    assert b.group_ids == ["old"]  # read after the younger one, delivered first
+    q.put(_group("older", 1, version=1))
+    b2 = q.get("trainer", num_groups=2, current_version=3, timeout=1)
+    assert b2.group_ids == ["older", "young"]
+    assert q.ack(b) == 1 and q.ack(b2) == 2 and q.stats().redelivered["trainer"] == 0
+    q.close()
