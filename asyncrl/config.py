@@ -199,6 +199,8 @@ class TrainerConfig:
     """Optimizer steps of the run."""
     prompts_per_step: int = 32
     """Groups (prompts) per training batch; samples per step = prompts_per_step * rollout.group_size."""
+    minibatches: int = 1
+    """Optimizer steps per trainer step: the batch is cut into this many mini-batches (verl: train batch / ppo_mini_batch_size; AReaL: ppo_n_minibatches). Reference and proximal log-probs are computed once per trainer step, so the clip of decoupled PPO around the proximal policy binds from the second mini-batch on. Versions, `total_steps` and the LR schedule count trainer steps."""
     micro_batch_size: int = 64
     """Sequences per forward/backward; gradients accumulate over micro-batches."""
     lr: float = 1e-3
@@ -238,6 +240,7 @@ class TrainerConfig:
                f"must be <= trainer.max_staleness + 1 ({self.max_staleness + 1}), or no sample could stay within the bound")
         _check(self.total_steps >= 1, "trainer.total_steps", f"must be >= 1, got {self.total_steps}")
         _check(self.prompts_per_step >= 1, "trainer.prompts_per_step", "must be >= 1")
+        _check(self.minibatches >= 1, "trainer.minibatches", f"must be >= 1, got {self.minibatches}")
         _check(self.micro_batch_size >= 1, "trainer.micro_batch_size", "must be >= 1")
         _check(self.lr > 0, "trainer.lr", f"must be > 0, got {self.lr}")
         _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "trainer.betas", "must be two values in [0, 1)")

@@ -38,6 +38,26 @@ from asyncrl.trainer.losses import POLICY_LOSSES, agg_loss, entropy_from_logits,
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def merge_minibatch_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
+    """One trainer step's metrics from its mini-batches' (means; sums for counts; extremes kept).
+
+    >>> merge_minibatch_metrics([{"loss": 1.0, "tokens": 4, "ratio_max": 1.5}, {"loss": 3.0, "tokens": 6, "ratio_max": 1.2}])
+    {'loss': 2.0, 'tokens': 10, 'ratio_max': 1.5}
+    """
+    out: dict[str, float] = {}
+    for key in parts[0]:
+        vals = [p[key] for p in parts]
+        if key in ("tokens", "seqs"):
+            out[key] = sum(vals)
+        elif key.endswith("_max"):
+            out[key] = max(vals)
+        elif key.endswith("_min"):
+            out[key] = min(vals)
+        else:
+            out[key] = sum(vals) / len(vals)
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -182,11 +202,38 @@ class TrainerEngine:
 
     # ---- training -------------------------------------------------------
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """One optimizer step over the global batch; returns its metrics (see `forward_backward`)."""
-        metrics = self.forward_backward(batch)
-        metrics.update(self.optimizer_step())
+        """One trainer step over the global batch; returns its metrics (see `forward_backward`).
+
+        With `trainer.minibatches` = n > 1 the batch is cut into n contiguous mini-batches (whole
+        groups when the batch is group-ordered), one optimizer step each. The reference and
+        proximal log-probs are computed once, with the step's starting weights, so from the
+        second mini-batch on the PPO clip around the proximal policy binds (decoupled PPO's
+        trust region). `step` (the version) and the LR schedule advance once per trainer step.
+        Metrics: means over mini-batches, `tokens`/`seqs` summed, extremes kept.
+        """
+        n = min(self.trainer.minibatches, len(batch))
+        if n <= 1:
+            metrics = self.forward_backward(batch)
+            metrics.update(self.optimizer_step())
+        else:
+            batch = self._with_fixed_logprobs(batch)
+            per = -(-len(batch) // n)
+            parts = []
+            for i in range(0, len(batch), per):
+                m = self.forward_backward(batch[i : i + per])
+                m.update(self.optimizer_step(end_of_step=i + per >= len(batch)))
+                parts.append(m)
+            metrics = merge_minibatch_metrics(parts)
         metrics["entropy_coef"] = self.adapt_entropy_coef(metrics["entropy"])
         return metrics
+
+    def _with_fixed_logprobs(self, batch: TrainBatch) -> TrainBatch:
+        """Fill in the reference and proximal log-probs the loss needs, with the current weights."""
+        if self.algorithm.kl_coef > 0 and batch.ref_logprobs is None:
+            batch = batch.replace(ref_logprobs=self.compute_ref_logprobs(batch))
+        if self.corrector.needs_proximal and batch.proximal_logprobs is None:
+            batch = batch.replace(proximal_logprobs=self.compute_logprobs(batch))
+        return batch
 
     def adapt_entropy_coef(self, entropy: float) -> float:
         """Adaptive entropy control: move the bonus weight toward keeping `entropy` at the target.
@@ -209,10 +256,7 @@ class TrainerEngine:
         statistics (`corrections.stat_metrics`).
         """
         alg = self.algorithm
-        if alg.kl_coef > 0 and batch.ref_logprobs is None:
-            batch = batch.replace(ref_logprobs=self.compute_ref_logprobs(batch))
-        if self.corrector.needs_proximal and batch.proximal_logprobs is None:
-            batch = batch.replace(proximal_logprobs=self.compute_logprobs(batch))
+        batch = self._with_fixed_logprobs(batch)
         num_tokens, num_seqs = batch.num_tokens, float(len(batch))
         norm = dict(num_tokens=num_tokens, num_seqs=num_seqs)
         loss_fn = POLICY_LOSSES[alg.loss]
@@ -266,8 +310,9 @@ class TrainerEngine:
             "tokens": num_tokens, "seqs": num_seqs, **stat_metrics(s[6:], e[2], num_tokens),
         }  # fmt: skip
 
-    def optimizer_step(self) -> dict[str, float]:
-        """Clip, AdamW step, advance the schedule; `step` += 1. Returns `grad_norm` (before clipping) and `lr` used."""
+    def optimizer_step(self, end_of_step: bool = True) -> dict[str, float]:
+        """Clip, AdamW step; at the end of a trainer step also advance the schedule and `step` += 1.
+        Returns `grad_norm` (before clipping) and `lr` used."""
         max_norm = self.trainer.grad_clip if self.trainer.grad_clip > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=max_norm)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
@@ -277,8 +322,9 @@ class TrainerEngine:
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
-        self.step += 1
+        if end_of_step:
+            self.scheduler.step()
+            self.step += 1
         return {"grad_norm": grad_norm, "lr": lr}
 
     # ---- weights ----------------------------------------------------------

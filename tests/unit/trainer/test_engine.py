@@ -10,8 +10,8 @@ from asyncrl.trainer.smoke import synthetic_batch
 VOCAB = 100  # tiny model: 4 special tokens + 96 characters
 
 
-def make_engine(path, *, temperature=1.0, micro_batch_size=3, lr=1e-3, **alg):
-    trainer = TrainerConfig(micro_batch_size=micro_batch_size, lr=lr, total_steps=10)
+def make_engine(path, *, temperature=1.0, micro_batch_size=3, lr=1e-3, minibatches=1, **alg):
+    trainer = TrainerConfig(micro_batch_size=micro_batch_size, lr=lr, total_steps=10, minibatches=minibatches)
     return TrainerEngine(path, trainer=trainer, algorithm=AlgorithmConfig(**alg), temperature=temperature)
 
 
@@ -58,7 +58,7 @@ def test_train_steps_raise_logprob_of_positive_advantage_tokens(tiny_model_path)
 
 def test_kl_to_reference_starts_at_zero_and_grows(tiny_model_path):
     batch = synthetic_batch(6, vocab_size=VOCAB, seed=2)
-    engine = make_engine(tiny_model_path, kl_coef=0.1, kl_estimator="k3", entropy_coef=0.01)
+    engine = make_engine(tiny_model_path, kl_coef=0.1, kl_estimator="k3", entropy_coef=0.01, entropy_target=0.0)
     try:
         ref = engine.compute_ref_logprobs(batch)
         assert torch.allclose(ref, engine.compute_logprobs(batch), atol=1e-6)
@@ -107,6 +107,27 @@ def test_adaptive_entropy_weight_tracks_the_target(tiny_model_path):
     finally:
         up.close()
         down.close()
+
+
+def test_minibatches_step_the_optimizer_within_one_trainer_step(tiny_model_path):
+    """Decoupled PPO: with one mini-batch the ratio to the proximal policy is exactly 1 (the clip
+    cannot bind); with two, the second mini-batch sees weights moved by the first."""
+    batch = synthetic_batch(8, vocab_size=VOCAB, seed=6)
+    runs = {}
+    for n in (1, 2):
+        engine = make_engine(tiny_model_path, lr=5e-2, minibatches=n, correction="decoupled_ppo", is_cap=0.0)
+        try:
+            before = engine.compute_logprobs(batch)
+            m = engine.train_step(batch)
+            runs[n] = (m, engine.step, engine.scheduler.last_epoch, (engine.compute_logprobs(batch) - before).abs().max().item())
+        finally:
+            engine.close()
+    (m1, step1, sched1, moved1), (m2, step2, sched2, moved2) = runs[1], runs[2]
+    assert step1 == step2 == 1 and sched1 == sched2 == 1  # versions and the schedule count trainer steps
+    assert m1["ratio_max"] == pytest.approx(1.0, abs=1e-5) and m1["ratio_min"] == pytest.approx(1.0, abs=1e-5)
+    assert m2["ratio_max"] > 1.001 or m2["ratio_min"] < 0.999
+    assert m2["tokens"] == m1["tokens"] == batch.num_tokens
+    assert moved1 > 0 and moved2 > 0
 
 
 def test_save_load_resumes_identically(tiny_model_path, tmp_path):
