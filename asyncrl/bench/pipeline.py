@@ -8,7 +8,9 @@ trainer_ratio * rollout (balanced by default). The bound for any mode is min(rol
 
 Why `sync` loses on a long tail: each step generates a whole batch, so it waits for the batch's
 longest sample (5% of samples are 10x longer) while most slots idle, then trains while every
-server idles. `one_step_off` hides the training but still waits for the tail each step.
+server idles. `one_step_off` hides the training but still waits for the tail each step: it
+consumes in order (step s trains the groups of version s - 1 and waits for the last of them),
+so every group after the first batch is exactly one version old and none is dropped.
 `fully_async` keeps admitting groups up to the staleness bound eta, so both sides stay busy
 and the slower side sets the pace.
 
@@ -23,9 +25,11 @@ long sample started early enough in its step. Even with no queueing at all, the 
 tokens that cannot make it is 7% at 0.85 of the bound, 14% at 0.90 and 22% at 0.95, so the
 best case is about 0.87. The queue drops such groups (`drops`, cause `stale`); they fall on
 groups with a long sample, so long samples are under-represented in what is trained
-(`trained_long_fraction` against `long_fraction`). Holding the trainer's batch for them instead
-removes the drops but makes the whole pipeline run at the staleness limit, where admission
-idles the fleet (measured: rollout idle 15%, same throughput). Publishing also pauses every
+(`trained_long_fraction` against `long_fraction`). Consuming in order instead (the trainer
+waits for the oldest running group, as `one_step_off` does) removes the drops and that bias
+but makes the whole pipeline run at the staleness limit, where admission idles the fleet
+(measured: rollout idle 13-15%, staleness mean 3.0 instead of 1.7, throughput 0.84-0.86 of
+the bound against 0.81-0.83 ready first on the same host). Publishing also pauses every
 server each step (`publish_s`), and a loaded host delays the simulated clock (`loop_lag_ms`):
 keep the per-token cost large enough that this lag is a small part of a request.
 
