@@ -189,7 +189,7 @@ class RolloutConfig:
 
 @dataclass
 class TrainerConfig:
-    mode: str = "sync"
+    mode: str = "fully_async"
     """Pipeline mode: `sync` (on-policy baseline: generate, train, publish), `one_step_off` (generate batch t+1 while training batch t), `fully_async` (rollouts stream; staleness <= `max_staleness`)."""
     max_staleness: int = 4
     """fully_async: eta, the most versions a trained sample may lag the trainer (sync uses 0, one_step_off 1)."""
@@ -199,7 +199,7 @@ class TrainerConfig:
     """Optimizer steps of the run."""
     prompts_per_step: int = 32
     """Groups (prompts) per training batch; samples per step = prompts_per_step * rollout.group_size."""
-    minibatches: int = 1
+    minibatches: int = 4
     """Optimizer steps per trainer step: the batch is cut into this many mini-batches (verl: train batch / ppo_mini_batch_size; AReaL: ppo_n_minibatches). Reference and proximal log-probs are computed once per trainer step, so the clip of decoupled PPO around the proximal policy binds from the second mini-batch on. Versions, `total_steps` and the LR schedule count trainer steps."""
     micro_batch_size: int = 64
     """Sequences per forward/backward; gradients accumulate over micro-batches."""
@@ -278,7 +278,7 @@ class AlgorithmConfig:
     """Adaptive entropy control: change of the weight per nat of entropy below/above `entropy_target`, per step."""
     entropy_coef_max: float = 1.0
     """Adaptive entropy control: upper bound of the adapted weight."""
-    correction: str = "none"
+    correction: str = "decoupled_ppo"
     """Off-policy correction (`trainer/corrections.py`): `none`/`bypass` (PPO around the behavior policy), `decoupled_ppo` (AReaL), `tis`, `mis`."""
     proximal: str = "recompute"
     """Proximal policy of `decoupled_ppo`/`tis`/`mis`: `recompute` (one extra forward pass per step) or `interpolate` (from token versions, no extra pass)."""
@@ -373,6 +373,14 @@ class Config:
     """Global seed (torch, sampling, data order)."""
     resume: bool = False
     """Continue the run named `logging.run_name` from its latest checkpoint."""
+
+    def __post_init__(self) -> None:
+        t = self.trainer
+        if t.mode in ("sync", "one_step_off"):
+            # in-order consumption: a group waiting for queue space must never block the group the trainer waits for
+            need = ({"sync": 0, "one_step_off": 1}[t.mode] + 2) * t.prompts_per_step * self.rollout.group_size
+            _check(self.queue.capacity >= need, "queue.capacity",
+                   f"must be >= (eta + 2) * trainer.prompts_per_step * rollout.group_size = {need} in {t.mode} mode, got {self.queue.capacity}")
 
 
 # Loading, saving and documenting the tree live in config_io (another reason to change);
