@@ -281,7 +281,7 @@ class AlgorithmConfig:
     correction: str = "decoupled_ppo"
     """Off-policy correction (`trainer/corrections.py`): `none`/`bypass` (PPO around the behavior policy), `decoupled_ppo` (AReaL), `tis`, `mis`."""
     proximal: str = "recompute"
-    """Proximal policy of `decoupled_ppo`/`tis`/`mis`: `recompute` (one extra forward pass per step) or `interpolate` (from token versions, no extra pass)."""
+    """Proximal policy of `decoupled_ppo`/`tis`/`mis`: `recompute` (one extra forward pass per step) or `interpolate` (from token versions, no extra pass; it takes the weights of each mini-batch as the proximal policy, so with `trainer.minibatches` > 1 its clip does not bind: use `recompute` there)."""
     is_cap: float = 2.0
     """Cap C on the IS weight pi_prox/pi_behav: `tis` truncates to min(w, C); `decoupled_ppo` drops tokens with w > C (0: no cap)."""
     mis_level: str = "token"

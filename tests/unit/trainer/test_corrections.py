@@ -155,7 +155,7 @@ def test_engine_decoupled_ppo_recompute_reports_is_weights(tiny_model_path):
 
     batch = synthetic_batch(6, vocab_size=100, seed=4)
     alg = AlgorithmConfig(correction="decoupled_ppo", proximal="recompute", is_cap=0.0)
-    engine = TrainerEngine(tiny_model_path, trainer=TrainerConfig(micro_batch_size=3, lr=1e-3, total_steps=10), algorithm=alg)
+    engine = TrainerEngine(tiny_model_path, trainer=TrainerConfig(micro_batch_size=3, lr=1e-3, total_steps=10, minibatches=1), algorithm=alg)
     try:
         fresh = engine.train_step(batch.replace(old_logprobs=engine.compute_logprobs(batch) * batch.loss_mask))
         # stale behavior: pi_behav = pi_prox * e^delta on loss tokens, so rho = e^-delta exactly
