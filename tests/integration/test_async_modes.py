@@ -44,14 +44,22 @@ def _run(tmp_path, overrides, slow_s=0.0):
     parts = build(cfg)
     if slow_s:
         parts.trainer = SlowTrainer(parts.trainer, slow_s)
-    run_dir = tmp_path / cfg.trainer.mode
+    return _run_pipeline(cfg, lambda: parts, tmp_path / cfg.trainer.mode)
+
+
+def _run_pipeline(cfg, make_parts, run_dir, in_order=None):
+    """Run the pipeline on `make_parts()` (built inside the event loop); the summary and the
+    per-step metrics after step 0. `in_order` overrides the mode's consumption order."""
     run_dir.mkdir()
     metrics = MetricsLogger(cfg.logging, run_dir, {})
-    pipeline = Pipeline(cfg, parts, run_dir, metrics)
 
     async def go():
+        parts = make_parts()
+        p = Pipeline(cfg, parts, run_dir, metrics)
+        if in_order is not None:
+            p.staleness.in_order = in_order
         try:
-            return await pipeline.run()
+            return await p.run()
         finally:
             await parts.close()
 
@@ -102,24 +110,7 @@ def _cost_model_run(tmp_path, mode, steps, in_order=None):
         f"rollout.max_running_samples={ld.servers * ld.max_concurrency}", "queue.storage=local", "weights.backend=local",
         "logging.mlflow=false", "logging.progress=false",
     ])
-    run_dir = tmp_path / f"{mode}-{in_order}"
-    run_dir.mkdir()
-    metrics = MetricsLogger(cfg.logging, run_dir, {})
-
-    async def go():
-        parts = build_parts(ld, seed=0)
-        p = Pipeline(cfg, parts, run_dir, metrics)
-        if in_order is not None:
-            p.staleness.in_order = in_order
-        try:
-            return await p.run()
-        finally:
-            await parts.close()
-
-    summary = asyncio.run(go())
-    metrics.close()
-    lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return summary, [l for l in lines if l["step"] > 0]
+    return _run_pipeline(cfg, lambda: build_parts(ld, seed=0), tmp_path / f"{mode}-{in_order}", in_order)
 
 
 @pytest.mark.timeout(120)

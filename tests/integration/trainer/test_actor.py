@@ -16,7 +16,7 @@ def test_trainer_group_one_rank_runs_the_verbs(tiny_model_path):
     batch = synthetic_batch(4, vocab_size=100, seed=7)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        group = TrainerGroup(1, tiny_model_path, trainer=TrainerConfig(micro_batch_size=2, threads=1), algorithm=AlgorithmConfig())
+        group = TrainerGroup(1, tiny_model_path, trainer=TrainerConfig(micro_batch_size=2, threads=1, minibatches=1), algorithm=AlgorithmConfig())
         before = group.compute_logprobs(batch)
         assert before.shape == batch.input_ids.shape and before[batch.loss_mask > 0].lt(0).all()
         metrics = group.train_step(batch.replace(old_logprobs=before * batch.loss_mask))
