@@ -163,9 +163,9 @@ class TrainerEngine:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
         self.step = 0
+        """Trainer steps taken (one per `train_step`, whatever `trainer.minibatches`): the policy version of the current weights."""
         self.entropy_coef = algorithm.entropy_coef
         """Weight of the entropy bonus; adapted after each step when `algorithm.entropy_target` > 0 (checkpointed)."""
-        """Optimizer steps taken: the policy version of the current weights."""
 
     # ---- scoring --------------------------------------------------------
     def _logprobs_and_logits(self, model: torch.nn.Module, mb: TrainBatch) -> tuple[Tensor, Tensor]:
