@@ -232,6 +232,11 @@ class TrainerConfig:
     target_reward: float = 0.0
     """Stop early once held-out reward reaches this (0 disables)."""
 
+    @property
+    def eta(self) -> int:
+        """Staleness bound of the mode: `sync` 0, `one_step_off` 1, `fully_async` `max_staleness`."""
+        return {"sync": 0, "one_step_off": 1}.get(self.mode, self.max_staleness)
+
     def __post_init__(self) -> None:
         _one_of(self.mode, "trainer.mode", MODES)
         _check(self.max_staleness >= 0, "trainer.max_staleness", f"must be >= 0, got {self.max_staleness}")
@@ -378,7 +383,7 @@ class Config:
         t = self.trainer
         if t.mode in ("sync", "one_step_off"):
             # in-order consumption: a group waiting for queue space must never block the group the trainer waits for
-            need = ({"sync": 0, "one_step_off": 1}[t.mode] + 2) * t.prompts_per_step * self.rollout.group_size
+            need = (t.eta + 2) * t.prompts_per_step * self.rollout.group_size
             _check(self.queue.capacity >= need, "queue.capacity",
                    f"must be >= (eta + 2) * trainer.prompts_per_step * rollout.group_size = {need} in {t.mode} mode, got {self.queue.capacity}")
 

@@ -59,7 +59,7 @@ from asyncrl.weight_sync import WeightPublisher
 def mode_rule(cfg: Config) -> tuple[int, int, bool]:
     """(eta, publish_every, in_order) of the configured mode; see `StalenessManager` for in_order."""
     t = cfg.trainer
-    return {"sync": (0, 1, True), "one_step_off": (1, 1, True), "fully_async": (t.max_staleness, t.publish_every, False)}[t.mode]
+    return t.eta, (t.publish_every if t.mode == "fully_async" else 1), t.mode != "fully_async"
 
 
 class Pipeline:
