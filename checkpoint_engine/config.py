@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-BACKENDS = ("local", "shm", "gloo", "nccl", "nixl")
+BACKENDS = ("local", "shm", "gloo", "nccl", "nixl", "cuda_ipc")
 
 
 @dataclass
@@ -20,7 +20,8 @@ class WeightSyncConfig:
     backend: str = "shm"
     """Data plane for bucket bytes: `local` (in-process reference), `shm` (same host,
     /dev/shm), `gloo` (torch.distributed broadcast, CPU), `nccl` (the same on GPU) or
-    `nixl` (receivers READ the sender's registered buckets)."""
+    `nixl` (receivers READ the sender's registered buckets) or `cuda_ipc` (receivers on the
+    sender's GPU, or a peer GPU of the same host, read its slots in place)."""
 
     bucket_size_mb: float = 64.0
     """Size of one flat bucket in MiB. The sender holds two of them (double buffering);
@@ -43,7 +44,8 @@ class WeightSyncConfig:
     """TCP store port of the gloo/nccl groups; 0 picks a free port."""
 
     device: str = "cpu"
-    """Device of the bucket buffers: `cpu`, or `cuda`/`cuda:N` (required by `nccl`)."""
+    """Device of the bucket buffers: `cpu`, or `cuda`/`cuda:N` (required by `nccl` and `cuda_ipc`;
+    optional for `nixl`, whose READs are then GPU-direct)."""
 
     nixl_backend: str = "UCX"
     """NIXL transport plugin used by the `nixl` backend."""
@@ -61,8 +63,8 @@ class WeightSyncConfig:
                 raise ValueError(f"weights.{key} must be in [0, 65535], got {value}")
         if not self.host:
             raise ValueError("weights.host must be a non-empty address")
-        if self.backend == "nccl" and not self.device.startswith("cuda"):
-            raise ValueError(f"weights.device must be cuda[:N] with backend nccl, got {self.device!r}")
+        if self.backend in ("nccl", "cuda_ipc") and not self.device.startswith("cuda"):
+            raise ValueError(f"weights.device must be cuda[:N] with backend {self.backend}, got {self.device!r}")
         if self.backend in ("local", "shm", "gloo") and self.device != "cpu":
             raise ValueError(f"weights.device must be cpu with backend {self.backend}, got {self.device!r}")
 

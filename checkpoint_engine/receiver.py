@@ -12,6 +12,13 @@ flight:
     await server.resume()
 
 Yielded tensors are views of freshly allocated buffers the receiver never touches again.
+A receiver built with `confirm_loads=True` tells the sender when its engine finished loading
+(`update.confirm()`, or `update.refuse(reason)`: it stays at its old version and is re-synced);
+otherwise the update counts as loaded when its last bucket landed. The sender's `publish`
+returns only after these confirmations.
+A transport that `consumes` buckets (an engine's workers receive and load the bytes
+themselves, e.g. vLLM through its worker extension) yields no tensors: the update then only
+drives it bucket by bucket.
 `next_update` returns when the sender begins; iterating the update tells the sender the
 receiver is ready, so pausing (e.g. draining) in between counts against `timeout_s` for the
 ready message, not for a bucket. An update must be consumed to the end; a consumer that
@@ -30,12 +37,14 @@ import torch
 import zmq
 
 from checkpoint_engine.backends import make_receiver_transport
+from checkpoint_engine.backends.base import ReceiverTransport
 from checkpoint_engine.buckets import TensorAssembler, crc32
 from checkpoint_engine.config import WeightSyncConfig
 from checkpoint_engine.wire import Abort, Ack, Begin, Bucket, End, Group, Join, Nack, decode, encode
 
 READY = -1
 GROUP = -2
+LOADED = -3
 
 
 class ChecksumError(RuntimeError):
@@ -47,23 +56,31 @@ class UpdateAborted(RuntimeError):
 
 
 class Receiver:
+    delivered_bytes: int = 0
+    """Bucket bytes landed by every receiver of this process: what a process that must never
+    receive weights (the controller) checks."""
+
     def __init__(self, config: WeightSyncConfig, receiver_id: str, endpoint: str | None = None,
-                 version: int = -1):
+                 version: int = -1, *, transport: ReceiverTransport | None = None, confirm_loads: bool = False):
         self.config = config
         self.receiver_id = receiver_id
         self.version = version
         """Version of the weights last received in full (-1: none)."""
-        self.transport = make_receiver_transport(config)
+        self.transport = transport if transport is not None else make_receiver_transport(config)
+        self.confirm_loads = confirm_loads
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.IDENTITY, receiver_id.encode())
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(endpoint or f"tcp://{config.host}:{config.port}")
-        self._send(Join(receiver_id, version))
+        self._send(self._join())
         self._inbox: deque = deque()
         """Messages read ahead while looking for an Abort (see `_evicted`)."""
         self._rejoin = False
         """Set when the sender dropped us from an update; the next `next_update` joins again."""
+
+    def _join(self) -> Join:
+        return Join(self.receiver_id, self.version, self.transport.width)
 
     def _send(self, msg) -> None:
         self._sock.send(encode(msg))
@@ -92,7 +109,7 @@ class Receiver:
         `load_weights`). It saves one copy and a fresh allocation per tensor."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         if self._rejoin:
-            self._send(Join(self.receiver_id, self.version))
+            self._send(self._join())
             self._rejoin = False
         while True:
             left = None if deadline is None else deadline - time.monotonic()
@@ -107,8 +124,11 @@ class Receiver:
             # anything else belongs to an update this receiver already left: drop it
 
     def receive(self, timeout_s: float | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """The next update as a plain (name, tensor) iterator; `self.version` is bumped at its end."""
-        yield from self.next_update(timeout_s)
+        """The next update as a plain (name, tensor) iterator; `self.version` is bumped at its end
+        (and the load confirmed then, whatever `confirm_loads` says)."""
+        update = self.next_update(timeout_s)
+        yield from update
+        update.confirm()
 
     def close(self) -> None:
         self._sock.close(0)
@@ -116,7 +136,8 @@ class Receiver:
 
 
 class Update:
-    """One update in progress; iterate it once to receive its tensors."""
+    """One update in progress; iterate it once to receive its tensors, then `confirm()` the load
+    (receivers with `confirm_loads=True`; the others confirm at the end of the iteration)."""
 
     def __init__(self, receiver: Receiver, update_id: int, version: int, borrow: bool = False):
         self.receiver = receiver
@@ -125,6 +146,28 @@ class Update:
         self.version = version
         self.buckets = 0
         self.bytes = 0
+        self.complete = False
+        """Every bucket landed (the iteration reached the sender's End)."""
+        self._answered = False
+
+    def confirm(self) -> None:
+        """Tell the sender the engine now serves this version (after the whole update landed)."""
+        if not self.complete:
+            raise RuntimeError(f"update {self.update_id}: confirm() before every bucket landed")
+        if not self._answered:
+            self._answered = True
+            self.receiver._send(Ack(self.update_id, LOADED))
+
+    def refuse(self, reason: str) -> None:
+        """Tell the sender the engine could not load this update; it stays at its old version,
+        is evicted from the update and re-joins at the next `next_update` (then re-synced)."""
+        rx = self.receiver
+        if not self._answered:
+            self._answered = True
+            rx._send(Nack(self.update_id, LOADED, reason))
+        rx._rejoin = True
+        if self.complete:
+            rx.version = self._before
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         rx, uid = self.receiver, self.update_id
@@ -132,8 +175,10 @@ class Update:
         assembler = TensorAssembler()
         landed: set[int] = set()
         timeout = rx.config.timeout_s * 3 + 5.0
+        self._before = rx.version
         rx._rejoin = True  # cleared only by a complete update: any failure below re-joins
         rx._send(Ack(uid, READY))  # ready only now: the server may pause (drain) in between
+        transport.begin_update(self.version)
         while True:
             msg = rx._recv(timeout)
             if getattr(msg, "update_id", uid) != uid:
@@ -146,11 +191,25 @@ class Update:
             elif isinstance(msg, Bucket):
                 meta = msg.meta
                 try:
-                    buf = transport.recv(meta)
-                except RuntimeError:  # translated: a group member died; await a new group
+                    if transport.consumes:  # the engine's workers receive, check and load it themselves
+                        if not transport.consume(meta):
+                            rx._send(Nack(uid, meta.index, "checksum"))
+                            raise ChecksumError(f"receiver {rx.receiver_id}: bucket {meta.index} of version "
+                                                f"{self.version} failed its checksum in the engine; update refused")
+                    else:
+                        buf = transport.recv(meta)
+                except RuntimeError as e:  # translated: a group member died; await a new group
+                    if isinstance(e, ChecksumError):
+                        raise
                     rx._send(Nack(uid, meta.index, "transport"))
                     continue
                 if meta.index in landed:  # re-sent after a regroup; already loaded
+                    rx._send(Ack(uid, meta.index))
+                    continue
+                if transport.consumes:
+                    if rx._evicted(uid):
+                        continue  # the Abort is next in the inbox
+                    self._landed(meta, landed)
                     rx._send(Ack(uid, meta.index))
                     continue
                 if transport.borrowed and rx._evicted(uid):
@@ -165,11 +224,10 @@ class Update:
                 tensors = assembler.add(meta, buf, transport.borrowed and not self.borrow)
                 if transport.borrowed and rx._evicted(uid):
                     continue  # the Abort is next in the inbox
-                landed.add(meta.index)
-                self.buckets += 1
-                self.bytes += meta.nbytes
+                self._landed(meta, landed)
                 if self.borrow:  # the consumer reads the slot itself; ack once it moved on
                     yield from tensors
+                transport.release(meta)
                 rx._send(Ack(uid, meta.index))  # the sender may now refill the slot
                 if not self.borrow:
                     yield from tensors
@@ -177,8 +235,18 @@ class Update:
                 missing = assembler.incomplete()
                 if missing:
                     raise RuntimeError(f"update {uid} ended with incomplete tensors {missing[:5]}")
+                transport.end_update()
                 rx.version = msg.version
                 rx._rejoin = False
+                self.complete = True
+                if not rx.confirm_loads:
+                    self.confirm()
                 return
             elif isinstance(msg, Abort):
                 raise UpdateAborted(f"receiver {rx.receiver_id} left update {uid}: {msg.reason}")
+
+    def _landed(self, meta, landed: set[int]) -> None:
+        landed.add(meta.index)
+        self.buckets += 1
+        self.bytes += meta.nbytes
+        Receiver.delivered_bytes += meta.nbytes

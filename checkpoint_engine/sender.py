@@ -7,6 +7,11 @@ buffers exist (double buffering): a slot is refilled only after every live recei
 acknowledged the bucket in it. Metadata and acks travel over a ZeroMQ ROUTER socket
 (msgpack); bucket bytes over the backend's data plane.
 
+A publish is done when every member *loaded* the update: after the last bucket each receiver
+confirms once its engine serves the new weights (`Update.confirm`), so the caller may send
+requests the moment `publish` returns (a server still reloading would otherwise be asked to
+generate with half-loaded layers).
+
 What it does not know: where tensors come from (FSDP, a plain model) and what a receiver
 does with them. Versions and eviction are decided by `Membership`. With FSDP2 only rank 0
 builds a Sender; the other ranks iterate the same full-tensor gather in lockstep (the
@@ -33,6 +38,7 @@ from checkpoint_engine.wire import Abort, Ack, Begin, Bucket, BucketMeta, End, G
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
 READY = -1
 GROUP = -2
+LOADED = -3
 
 
 class Sender:
@@ -54,6 +60,7 @@ class Sender:
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted receiver takes over its identity
         if config.port:
             self._sock.bind(f"tcp://{config.host}:{config.port}")
             self.port = config.port
@@ -62,9 +69,11 @@ class Sender:
         self._update_id = 0
         self._epoch = 0
         self._rejoined: set[str] = set()
+        """Receivers that sent Join during the update in progress (a restarted process)."""
         self._group: tuple[str, ...] | None = None
         """gloo/nccl: members of the live process group, kept across updates while unchanged."""
-        """Receivers that sent Join during the update in progress (a restarted process)."""
+        self._width: dict[str, int] = {}
+        """Ranks each receiver takes in a group (its `Join.width`)."""
         self.last: UpdateOutcome | None = None
 
     @property
@@ -84,6 +93,7 @@ class Sender:
         msg = decode(data)
         if isinstance(msg, Join):
             self.membership.join(rid, msg.version)
+            self._width[rid] = max(1, int(msg.width))
             self._rejoined.add(rid)
             if self._group is not None and rid in self._group:
                 self._group = None  # a restarted process is not in the old group
@@ -103,6 +113,16 @@ class Sender:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{len(self.membership.live())} of {n} receivers joined")
         return self.membership.live()
+
+    def wait_for_ids(self, receivers: Iterable[str], timeout_s: float) -> list[str]:
+        """Wait up to `timeout_s` until every receiver in `receivers` is live; returns those
+        still missing (an empty list when all joined)."""
+        want = set(receivers)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            missing = sorted(want - set(self.poll(0.01)))
+            if not missing or time.monotonic() > deadline:
+                return missing
 
     def _collect(self, uid: int, index: int, members: list[str], timeout_s: float,
                  outcome: UpdateOutcome) -> tuple[set[str], set[str]]:
@@ -138,41 +158,63 @@ class Sender:
             self.membership.evict(rid)
 
     def _form_group(self, uid: int, members: list[str], outcome: UpdateOutcome) -> None:
-        """gloo/nccl: (re)build the group sender + `members`; retried when one is missing."""
+        """gloo/nccl: (re)build the group sender + `members`; retried when one is missing. A
+        receiver of width w takes w consecutive ranks (one per engine worker)."""
         self._group = None
         while members:
             self._epoch += 1
-            for rank, rid in enumerate(members, start=1):
-                self._send(rid, Group(uid, self._epoch, rank, len(members) + 1))
+            world = 1 + sum(self._width.get(rid, 1) for rid in members)
+            rank = 1
+            for rid in members:
+                self._send(rid, Group(uid, self._epoch, rank, world))
+                rank += self._width.get(rid, 1)
             try:
-                self.transport.form_group(self._epoch, len(members) + 1)
+                self.transport.form_group(self._epoch, world)
                 self._group = tuple(members)
                 return
             except RuntimeError:  # deliberate retry: someone never joined the group
                 self._collect(uid, GROUP, members, self.config.timeout_s, outcome)
 
     # ---- one update ----------------------------------------------------------------
-    def publish(self, named_tensors: NamedTensors, version: int) -> UpdateOutcome:
-        """Send `named_tensors` as `version` to every live receiver; returns when each one
-        acknowledged everything or was evicted."""
+    def publish(self, named_tensors: NamedTensors, version: int,
+                receivers: Iterable[str] | None = None) -> UpdateOutcome:
+        """Send `named_tensors` as `version` to every live receiver (or only to those of them in
+        `receivers`); returns once each one loaded it (its engine serves the new weights) or
+        was evicted. Receivers in `receivers` that are not live are reported as evicted."""
         self.membership.check_next(version)
         self.poll()
-        out = self._run(named_tensors, version, self.membership.live())
+        members, absent = self._select(self.membership.live(), receivers)
+        out = self._run(named_tensors, version, members)
+        out.evicted.update(absent)
         self.membership.commit(version)
         return out
 
-    def sync(self, named_tensors: NamedTensors | None = None) -> UpdateOutcome | None:
-        """Bring receivers that are behind (late joiners, returning evictees) to the current
-        version; `named_tensors` defaults to `state_fn()`. None when nobody is behind."""
+    def sync(self, named_tensors: NamedTensors | None = None,
+             receivers: Iterable[str] | None = None) -> UpdateOutcome | None:
+        """Bring receivers that are behind (late joiners, returning evictees), or those of them in
+        `receivers`, to the current version; `named_tensors` defaults to `state_fn()`. None when
+        nobody is behind (`named_tensors` is then not consumed)."""
         self.poll()
-        behind = self.membership.behind()
+        behind, absent = self._select(self.membership.behind(), receivers)
         if not behind or self.membership.version < 0:
             return None
         if named_tensors is None:
             if self.state_fn is None:
                 raise ValueError("sync() needs named_tensors or a Sender(state_fn=...)")
             named_tensors = self.state_fn()
-        return self._run(named_tensors, self.membership.version, behind)
+        out = self._run(named_tensors, self.membership.version, behind)
+        out.evicted.update(absent)
+        return out
+
+    def _select(self, candidates: list[str], receivers: Iterable[str] | None) -> tuple[list[str], dict[str, str]]:
+        """(members of an update, {asked-for receiver: why it is left out})."""
+        if receivers is None:
+            return candidates, {}
+        want = set(receivers)
+        known = self.membership.receivers
+        absent = {r: ("evicted" if r in known and not known[r].alive else "not joined")
+                  for r in sorted(want - set(self.membership.live()))}
+        return [r for r in candidates if r in want], absent
 
     def _run(self, named_tensors: NamedTensors, version: int, members: list[str]) -> UpdateOutcome:
         t0 = time.perf_counter()
@@ -202,6 +244,8 @@ class Sender:
                     if stop.is_set():
                         return
                     meta = packer.fill(self.transport.slots[slot], slot, self.config.checksum)
+                    if meta is not None:
+                        self.transport.seal(meta)
                     ready.put(meta)
                     if meta is None:
                         return
@@ -223,6 +267,9 @@ class Sender:
             producer.join()
         for rid in members:
             self._send(rid, End(uid, version))
+        # the engines load the last tensors after End: the update is done when each says so
+        self._collect(uid, LOADED, members, self.config.timeout_s, outcome)
+        for rid in members:
             self.membership.complete(rid, version)
         outcome.completed = members
         outcome.bytes = packer.total_bytes

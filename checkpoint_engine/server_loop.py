@@ -1,13 +1,22 @@
-"""The update protocol on a rollout server: pause, load while buckets land, resume.
+"""The update protocol on a rollout server: pause, load while buckets land, confirm, resume.
 
 The engine itself (any object with async `pause(mode)`, `update_weights(pairs, version)`
 and `resume()`, i.e. asyncrl's `RolloutServer`) drops its KV / prefix cache and bumps the
 version it stamps on tokens inside `update_weights`; this module only orders the calls
-around one `Update`. Duck-typed on purpose: checkpoint_engine does not import asyncrl.
+around one `Update`. An engine may instead offer `load_update(update)` (it drives the
+update itself, e.g. when its workers receive the bytes through a consuming transport).
+Duck-typed on purpose: checkpoint_engine does not import asyncrl.
 
 Pause modes (the engine implements them): `abort` (in-flight requests return what they
 have, the caller resubmits), `wait` (drain first), `keep` (in-flight requests continue
 under the new weights, tokens tagged with their version).
+
+The load is confirmed to the sender (`Update.confirm`) only after the engine finished it,
+so the sender's `publish` returns when every live server serves the new version. A load
+that fails is refused (`Update.refuse`): the sender evicts this receiver from the update and
+re-syncs it later. An engine whose failed load leaves its weights half replaced
+(`loads_in_place = True`, e.g. vLLM's layer-wise reload) stays paused until an update
+succeeds; the others keep serving their old version.
 
 The update's iterator blocks on the network; it is consumed on the event loop thread, so
 the loop is busy while bytes land (the server is paused then anyway, except under `keep`,
@@ -28,27 +37,50 @@ class Updatable(Protocol):
     async def resume(self) -> None: ...
 
 
-async def apply_update(server: Updatable, update: Update, pause_mode: str = "keep") -> int:
-    """pause(mode) -> update_weights(streamed pairs, version) -> resume; returns the version.
-    The server resumes even when the update fails (it keeps serving its old version)."""
-    await server.pause(pause_mode)
-    try:
+async def load(server: Updatable, update: Update) -> None:
+    """Load `update` into `server` (its `load_update` when it has one)."""
+    custom = getattr(server, "load_update", None)
+    if custom is not None:
+        await custom(update)
+    else:
         await server.update_weights(update, update.version)
+
+
+async def apply_update(server: Updatable, update: Update, pause_mode: str = "keep") -> int:
+    """pause(mode) -> load (streamed) -> confirm -> resume; returns the version. On failure the
+    update is refused and the error raised; the server resumes on its old weights unless a
+    failed load leaves it half replaced (`loads_in_place`), then it stays paused."""
+    await server.pause(pause_mode)
+    resume = True
+    try:
+        await load(server, update)
+        update.confirm()
+    except BaseException as e:
+        update.refuse(f"load: {type(e).__name__}: {e}"[:200])
+        resume = not getattr(server, "loads_in_place", False)
+        raise
     finally:
-        await server.resume()
+        if resume:
+            await server.resume()
     return update.version
 
 
 async def serve_updates(server: Updatable, receiver: Receiver, pause_mode: str = "keep",
-                        stop: asyncio.Event | None = None, poll_s: float = 1.0) -> None:
+                        stop: asyncio.Event | None = None, poll_s: float = 1.0,
+                        on_error: Any = None) -> None:
     """Apply every update the sender publishes until `stop` is set (or forever). A refused
-    (checksum) or aborted update is skipped: the sender reported it and re-syncs later."""
+    (checksum), aborted or failed update is skipped: the sender was told and re-syncs later;
+    `on_error(exc)` (if given) hears of each failure."""
     while stop is None or not stop.is_set():
         try:
             update = await asyncio.to_thread(receiver.next_update, poll_s)
         except TimeoutError:  # deliberate: wake up to look at `stop`
             continue
+        except UpdateAborted:  # the sender closed
+            return
         try:
             await apply_update(server, update, pause_mode)
-        except (ChecksumError, UpdateAborted):  # deliberate: already reported to the sender
+        except (ChecksumError, UpdateAborted, RuntimeError, ValueError, KeyError) as e:  # reported to the sender
+            if on_error is not None:
+                on_error(e)
             continue

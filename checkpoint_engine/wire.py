@@ -7,13 +7,15 @@ build one of the records below from what it receives.
 
 Flow of one update (S = sender, R = receiver):
 
-    R -> S  Join(receiver_id, version)            once, when the receiver starts
+    R -> S  Join(receiver_id, version, width)     once, when the receiver starts (width: its ranks in a group)
     S -> R  Begin(update_id, version, info)        info: backend attachment (shm names, store ...)
     R -> S  Ack(update_id, -1)                     ready, once the server paused (gloo/nccl:
     S -> R  Group(update_id, epoch, rank, world)    then a Group, unless the last one still holds)
     S -> R  Bucket(update_id, meta)  ...           for each bucket; R pulls / joins the broadcast
     R -> S  Ack(update_id, index) | Nack(...)      after the bucket landed and its checksum matched
     S -> R  End(update_id, version) | Abort(update_id, reason)
+    R -> S  Ack(update_id, -3) | Nack(update_id, -3, reason)   loaded: the engine serves the new weights
+                                                   (or could not load them); the publish returns after these
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ class Join:
     receiver_id: str
     version: int
     """Version the receiver holds now (-1: no weights yet)."""
+    width: int = 1
+    """Ranks it takes in a gloo/nccl group: one per engine worker that receives the bytes itself
+    (e.g. the tensor-parallel workers of one vLLM server)."""
 
 
 @dataclass
@@ -91,7 +96,8 @@ class Bucket:
 class Ack:
     update_id: int
     index: int
-    """Bucket index acknowledged; -1 acknowledges `Begin` (ready)."""
+    """Bucket index acknowledged; -1 acknowledges `Begin` (ready), -2 a group, -3 the load of the
+    whole update (the engine serves it)."""
 
 
 @dataclass

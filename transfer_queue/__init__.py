@@ -14,7 +14,7 @@ Backends (`queue.metadata`): memory (`MemoryController`, served by `ControllerSe
 redis (`RedisController`). Planes (`queue.storage`): local, shm, zmq, nixl.
 """
 
-from transfer_queue.client import AsyncTransferQueueClient, TransferQueueClient, connect, make_metadata
+from transfer_queue.client import AsyncTransferQueueClient, TransferQueueClient, connect, make_metadata, write_record
 from transfer_queue.codec import WireError
 from transfer_queue.config import TransferQueueConfig
 from transfer_queue.metadata.base import GetRequest, MetadataStore
@@ -24,5 +24,5 @@ from transfer_queue.storage import StoragePlane, make_storage
 __all__ = [
     "AsyncTransferQueueClient", "Batch", "GetRequest", "MetadataStore", "QueueStats", "Record", "SampleMeta",
     "StoragePlane", "TransferQueueClient", "TransferQueueConfig", "WireError", "connect", "make_metadata",
-    "make_storage",
+    "make_storage", "write_record",
 ]

@@ -26,6 +26,15 @@ from transfer_queue.records import Batch, QueueStats, Record, SampleMeta
 from transfer_queue.storage import StoragePlane, make_storage
 
 
+def write_record(storage: StoragePlane, record: Record) -> SampleMeta:
+    """Write one record's tensors to `storage` (once) and return what the metadata store keeps:
+    everything but the bytes. The producer's half of `put`, for producers that hand the
+    metadata to the controller themselves (e.g. as the reply of a remote call)."""
+    record.validate()
+    handles = storage.write(record.uid, record.tensors)
+    return SampleMeta(record.uid, record.group_id, record.group_size, record.version, dict(record.meta), handles, record.sealed)
+
+
 def make_metadata(config: TransferQueueConfig, on_free: FreeHook | None = None) -> MetadataStore:
     """The metadata store named by `config.metadata` (and `controller_address`)."""
     if config.metadata == "redis":
@@ -68,13 +77,24 @@ class TransferQueueClient:
         samples: list[SampleMeta] = []
         try:
             for r in records:
-                r.validate()
-                handles = self.storage.write(r.uid, r.tensors)
-                samples.append(SampleMeta(r.uid, r.group_id, r.group_size, r.version, dict(r.meta), handles, r.sealed))
+                samples.append(write_record(self.storage, r))
+        except BaseException:
+            self.discard(samples)
+            raise
+        self.add(samples, timeout)
+
+    def add(self, samples: list[SampleMeta], timeout: float | None = None) -> None:
+        """Add records whose tensors are already in a plane (`write_record`, any process);
+        waits while the queue is full. On failure their tensors are freed."""
+        try:
             self.metadata.put(samples, self.config.put_timeout_s if timeout is None else timeout)
         except BaseException:
-            self.storage.free([h for s in samples for h in s.handles.values()])
+            self.discard(samples)
             raise
+
+    def discard(self, samples: list[SampleMeta]) -> None:
+        """Free the tensors of records that will never be added (or were refused)."""
+        self.storage.free([h for s in samples for h in s.handles.values()])
 
     def update(self, uid: str, tensors: dict[str, Any] | None = None, meta: dict[str, Any] | None = None,
                seal: bool = True) -> None:
@@ -137,6 +157,12 @@ class AsyncTransferQueueClient:
 
     async def put(self, records: list[Record], timeout: float | None = None) -> None:
         await asyncio.to_thread(self.sync.put, records, timeout)
+
+    async def add(self, samples: list[SampleMeta], timeout: float | None = None) -> None:
+        await asyncio.to_thread(self.sync.add, samples, timeout)
+
+    async def discard(self, samples: list[SampleMeta]) -> None:
+        await asyncio.to_thread(self.sync.discard, samples)
 
     async def update(self, uid: str, tensors: dict[str, Any] | None = None, meta: dict[str, Any] | None = None,
                      seal: bool = True) -> None:

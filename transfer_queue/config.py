@@ -76,6 +76,11 @@ class TransferQueueConfig:
     max_tensor_bytes: int = 4 << 30
     """Largest single tensor a storage unit accepts."""
 
+    inline_max_bytes: int = 1024
+    """Tensors of at most this many bytes travel inside their handle, i.e. with the metadata,
+    instead of in the data plane (no segment, round trip or registration for tiny fields);
+    0 sends every tensor through the plane, so metadata holders never receive tensor bytes."""
+
     def __post_init__(self) -> None:
         if self.metadata not in METADATA_BACKENDS:
             raise ValueError(f"queue.metadata={self.metadata!r}: expected one of {METADATA_BACKENDS}")
@@ -103,5 +108,7 @@ class TransferQueueConfig:
             raise ValueError(f"queue.nixl_arena_bytes={self.nixl_arena_bytes}: must be >= 1 MiB")
         if self.max_message_bytes < 1024:
             raise ValueError(f"queue.max_message_bytes={self.max_message_bytes}: must be >= 1024")
+        if self.inline_max_bytes < 0:
+            raise ValueError(f"queue.inline_max_bytes={self.inline_max_bytes}: must be >= 0")
         if self.max_tensor_bytes < 1:
             raise ValueError(f"queue.max_tensor_bytes={self.max_tensor_bytes}: must be >= 1")

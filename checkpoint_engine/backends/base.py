@@ -2,7 +2,7 @@
 
 A backend is a pair. The `SenderTransport` owns the two slot buffers the packer fills
 (double buffering) and either *pushes* a bucket (collectives: gloo, nccl) or does
-nothing and lets receivers *pull* it (local, shm, nixl). The `ReceiverTransport`
+nothing and lets receivers *pull* it (local, shm, nixl, cuda_ipc). The `ReceiverTransport`
 returns a fresh uint8 buffer with the bucket's bytes that the caller owns. Everything
 else (metadata, acks, versions, eviction) is the sender's and receiver's job and is the
 same for every backend; `local` defines the semantics and is the test double.
@@ -37,6 +37,10 @@ class SenderTransport(abc.ABC):
     def form_group(self, epoch: int, world_size: int) -> None:
         """Collectives: build group `epoch` with the sender as rank 0. Blocks for all ranks."""
 
+    def seal(self, meta: BucketMeta) -> None:
+        """The slot of `meta` is filled: make its bytes visible to readers (device backends
+        synchronize their stream) before the bucket is announced."""
+
     @abc.abstractmethod
     def send(self, meta: BucketMeta) -> None:
         """Push bucket `meta` from `self.slots[meta.slot]` (no-op for pull backends)."""
@@ -50,9 +54,26 @@ class ReceiverTransport(abc.ABC):
     """True when `recv` returns the transport's own memory (a mapped slot, a landing
     buffer), valid only until the bucket is acknowledged; the receiver then copies each
     tensor straight to its final buffer (one copy). False: the caller owns the buffer."""
+    consumes: bool = False
+    """True when the bytes go to their destination without passing through the receiver:
+    `consume(meta)` receives, checks and loads a bucket (e.g. in an engine's worker processes)
+    and the update yields no tensors."""
+    width: int = 1
+    """Ranks this receiver takes in a gloo/nccl group (one per process that joins the broadcast)."""
 
     def __init__(self, config: WeightSyncConfig):
         self.config = config
+
+    def begin_update(self, version: int) -> None:
+        """Called once per update before its first bucket."""
+
+    def end_update(self) -> None:
+        """Called once per update after its last bucket landed."""
+
+    def consume(self, meta: BucketMeta) -> bool:
+        """`consumes` transports: deliver bucket `meta` to its destination; False when its
+        checksum did not match (raises RuntimeError when the group must be rebuilt)."""
+        raise NotImplementedError
 
     @abc.abstractmethod
     def attach(self, info: dict[str, Any]) -> None:
@@ -64,6 +85,10 @@ class ReceiverTransport(abc.ABC):
     @abc.abstractmethod
     def recv(self, meta: BucketMeta) -> torch.Tensor:
         """The bucket's first `meta.nbytes` bytes as a uint8 tensor (see `borrowed`)."""
+
+    def release(self, meta: BucketMeta) -> None:
+        """Every read of bucket `meta` is done (called before it is acknowledged: the sender may
+        refill the slot then); device backends synchronize their stream."""
 
     def close(self) -> None:
         pass
@@ -83,6 +108,9 @@ def make_sender_transport(config: WeightSyncConfig) -> SenderTransport:
     if config.backend == "nixl":
         from checkpoint_engine.backends.nixl import NixlSenderTransport
         return NixlSenderTransport(config)
+    if config.backend == "cuda_ipc":
+        from checkpoint_engine.backends.cuda_ipc import CudaIpcSenderTransport
+        return CudaIpcSenderTransport(config)
     raise ValueError(f"weights.backend: no transport for {config.backend!r}")
 
 
@@ -99,4 +127,7 @@ def make_receiver_transport(config: WeightSyncConfig) -> ReceiverTransport:
     if config.backend == "nixl":
         from checkpoint_engine.backends.nixl import NixlReceiverTransport
         return NixlReceiverTransport(config)
+    if config.backend == "cuda_ipc":
+        from checkpoint_engine.backends.cuda_ipc import CudaIpcReceiverTransport
+        return CudaIpcReceiverTransport(config)
     raise ValueError(f"weights.backend: no transport for {config.backend!r}")

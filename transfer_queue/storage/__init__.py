@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from transfer_queue.config import TransferQueueConfig
-from transfer_queue.storage.base import Handle, StoragePlane
+from transfer_queue.storage.base import Handle, StoragePlane, inline_bytes
 
 
 def make_storage(config: TransferQueueConfig, storage_address: str | None = None) -> StoragePlane:
     """The plane named by `config.storage`; heavy imports (zmq, nixl) only for the chosen one."""
-    kw = {"max_tensor_bytes": config.max_tensor_bytes}
+    kw = {"max_tensor_bytes": config.max_tensor_bytes, "inline_max_bytes": config.inline_max_bytes}
     if config.storage == "local":
         from transfer_queue.storage.local import LocalStorage
 
@@ -31,4 +31,4 @@ def make_storage(config: TransferQueueConfig, storage_address: str | None = None
     raise ValueError(f"queue.storage={config.storage!r}: no such plane")
 
 
-__all__ = ["Handle", "StoragePlane", "make_storage"]
+__all__ = ["Handle", "StoragePlane", "inline_bytes", "make_storage"]

@@ -114,12 +114,17 @@ class FreeEndpoint:
 
 
 class FreeSender:
-    """Sends slot offsets to producers' free endpoints (one PUSH socket per endpoint)."""
+    """Sends slot offsets to producers' free endpoints (one PUSH socket per endpoint).
+
+    Never blocks: a producer that is gone (its endpoint no longer reads) cannot reuse the
+    slots anyway, so once its socket's queue is full further frees to it are dropped and
+    counted in `undelivered`."""
 
     def __init__(self) -> None:
         self._ctx = zmq.Context()
         self._socks: dict[str, zmq.Socket] = {}
         self._lock = threading.Lock()
+        self.undelivered = 0
 
     def send(self, by_endpoint: dict[str, list[int]]) -> None:
         with self._lock:
@@ -129,7 +134,10 @@ class FreeSender:
                     s.setsockopt(zmq.LINGER, 2000)
                     s.connect(addr)
                     self._socks[addr] = s
-                self._socks[addr].send(pack(offs))
+                try:
+                    self._socks[addr].send(pack(offs), zmq.NOBLOCK)
+                except zmq.Again:
+                    self.undelivered += len(offs)
 
     def close(self) -> None:
         with self._lock:

@@ -28,6 +28,9 @@ class StoragePlane(ABC):
     """Write once, read zero-copy where the plane allows, free when told."""
 
     kind: str = ""
+    delivered_bytes: int = 0
+    """Tensor bytes that `read` delivered in this process, every plane together (inline ones
+    included): what a process that must never receive trajectory tensors checks."""
 
     def __init__(self, inline_max_bytes: int = 1024, max_tensor_bytes: int = 4 << 30) -> None:
         self.inline_max_bytes = inline_max_bytes
@@ -62,6 +65,7 @@ class StoragePlane(ABC):
         if remote:
             for i, arr in zip(remote, self._read([handles[i] for i in remote])):
                 out[i] = arr
+        StoragePlane.delivered_bytes += sum(a.nbytes for a in out)  # type: ignore[union-attr]
         return out  # type: ignore[return-value]
 
     def free(self, handles: list[Handle]) -> None:
@@ -85,6 +89,12 @@ class StoragePlane(ABC):
 
     def close(self) -> None:
         """Stop serving; memory still referenced by handles of other processes may be lost."""
+
+
+def inline_bytes(handles: dict[str, Handle]) -> int:
+    """Tensor bytes carried inside `handles` themselves (`plane: "inline"`): bytes that travel
+    with the metadata to whoever holds it."""
+    return sum(int(h.get("nbytes", 0)) for h in handles.values() if h.get("plane") == "inline")
 
 
 def _inline(arr: np.ndarray, tag: str) -> Handle:

@@ -141,9 +141,35 @@ class ShmStorage(StoragePlane):
         """Bytes of tmpfs held by this run's files (every producer), for the benchmark."""
         return sum(e.stat().st_blocks * 512 for e in os.scandir(self.dir) if e.name.startswith(self.run_prefix))
 
+    def sweep(self) -> int:
+        """Remove this run's files left by producers that are gone (a killed process cannot unlink
+        its arena); returns how many. Call it when nothing of the run's queue will be read again."""
+        removed = 0
+        for e in os.scandir(self.dir):
+            if not e.name.startswith(self.run_prefix):
+                continue
+            pid = e.name[len(self.run_prefix):].split("-", 1)[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                try:
+                    os.unlink(e.path)
+                    removed += 1
+                except FileNotFoundError:  # another sweeper was first
+                    pass
+        return removed
+
     def close(self) -> None:
         """Stop serving frees and remove this producer's arena file (consumers keep what they mapped)."""
         if self._endpoint is not None:
             self._endpoint.close()
             os.unlink(self._arena_path)
         self._sender.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True

@@ -107,8 +107,12 @@ class ZmqStorage(StoragePlane):
 
     def __init__(self, address: str = "", bind_host: str = "127.0.0.1", timeout_s: float = 120.0, **kw) -> None:
         super().__init__(**kw)
-        self._unit = None if address else ZmqStorageUnit(bind_host, max_tensor_bytes=self.max_tensor_bytes)
-        self._address = address or self._unit.address  # type: ignore[union-attr]
+        self._unit: ZmqStorageUnit | None = None
+        self._address = address
+        """The unit this plane writes to: `address`, or (empty) its own, started on first write or `address()`,
+        so a process that only reads or frees (a trainer rank, the controller) hosts none."""
+        self._bind_host = bind_host
+        self._unit_lock = threading.Lock()
         self._ctx = zmq.Context()
         self._local = threading.local()
         self._socks: list[zmq.Socket] = []
@@ -117,6 +121,10 @@ class ZmqStorage(StoragePlane):
         self._timeout_ms = int(timeout_s * 1000)
 
     def address(self) -> str:
+        with self._unit_lock:
+            if not self._address:
+                self._unit = ZmqStorageUnit(self._bind_host, max_tensor_bytes=self.max_tensor_bytes)
+                self._address = self._unit.address
         return self._address
 
     def _sock(self, address: str) -> zmq.Socket:
@@ -142,8 +150,9 @@ class ZmqStorage(StoragePlane):
 
     def _write(self, uid: str, arrays: dict[str, tuple[np.ndarray, str]]) -> dict[str, Handle]:
         keys = {name: f"{self._prefix}{next(self._ids)}" for name in arrays}
-        self._call(self._address, {"op": "put", "keys": list(keys.values())}, [a for a, _ in arrays.values()])
-        return {n: handle_of(self.kind, a, t, address=self._address, key=keys[n]) for n, (a, t) in arrays.items()}
+        address = self.address()
+        self._call(address, {"op": "put", "keys": list(keys.values())}, [a for a, _ in arrays.values()])
+        return {n: handle_of(self.kind, a, t, address=address, key=keys[n]) for n, (a, t) in arrays.items()}
 
     def _read(self, handles: list[Handle]) -> list[np.ndarray]:
         out: list[np.ndarray | None] = [None] * len(handles)
@@ -165,7 +174,7 @@ class ZmqStorage(StoragePlane):
 
     def unit_stats(self, address: str | None = None) -> dict[str, Any]:
         """`count`, `nbytes` and `rejected` of a storage unit."""
-        return self._call(address or self._address, {"op": "stats"}, [])[0]
+        return self._call(address or self.address(), {"op": "stats"}, [])[0]
 
     def close(self) -> None:
         for s in self._socks:
