@@ -1,28 +1,33 @@
-"""Groups of trajectories -> the trainer's `TrainBatch`: advantages from the registry, then padding."""
+"""Groups of queue records -> the trainer's `BatchPlan`: advantages from the registry, handles passed on.
+
+The controller's whole share of a batch: one advantage per trajectory, computed from the
+rewards and group ids the records carry; the tensors stay where they were written and each
+trainer rank reads its own rows (`asyncrl.trainer.plan`).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from asyncrl.config import AlgorithmConfig
-from asyncrl.types import Trajectory
+from asyncrl.trainer.plan import BatchPlan, plan_rows
+from asyncrl.trajectory_queue import generated_tokens, reward
 
 
-class BatchBuilder:
-    def __init__(self, algorithm: AlgorithmConfig, pad_id: int) -> None:
-        self.algorithm, self.pad_id = algorithm, pad_id
+class PlanBuilder:
+    def __init__(self, algorithm: AlgorithmConfig, pad_id: int, minibatches: int = 1) -> None:
+        self.algorithm, self.pad_id, self.minibatches = algorithm, pad_id, minibatches
 
-    def __call__(self, groups: list[list[Trajectory]]) -> tuple[Any, int]:
-        """(TrainBatch, number of trained tokens)."""
+    def __call__(self, groups: list[list[Any]]) -> tuple[BatchPlan, int]:
+        """(BatchPlan, number of trained tokens) of `groups` (lists of `SampleMeta`, group order)."""
         from asyncrl.trainer.advantages import compute_advantages
-        from asyncrl.trainer.batch import TrainBatch
 
-        trajs = [t for g in groups for t in g]
+        samples = [s for g in groups for s in g]
         adv = compute_advantages(
             self.algorithm.advantage,
-            [t.reward for t in trajs],
-            [t.group_id for t in trajs],
+            [reward(s) for s in samples],
+            [s.group_id for s in samples],
             norm_by_std=self.algorithm.norm_adv_by_std,
         )
-        batch = TrainBatch.from_trajectories(trajs, adv, pad_id=self.pad_id)
-        return batch, sum(t.num_generated_tokens for t in trajs)
+        plan = BatchPlan(plan_rows(samples, adv), pad_id=self.pad_id, minibatches=self.minibatches)
+        return plan, sum(generated_tokens(s) for s in samples)

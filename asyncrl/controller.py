@@ -1,19 +1,25 @@
 """The pipeline loop of a run, for every mode. Modes differ only in the admission rule.
 
+This process decides and carries metadata only. Bulk bytes take the shortest path: a
+trajectory's arrays are written once by the server host that finished it and read by each
+trainer rank for its own rows; weights go from trainer rank 0 to every server's receiver.
+
     prompts ─> Rollouter ──free slot, acquire()──> StalenessManager (admission: eta by mode)
-                  │  group_size AgentLoops per prompt ─> Router ─> rollout servers
-                  │  finished group (rewards scored)
+                  │  group_size samples per prompt ─> Router ─> a server's host (its process):
+                  │      AgentLoop + reward, arrays written once to that process's data plane
+                  │  <── one queue record per sample (metadata + handles, ~1 KiB)
                   v
-              TrajectoryQueue (TransferQueue: metadata + tensor storage)
+              TrajectoryQueue (TransferQueue metadata: groups, versions, leases, acks)
                   │  get(B whole groups oldest first, staleness <= eta at the trainer's step; stale ones dropped, counted;
                   │      in order: none newer than the oldest group still running, StalenessManager.takeable_version())
                   v
-              trainer loop: advantages ─> TrainBatch ─> train_step ─> every k steps: publish(version = step)
-                                                                          │ CheckpointEngine buckets
-                                                                          │ servers pause(update_mode), load,
-                                                                          │ drop KV / prefix cache, resume
-                                                                          v
-                                                       StalenessManager.set_version ─> admits more groups
+              trainer loop: advantages (rewards, group ids) ─> BatchPlan (handles + one advantage each)
+                  │  ─> every rank reads its rows from the storage units, trains (FSDP2)
+                  │  every k steps: FleetManager.publish(version = step) ─> trainer rank 0's Sender
+                  │      ─> every routed server's Receiver: pause(update_mode), load as buckets land,
+                  │         drop KV / prefix cache, confirm, resume; returns once all loaded
+                  v
+              StalenessManager.set_version ─> admits more groups
 
 Loops and what unblocks them:
 - rollout loop (`Rollouter.run`): waits for a free fleet slot (`rollout.max_running_samples`;
@@ -32,6 +38,9 @@ batch t trains: step t trains the groups of version t - 1, each exactly one vers
 `fully_async` trainer.max_staleness, trainer.publish_every, ready first (the oldest ready
 groups; a group still running when it would exceed eta is dropped, counted). The run stops
 when either loop raises (errors propagate) or after `trainer.total_steps`.
+A publish waits for every routed server to *load* the version (version 0 included, before the
+first evaluation), and the `FleetManager` owns which servers those are: one that misses a
+publish is taken out of routing and re-synced; a restarted one is synced before it takes work.
 """
 
 from __future__ import annotations
@@ -51,9 +60,9 @@ from asyncrl.progress import Progress
 from asyncrl.rollout.rollouter import Rollouter
 from asyncrl.run_dir import checkpoint_dir, latest_checkpoint, plot_curve, prune_checkpoints, write_state
 from asyncrl.staleness import StalenessManager
-from asyncrl.trajectory_queue import TrajectoryQueue
-from asyncrl.types import Trajectory
-from asyncrl.weight_sync import WeightPublisher
+from asyncrl.trainer.handle import TrainerHandle
+from asyncrl.trajectory_queue import TrajectoryQueue, response_length, reward, reward_failed
+from transfer_queue import SampleMeta
 
 
 def mode_rule(cfg: Config) -> tuple[int, int, bool]:
@@ -68,11 +77,11 @@ class Pipeline:
         self.B, self.n = cfg.trainer.prompts_per_step, cfg.rollout.group_size
         eta, self.publish_every, in_order = mode_rule(cfg)
         self.staleness = StalenessManager(batch_groups=self.B, eta=eta, in_order=in_order)
-        self.queue = TrajectoryQueue(cfg.queue, self.staleness)
-        self.weights = WeightPublisher(cfg.weights, parts.servers, update_mode=cfg.rollout.update_mode)
+        self.queue = TrajectoryQueue(cfg.queue, self.staleness, storage=parts.storage)
+        self.trainer = TrainerHandle(parts.trainer)
         self.rollouter = Rollouter(
-            agent=parts.agent, llm=parts.router, prompts=parts.prompts, staleness=self.staleness, sink=self.queue.put, group_size=self.n,
-            max_running_samples=cfg.rollout.max_running_samples,
+            run_sample=self._run_sample, prompts=parts.prompts, staleness=self.staleness, sink=self.queue.put,
+            discard=self.queue.discard, group_size=self.n, max_running_samples=cfg.rollout.max_running_samples,
         )
         self.step = 0
         self.trained_samples = 0
@@ -90,7 +99,7 @@ class Pipeline:
     async def save(self) -> None:
         ckpt = checkpoint_dir(self.run_dir, self.step)
         ckpt.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(self.parts.trainer.save, str(ckpt / "trainer"))
+        await self.trainer.save(str(ckpt / "trainer"))
         await self.queue.checkpointed()
         state = self.staleness.state_dict()
         # the in-process queue dies with the process: its groups are regenerated on resume
@@ -116,7 +125,7 @@ class Pipeline:
         if ckpt is None:
             return False
         state = json.loads((ckpt / "state.json").read_text())
-        await asyncio.to_thread(self.parts.trainer.load, str(ckpt / "trainer"))
+        await self.trainer.load(str(ckpt / "trainer"))
         self.step = state["step"]
         self.staleness.load_state_dict(state["staleness"])
         self.parts.prompts.restore(state["prompt_position"])
@@ -128,31 +137,36 @@ class Pipeline:
 
     # ---- verbs ----------------------------------------------------------------
     async def publish(self) -> dict[str, float]:
-        """Send the trainer's weights to every server as version `step`; admission then moves on."""
-        m = await self.weights.publish(self.parts.trainer.iter_full_params, self.step)
+        """Have the trainer send its weights to every routed server as version `step`; returns once
+        all of them loaded it (or were taken out and are being re-synced); admission then moves on."""
+        m = await self.parts.fleets.publish(self.step)
         await self.staleness.set_version(self.step)
         return m
 
+    async def _run_sample(self, sample: Any) -> SampleMeta:
+        return await self.parts.router.call(lambda host: host.run_sample(sample))
+
     async def evaluate(self) -> dict[str, float]:
-        trajs = await asyncio.gather(*(self.parts.eval_agent.run(s, self.parts.router) for s in self.parts.eval_samples))
-        n = len(trajs)
-        out = {"eval/reward": sum(t.reward for t in trajs) / n}
-        for key in sorted({k for t in trajs for k, v in t.reward_info.items() if isinstance(v, (int, float))}):
-            out[f"eval/{key}"] = sum(float(t.reward_info.get(key, 0.0)) for t in trajs) / n
+        router = self.parts.router
+        results = await asyncio.gather(*(router.call(lambda host, s=s: host.run_eval(s)) for s in self.parts.eval_samples))
+        n = len(results)
+        out = {"eval/reward": sum(r["reward"] for r in results) / n}
+        for key in sorted({k for r in results for k, v in r["reward_info"].items() if isinstance(v, (int, float))}):
+            out[f"eval/{key}"] = sum(float(r["reward_info"].get(key, 0.0)) for r in results) / n
         self.curve.append((self.step, out["eval/reward"]))
         return out
 
-    def _batch_metrics(self, groups: list[list[Trajectory]]) -> dict[str, float]:
-        trajs = [t for g in groups for t in g]
-        lens = [len(t.response_ids) for t in trajs]
-        stale = [self.staleness.staleness(t.min_version, self.step) for t in trajs]
+    def _batch_metrics(self, groups: list[list[SampleMeta]]) -> dict[str, float]:
+        recs = [s for g in groups for s in g]
+        lens = [response_length(s) for s in recs]
+        stale = [self.staleness.staleness(s.meta["min_version"], self.step) for s in recs]
         self.staleness_hist.update(stale)
         return {
-            "rollout/reward": sum(t.reward for t in trajs) / len(trajs),
+            "rollout/reward": sum(reward(s) for s in recs) / len(recs),
             "rollout/response_length": sum(lens) / len(lens),
-            "rollout/truncated": sum(t.finish_reason == "length" for t in trajs) / len(trajs),
-            "rollout/reward_failed": sum("failed" in t.reward_info for t in trajs),
-            "rollout/mixed_version": sum(t.min_version != t.max_version for t in trajs) / len(trajs),
+            "rollout/truncated": sum(s.meta["finish_reason"] == "length" for s in recs) / len(recs),
+            "rollout/reward_failed": sum(reward_failed(s) for s in recs),
+            "rollout/mixed_version": sum(s.meta["min_version"] != s.meta["max_version"] for s in recs) / len(recs),
             "staleness/mean": sum(stale) / len(stale),
             "staleness/max": max(stale),
             **{f"staleness/hist_{k}": v for k, v in sorted(Counter(stale).items())},
@@ -179,15 +193,15 @@ class Pipeline:
             t_batch = time.time()
             self.wait_s += t_batch - t_wait
             m = self._batch_metrics(groups)  # staleness measured at the step that trains on them
-            batch, n_tokens = self.parts.make_batch(groups)
-            stats = await asyncio.to_thread(self.parts.trainer.train_step, batch)
+            plan, n_tokens = self.parts.make_plan(groups)
+            stats = await self.trainer.train(plan)
             m["time/train_s"] = time.time() - t_batch
             m["time/wait_rollout_s"] = t_batch - t_wait
             self.step += 1
             self.trained_samples += sum(len(g) for g in groups)
             self.trained_tokens += n_tokens
             await self.queue.trained(handle)
-            self._audit.write(json.dumps({"step": self.step, "uids": [t.uid for g in groups for t in g]}) + "\n")
+            self._audit.write(json.dumps({"step": self.step, "uids": [s.uid for g in groups for s in g]}) + "\n")
             self._audit.flush()
             last = self.step == cfg.trainer.total_steps
             if self.step % self.publish_every == 0 or last:
@@ -208,8 +222,8 @@ class Pipeline:
     async def run(self) -> dict[str, Any]:
         self.t_start = time.time()
         self._tokens_at_start = self.trained_tokens
-        await self.parts.start()  # Ray fleets (if placed by Ray) join parts.servers here
-        self.weights.start(asyncio.get_running_loop())
+        await self.parts.start()  # the fleets: Ray actors (placed and loaded) or this process's servers
+        await self.parts.fleets.attach_weights(self.trainer, self.cfg.weights, self.cfg.rollout.update_mode)
         resumed = self.cfg.resume and await self.restore()
         self._tokens_at_start = self.trained_tokens
         await self.publish()  # servers start from the trainer's exact weights at this version
@@ -231,7 +245,6 @@ class Pipeline:
             await asyncio.gather(roll, train, reporter, return_exceptions=True)
             await status.final()  # the end state (finished, or failed with the error in flight)
             progress.close()
-            self.weights.close()
             await self.queue.close()
             self._audit.close()
         return self.summary(resumed)

@@ -1,25 +1,27 @@
-"""Builds the parts of a run from its config: model, tokenizer, task, servers, trainer, agents.
+"""Builds the parts of a run from its config: model, tokenizer, task, servers, trainer, data plane.
 
 The controller drives what this module builds; nothing here runs a loop. In the embedded
-default every part lives in this process (`ray.enabled=false`); with Ray the trainer
-pool is a group of FSDP2 actor shells.
+default every part lives in this process (`ray.enabled=false`): one trainer rank, the servers'
+hosts and the queue share this process's data plane. With Ray the trainer pool is a group of
+FSDP2 actors in a placement group (GPUs with `trainer.device=cuda`) and each rollout server is
+an actor in its fleet's placement group that runs whole samples and loads weights itself; this
+process then holds metadata only: it never reads a trajectory tensor and holds no `Sender` or
+`Receiver`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from agents.base import AgentLoop, Sample
-from agents.registry import AGENTS, build_agent, resolve
-from agents.rewards import get_reward
+from agents.base import Sample
 from asyncrl.config import Config, ConfigError
 from asyncrl.data.datasets import PromptStream
 from asyncrl.data.tasks import Task, build_task
-from asyncrl.rollout.base import RolloutServer, SamplingParams
-from asyncrl.rollout.router import Router
-from asyncrl.types import Trajectory
+from asyncrl.rollout.base import SamplingParams
+from asyncrl.rollout.host_spec import HostSpec, make_agent, tokenizer_codec
 
 
 def resolve_model_path(cfg: Config) -> str:
@@ -45,34 +47,41 @@ class Components:
     tokenizer: Any
     task: Task
     prompts: PromptStream
-    servers: list[RolloutServer]
-    router: Router
     trainer: Any
-    """TrainerEngine (in-process) or TrainerGroup (Ray actors): same verbs."""
-    agent: AgentLoop
-    eval_agent: AgentLoop
+    """`TrainerRank` (in this process) or `TrainerGroup` (Ray actors): same verbs."""
     eval_samples: list[Sample]
-    make_batch: Callable[[list[list[Trajectory]]], tuple[Any, int]]
-    spawn: Callable[[], Awaitable[Any]] | None = None
-    """Ray placement: starts the fleets of server actors (run inside the pipeline's event loop)."""
+    make_plan: Callable[[list[list[Any]]], tuple[Any, int]]
+    """Groups of queue records -> (`BatchPlan`, trained tokens)."""
+    storage: Any
+    """This process's data plane: the queue frees handles through it (and, in one process,
+    the hosts write into it and the trainer reads from it)."""
+    spawn: Callable[[], Awaitable[Any]]
+    """Builds the `FleetManager` of the run's servers (run inside the pipeline's event loop)."""
     fleets: Any = None
-    """The FleetManager of Ray-placed fleets (None for in-process servers)."""
+    """The `FleetManager`: the one owner of the server set and of the version each serves."""
 
     async def start(self) -> None:
-        """Start what needs the event loop: Ray fleets join `servers` and `router` here."""
-        if self.spawn is not None and self.fleets is None:
+        """Start what needs the event loop: the fleets (Ray actors join the router here)."""
+        if self.fleets is None:
             self.fleets = await self.spawn()
-            self.servers.extend(s for f in self.fleets.fleets.values() for s in f.servers)
+
+    @property
+    def router(self) -> Any:
+        return self.fleets.router
+
+    @property
+    def servers(self) -> list[Any]:
+        return self.fleets.servers if self.fleets is not None else []
 
     async def close(self) -> None:
         if self.fleets is not None:
             await self.fleets.close()
-        else:
-            for s in self.servers:
-                await s.close()
         close = getattr(self.trainer, "close", None)
         if close is not None:
             close()
+        sweep = getattr(self.storage, "sweep", None)
+        if sweep is not None:  # arenas of server processes that were killed
+            sweep()
 
 
 def init_ray(cfg: Config) -> None:
@@ -83,7 +92,36 @@ def init_ray(cfg: Config) -> None:
                  log_to_driver=False)
 
 
-def build_trainer(cfg: Config, model_path: str) -> Any:
+def check_gpus(cfg: Config) -> None:
+    """`trainer.device=cuda` / `rollout.gpu_bundles` where no GPU can be had: a config error naming the key."""
+    t, r = cfg.trainer, cfg.rollout
+    if cfg.ray.enabled:
+        import ray
+
+        have = float(ray.cluster_resources().get("GPU", 0))
+        need_t = t.num_ranks * t.gpus_per_rank if t.device == "cuda" else 0.0
+        need_r = sum(c.num_servers * c.tensor_parallel_size * c.gpus_per_worker for c in _fleets(r)) if r.gpu_bundles else 0.0
+        if need_t and need_t > have:
+            raise ConfigError(f"trainer.device: cuda needs {need_t:g} GPUs (trainer.num_ranks {t.num_ranks} x trainer.gpus_per_rank "
+                              f"{t.gpus_per_rank:g}); the Ray cluster has {have:g}")
+        if need_r and need_t + need_r > have:
+            raise ConfigError(f"rollout.gpu_bundles: the fleets need {need_r:g} GPUs besides the trainer's {need_t:g}; "
+                              f"the Ray cluster has {have:g} (fractions: rollout.gpus_per_worker, trainer.gpus_per_rank)")
+    elif t.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("trainer.device: cuda, but this machine has no usable CUDA GPU (torch.cuda.is_available() is "
+                              "False); use trainer.device=cpu or auto")
+
+
+def _fleets(r: Any) -> list[Any]:
+    from asyncrl.rollout.fleet import fleet_configs
+
+    return list(fleet_configs(r).values())
+
+
+def build_trainer(cfg: Config, model_path: str, storage: Any) -> Any:
     if cfg.trainer.threads:
         import torch
 
@@ -92,80 +130,81 @@ def build_trainer(cfg: Config, model_path: str) -> Any:
     if cfg.ray.enabled:
         from asyncrl.trainer.actor import TrainerGroup
 
-        init_ray(cfg)
-        return TrainerGroup(cfg.trainer.num_ranks, model_path, **kw)
-    if cfg.trainer.num_ranks > 1:
-        raise ConfigError("trainer.num_ranks > 1 needs ray.enabled=true (or run the trainer under torchrun)")
-    from asyncrl.trainer.engine import TrainerEngine
+        return TrainerGroup(cfg.trainer.num_ranks, model_path, queue=cfg.queue, weights=cfg.weights, **kw)
+    from asyncrl.trainer.rank import TrainerRank, build_engine
 
-    return TrainerEngine(model_path, **kw)
+    return TrainerRank(build_engine(model_path, **kw), plane=storage, weights=cfg.weights)
 
 
-def make_agent(cfg: Config, task: Task, encode: Callable, decode: Callable, sampling: SamplingParams) -> AgentLoop:
-    """The configured AgentLoop; `encode` is passed to agents that take it (multi-turn ones)."""
-    import inspect
+def host_spec(cfg: Config, reward: str, sampling: SamplingParams, eval_sampling: SamplingParams) -> HostSpec:
+    return HostSpec(agent=dataclasses.asdict(cfg.agent), reward=reward, sampling=dataclasses.asdict(sampling),
+                    eval_sampling=dataclasses.asdict(eval_sampling), queue=dataclasses.asdict(cfg.queue),
+                    partial_rollouts=cfg.rollout.partial_rollouts)
 
-    a = cfg.agent
-    kw: dict[str, Any] = dict(decode=decode, sampling=sampling, reward=a.reward or task.reward, reward_kwargs=dict(a.reward_kwargs),
-                              reward_timeout_s=a.reward_timeout_s, **a.kwargs)
-    try:
-        factory = resolve(a.name, AGENTS, "agent")
-    except (ValueError, ImportError, AttributeError) as e:
-        raise ConfigError(f"agent.name: {e}") from None
-    try:
-        get_reward(a.reward or task.reward, **a.reward_kwargs)
-    except (ValueError, ImportError, AttributeError) as e:
-        raise ConfigError(f"agent.reward: {e}") from None
-    if "encode" in inspect.signature(factory).parameters:
-        kw["encode"] = encode
-    try:
-        return build_agent(a.name, **kw)
-    except TypeError as e:
-        raise ConfigError(f"agent.kwargs: {e}") from None
+
+def local_fleets(cfg: Config, model_path: str, spec: HostSpec, tokenizer: Any, storage: Any) -> Callable[[], Awaitable[Any]]:
+    """The embedded fleet: servers in this process, each behind a `ServerHost` on `storage`."""
+    from asyncrl.rollout.fleet import Fleet, FleetManager, build_fleet
+    from asyncrl.rollout.host import ServerHost
+    from asyncrl.rollout.router import Router
+
+    r = cfg.rollout
+    encode, decode = tokenizer_codec(tokenizer)
+
+    async def spawn() -> Any:
+        servers = build_fleet(r, model_path, dtype=cfg.model.dtype, seed=cfg.seed)
+        hosts = [ServerHost(s, name=f"main-{i}", plane=storage, partial_rollouts=r.partial_rollouts,
+                            agent=make_agent(spec.agent, spec.reward, encode, decode, SamplingParams(**spec.sampling)),
+                            eval_agent=make_agent(spec.agent, spec.reward, encode, decode, SamplingParams(**spec.eval_sampling)))
+                 for i, s in enumerate(servers)]
+        manager = FleetManager(Router(max_failovers=r.max_failovers, partial_rollouts=r.partial_rollouts), restart_dead=False)
+        await manager.add_fleet(Fleet("main", hosts))
+        return manager
+
+    return spawn
 
 
 def build(cfg: Config) -> Components:
     from transformers import AutoTokenizer
+    from transfer_queue import make_storage
 
-    from asyncrl.rollout.fleet import build_fleet
-    from asyncrl.batching import BatchBuilder
+    from asyncrl.batching import PlanBuilder
 
     model_path = resolve_model_path(cfg)
     tok = AutoTokenizer.from_pretrained(model_path)
     if tok.eos_token_id is None:
         raise ConfigError(f"model.path: tokenizer in {model_path} has no EOS token")
-    task = build_task(cfg.data, lambda s: tok(s, add_special_tokens=False)["input_ids"])
-    decode: Callable[[list[int]], str] = lambda ids: tok.decode(ids, skip_special_tokens=True)
-    encode: Callable[[str], list[int]] = lambda s: tok(s, add_special_tokens=False)["input_ids"]
+    encode, decode = tokenizer_codec(tok)
+    task = build_task(cfg.data, encode)
     r = cfg.rollout
     sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_tokens, stop_token_ids=[tok.eos_token_id])
     eval_sampling = SamplingParams(temperature=r.eval_temperature, max_tokens=r.max_tokens, stop_token_ids=[tok.eos_token_id], seed=cfg.seed)
-    spawn = None
+    spec = host_spec(cfg, cfg.agent.reward or task.reward, sampling, eval_sampling)
+    make_agent(spec.agent, spec.reward, encode, decode, sampling)  # a bad agent key fails here, before anything starts
+    storage = make_storage(cfg.queue)
     if cfg.ray.enabled:  # servers are Ray actors in placement groups, started inside the event loop
-        init_ray(cfg)
-        router = Router(max_failovers=r.max_failovers, partial_rollouts=r.partial_rollouts)
-        servers: list[RolloutServer] = []
         from asyncrl.rollout.fleet import FleetManager
 
-        spawn = lambda: FleetManager.spawn(r, model_path, dtype=cfg.model.dtype, seed=cfg.seed, router=router)
+        init_ray(cfg)
+        check_gpus(cfg)
+        spawn: Callable[[], Awaitable[Any]] = lambda: FleetManager.spawn(r, model_path, dtype=cfg.model.dtype, seed=cfg.seed,
+                                                                         spec=dataclasses.asdict(spec))
     else:
-        servers = build_fleet(r, model_path, dtype=cfg.model.dtype, seed=cfg.seed)
-        router = Router(servers, max_failovers=r.max_failovers, partial_rollouts=r.partial_rollouts)
+        check_gpus(cfg)
+        spawn = local_fleets(cfg, model_path, spec, tok, storage)
     eval_samples = [
         Sample(uid=f"eval-{p.index}", group_id=f"eval-{p.index}", index_in_group=0, group_size=1, prompt_ids=p.prompt_ids, answer=p.answer)
         for p in task.eval.prompts
     ]
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     return Components(
         model_path=model_path,
         tokenizer=tok,
         task=task,
         prompts=PromptStream(task.train, seed=cfg.data.seed),
-        servers=servers,
-        router=router,
-        trainer=build_trainer(cfg, model_path),
-        agent=make_agent(cfg, task, encode, decode, sampling),
-        eval_agent=make_agent(cfg, task, encode, decode, eval_sampling),
+        trainer=build_trainer(cfg, model_path, storage),
         eval_samples=eval_samples,
+        make_plan=PlanBuilder(cfg.algorithm, pad_id=pad_id, minibatches=cfg.trainer.minibatches),
+        storage=storage,
         spawn=spawn,
-        make_batch=BatchBuilder(cfg.algorithm, pad_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id),
     )

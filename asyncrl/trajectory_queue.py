@@ -1,13 +1,19 @@
-"""Trajectories through the TransferQueue: the pipeline's producer and consumer verbs.
+"""Trajectories through the TransferQueue: written where they finish, queued and handed out as metadata.
 
-A `Trajectory` is put as one TransferQueue record: scalar fields in `meta`, per-token
-arrays as tensors (written once to the data plane), `version` = its oldest token
-version, grouped by `group_id` so GRPO groups are delivered whole. The trainer takes
-`n` whole groups within the staleness bound (`max_staleness=eta` at its current step),
-oldest first; with in-order consumption none newer than the oldest group still running
-(`max_version=StalenessManager.takeable_version()`, asked again whenever a group ends).
-Groups the queue drops as too stale are reported to the `StalenessManager` so admission
-can replace them.
+Producer side (`trajectory_sample`, in the process where a trajectory is finished: a rollout
+server's host): the per-token arrays of a `Trajectory` are written once into that process's
+data plane, and what remains is a `SampleMeta`: scalar fields in `meta` (reward, versions,
+lengths, ...), one data-plane handle per array, `version` = its oldest token version, grouped
+by `group_id` so GRPO groups are delivered whole. That record (about 1 KiB, whatever the
+length of the response) is all the controller ever receives.
+
+Consumer side (`TrajectoryQueue`, in the controller): `put` adds a finished group's records
+to the metadata store, `get` waits for `n` whole groups within the staleness bound
+(`max_staleness=eta` at the trainer's step), oldest first; with in-order consumption none
+newer than the oldest group still running (`max_version=StalenessManager.takeable_version()`,
+asked again whenever a group ends). It returns metadata and handles only: the trainer's ranks
+read the tensors themselves (`asyncrl.trainer.plan`). Groups the queue drops as too stale are
+reported to the `StalenessManager` so admission can replace them.
 
 Acknowledgement (who owns "trained exactly once"): with a durable queue (`redis`) the
 trainer acks at its checkpoint, so a crash between checkpoints redelivers what was not
@@ -24,46 +30,94 @@ import numpy as np
 
 from asyncrl.staleness import StalenessManager
 from asyncrl.types import Trajectory
-from transfer_queue import AsyncTransferQueueClient, Batch, Record, TransferQueueConfig
+from transfer_queue import AsyncTransferQueueClient, Batch, Record, SampleMeta, StoragePlane, TransferQueueConfig, write_record
+from transfer_queue.storage import inline_bytes
 
 _ARRAYS = {"prompt_ids": np.int32, "response_ids": np.int32, "behavior_logprobs": np.float32, "loss_mask": np.int8, "token_versions": np.int32}
 _SCALARS = ("uid", "group_id", "index_in_group", "group_size", "min_version", "max_version", "reward", "reward_info", "finish_reason", "meta", "timings")
 
 
 def to_record(t: Trajectory) -> Record:
+    meta: dict[str, Any] = {k: getattr(t, k) for k in _SCALARS}
+    meta["num_generated_tokens"] = t.num_generated_tokens
     return Record(
         uid=t.uid,
         group_id=t.group_id,
         group_size=t.group_size,
         version=t.min_version,
-        meta={k: getattr(t, k) for k in _SCALARS},
+        meta=meta,
         tensors={k: np.asarray(getattr(t, k), dtype=dt) for k, dt in _ARRAYS.items()},
     )
 
 
+def trajectory_sample(plane: StoragePlane, t: Trajectory) -> SampleMeta:
+    """Write `t`'s arrays to `plane` (once) and return its queue record: metadata and handles."""
+    return write_record(plane, to_record(t.validate()))
+
+
 def from_record(meta: dict[str, Any], tensors: dict[str, Any]) -> Trajectory:
-    fields = dict(meta)
+    """The `Trajectory` back from a record's metadata and its tensors (tests, tools)."""
+    fields = {k: v for k, v in meta.items() if k in _SCALARS}
     for k in _ARRAYS:
         fields[k] = np.asarray(tensors[k]).tolist()
     return Trajectory(**fields).validate()
 
 
+# ---- what the controller reads of a record ----------------------------------------------
+def reward(s: SampleMeta) -> float:
+    return float(s.meta["reward"])
+
+
+def response_length(s: SampleMeta) -> int:
+    return int(s.handles["response_ids"]["shape"][0])
+
+
+def generated_tokens(s: SampleMeta) -> int:
+    return int(s.meta["num_generated_tokens"])
+
+
+def reward_failed(s: SampleMeta) -> bool:
+    return "failed" in s.meta["reward_info"]
+
+
 class TrajectoryQueue:
-    def __init__(self, cfg: TransferQueueConfig, staleness: StalenessManager, *, consumer: str = "trainer") -> None:
-        self.client = AsyncTransferQueueClient(cfg)
+    def __init__(self, cfg: TransferQueueConfig, staleness: StalenessManager, *, consumer: str = "trainer",
+                 storage: StoragePlane | None = None) -> None:
+        """`storage`: the plane this process frees handles through (and, in one process, where
+        producers write and the trainer reads); built from `cfg` when None."""
+        self.client = AsyncTransferQueueClient(cfg, storage=storage)
         self.staleness = staleness
         self.consumer = consumer
         self.ack_at_checkpoint = cfg.metadata == "redis"
         self.pending: list[Batch] = []
         """Trained batches not yet acked (durable queue: until the next checkpoint)."""
         self._stale_seen = 0
+        self.metadata_bytes = 0
+        """Bytes of the records this queue was handed (their msgpack size): the controller's share of a trajectory."""
+        self.inline_tensor_bytes = 0
+        """Tensor bytes that rode inside those records' handles (`queue.inline_max_bytes`)."""
+        self.records = 0
 
-    async def put(self, group: list[Trajectory]) -> None:
-        await self.client.put([to_record(t) for t in group])
+    @property
+    def storage(self) -> StoragePlane:
+        return self.client.sync.storage
 
-    async def get(self, n: int, group_size: int, step: int, poll_s: float = 0.5) -> tuple[Batch, list[list[Trajectory]]]:
+    def received(self, samples: list[SampleMeta], wire_bytes: int) -> None:
+        """Account for records that reached this process (`wire_bytes`: their encoded size)."""
+        self.records += len(samples)
+        self.metadata_bytes += wire_bytes
+        self.inline_tensor_bytes += sum(inline_bytes(s.handles) for s in samples)
+
+    async def put(self, group: list[SampleMeta]) -> None:
+        await self.client.add(group)
+
+    async def discard(self, group: list[SampleMeta]) -> None:
+        """Free the tensors of a finished group that will not be queued (every reward failed)."""
+        await self.client.discard(group)
+
+    async def get(self, n: int, group_size: int, step: int, poll_s: float = 0.5) -> tuple[Batch, list[list[SampleMeta]]]:
         """Wait for `n` whole groups with staleness <= eta at trainer step `step`, none newer
-        than the oldest group still running when consumption is in order."""
+        than the oldest group still running when consumption is in order; metadata only."""
         while True:
             seen = self.staleness.changes
             newest = self.staleness.takeable_version()
@@ -82,11 +136,10 @@ class TrajectoryQueue:
                 break
             if newest is not None:
                 await self.staleness.wait_changed(seen, poll_s)
-        tensors = await self.client.fetch(batch, as_torch=False)
-        by_group: dict[str, list[Trajectory]] = {}
-        for s, ts in zip(batch.samples, tensors):
-            by_group.setdefault(s.group_id, []).append(from_record(s.meta, ts))
-        groups = [sorted(g, key=lambda t: t.index_in_group) for g in by_group.values()]
+        by_group: dict[str, list[SampleMeta]] = {}
+        for s in batch.samples:
+            by_group.setdefault(s.group_id, []).append(s)
+        groups = [sorted(g, key=lambda s: s.meta["index_in_group"]) for g in by_group.values()]
         return batch, groups
 
     async def _sync_drops(self, group_size: int) -> None:

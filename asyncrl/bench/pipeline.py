@@ -53,7 +53,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from asyncrl.bench.cost_model import CostModelServer, CostModelTrainer, LongTail
+from asyncrl.rollout.cost_model import CostModelServer, LongTail
 
 MODES = ("sync", "one_step_off", "fully_async")
 TARGET_RATIO, TARGET_SPEEDUP = 0.95, 2.8
@@ -98,13 +98,22 @@ QUICK = dict(servers=2, max_concurrency=8, token_cost_s=0.0005, lengths=LongTail
 
 
 def build_parts(load: Load, seed: int) -> Any:
-    """Components of a run on the cost model (what `launch.build` makes for a real run)."""
+    """Components of a run on the cost model (what `launch.build` makes for a real run): cost-model
+    servers behind their hosts, a `TimedEngine` trainer rank, one `local` data plane and a `local`
+    weight plane, all in this process."""
     from agents.base import Sample
     from agents.single_turn import SingleTurnAgent
+    from checkpoint_engine import WeightSyncConfig
+    from transfer_queue.storage.local import LocalStorage
+
     from asyncrl.data.datasets import Prompt, PromptSet, PromptStream
     from asyncrl.launch import Components
     from asyncrl.rollout.base import SamplingParams
+    from asyncrl.rollout.fleet import Fleet, FleetManager
+    from asyncrl.rollout.host import ServerHost
     from asyncrl.rollout.router import Router
+    from asyncrl.trainer.cost_model import TimedEngine
+    from asyncrl.trainer.rank import TrainerRank
 
     rng = random.Random(seed)
 
@@ -112,38 +121,53 @@ def build_parts(load: Load, seed: int) -> Any:
         return rng.random()  # rewards do not matter here; random ones keep advantages non-degenerate
 
     prompts = PromptSet([Prompt(index=i, text=str(i), prompt_ids=[1 + i % 97, 2, 3], answer="") for i in range(256)])
-    servers = [CostModelServer(token_cost_s=load.token_cost_s, max_concurrency=load.max_concurrency, lengths=load.lengths, seed=seed + i)
-               for i in range(load.servers)]
     decode = lambda ids: ""
+    plane = LocalStorage(inline_max_bytes=0)
+    agent = SingleTurnAgent(decode=decode, reward_fn=reward, sampling=SamplingParams(max_tokens=load.lengths.max))
+    eval_agent = SingleTurnAgent(decode=decode, reward_fn=reward, sampling=SamplingParams(max_tokens=1))
+
+    async def spawn() -> FleetManager:
+        servers = [CostModelServer(token_cost_s=load.token_cost_s, max_concurrency=load.max_concurrency, lengths=load.lengths, seed=seed + i)
+                   for i in range(load.servers)]
+        hosts = [ServerHost(s, name=f"main-{i}", agent=agent, eval_agent=eval_agent, plane=plane) for i, s in enumerate(servers)]
+        manager = FleetManager(Router(), restart_dead=False)
+        await manager.add_fleet(Fleet("main", hosts))
+        return manager
+
     return Components(
         model_path="",
         tokenizer=None,
         task=None,  # type: ignore[arg-type]  # the pipeline never reads the task
         prompts=PromptStream(prompts, seed=seed),
-        servers=servers,
-        router=Router(servers),
-        trainer=CostModelTrainer(1.0 / load.trainer_capacity),
-        agent=SingleTurnAgent(decode=decode, reward_fn=reward, sampling=SamplingParams(max_tokens=load.lengths.max)),
-        eval_agent=SingleTurnAgent(decode=decode, reward_fn=reward, sampling=SamplingParams(max_tokens=1)),
+        trainer=TrainerRank(TimedEngine(1.0 / load.trainer_capacity), plane=plane,
+                            weights=WeightSyncConfig(backend="local", bucket_size_mb=1)),
         eval_samples=[Sample(uid="eval-0", group_id="eval-0", index_in_group=0, group_size=1, prompt_ids=[1, 2, 3], answer="")],
-        make_batch=TokenBatch(long_above=load.lengths.short_tokens * (1 + load.lengths.jitter)),
+        make_plan=TokenBatch(long_above=load.lengths.short_tokens * (1 + load.lengths.jitter)),
+        storage=plane,
+        spawn=spawn,
     )
 
 
 class TokenBatch:
-    """`make_batch` for the cost-model trainer, whose batch is its token count; counts the trained
+    """`make_plan` of the cost-model run: the plan of the real pipeline, and a count of the trained
     samples that were long (to compare with `LongTail.long_fraction`: stale drops bias it)."""
 
     def __init__(self, long_above: float) -> None:
+        from asyncrl.batching import PlanBuilder
+        from asyncrl.config import AlgorithmConfig
+
+        self.plans = PlanBuilder(AlgorithmConfig(), pad_id=0)
         self.long_above = long_above
         self.samples = 0
         self.long = 0
 
-    def __call__(self, groups: list[list[Any]]) -> tuple[int, int]:
-        lens = [t.num_generated_tokens for g in groups for t in g]
+    def __call__(self, groups: list[list[Any]]) -> tuple[Any, int]:
+        from asyncrl.trajectory_queue import generated_tokens
+
+        lens = [generated_tokens(s) for g in groups for s in g]
         self.samples += len(lens)
         self.long += sum(n > self.long_above for n in lens)
-        return sum(lens), sum(lens)
+        return self.plans(groups)
 
 
 def run_mode(mode: str, load: Load, seed: int = 0) -> dict[str, Any]:
@@ -165,31 +189,32 @@ def run_mode(mode: str, load: Load, seed: int = 0) -> dict[str, Any]:
         run_dir = Path(tmp)
         metrics = MetricsLogger(LoggingConfig(mlflow=False, progress=False), run_dir, {})
 
-        async def go() -> tuple[dict[str, Any], Any]:
+        async def go() -> tuple[dict[str, Any], Any, list[Any]]:
             parts = build_parts(load, seed)
             try:
-                return await Pipeline(cfg, parts, run_dir, metrics).run(), parts
+                summary = await Pipeline(cfg, parts, run_dir, metrics).run()
+                return summary, parts, [h.server for h in parts.servers]
             finally:
                 await parts.close()
 
         try:
-            summary, parts = asyncio.run(go())
+            summary, parts, servers = asyncio.run(go())
         finally:
             metrics.close()
         logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     publish_s = [m["weights/publish_s"] for m in logged if m["step"] > 0 and "weights/publish_s" in m]
-    return measure(mode, load, summary, parts, sum(publish_s) / max(len(publish_s), 1))
+    return measure(mode, load, summary, parts, servers, sum(publish_s) / max(len(publish_s), 1))
 
 
-def measure(mode: str, load: Load, summary: dict[str, Any], parts: Any, publish_s: float) -> dict[str, Any]:
-    steps = parts.trainer.steps
+def measure(mode: str, load: Load, summary: dict[str, Any], parts: Any, servers: list[Any], publish_s: float) -> dict[str, Any]:
+    steps = parts.trainer.engine.steps
     w = load.warmup[mode]
     t0, t1 = steps[w - 1][1] if w else steps[0][0], steps[-1][1]
     window = steps[w:]
     span = t1 - t0
     tokens = sum(s[2] for s in window)
     busy = sum(s[1] - s[0] for s in window)
-    generated = sum(k for srv in parts.servers for t, k in srv.completions if t0 < t <= t1)
+    generated = sum(k for srv in servers for t, k in srv.completions if t0 < t <= t1)
     hist = {int(k): v for k, v in summary["staleness_hist"].items()}
     n = sum(hist.values())
     tps = tokens / span
@@ -206,8 +231,8 @@ def measure(mode: str, load: Load, summary: dict[str, Any], parts: Any, publish_
         "staleness_max": max(hist),
         "staleness_mean": round(sum(k * v for k, v in hist.items()) / n, 3),
         "publish_s": round(publish_s, 3),
-        "loop_lag_ms": round(1e3 * sum(s.late_s for s in parts.servers) / max(sum(len(s.completions) for s in parts.servers), 1), 2),
-        "trained_long_fraction": round(parts.make_batch.long / parts.make_batch.samples, 4),
+        "loop_lag_ms": round(1e3 * sum(s.late_s for s in servers) / max(sum(len(s.completions) for s in servers), 1), 2),
+        "trained_long_fraction": round(parts.make_plan.long / parts.make_plan.samples, 4),
         "drops": sum(summary["drops"].values()),
         "dropped_fraction": round(sum(summary["drops"].values()) / (sum(summary["drops"].values()) + len(steps) * load.groups), 3),
         "drops_by_cause": summary["drops"],

@@ -37,7 +37,7 @@ def hist(counts: dict[Any, int]) -> dict[str, int]:
 async def fleet_stats(parts: Any) -> dict[str, dict[str, Any]]:
     """Per fleet, per server: version, in-flight requests, tokens/s, health.
 
-    Uses the run's `FleetManager` when it has one (`parts.fleets`); otherwise all of
+    Uses the run's `FleetManager` (`parts.fleets`) when it has `stats`; otherwise all of
     `parts.servers` form one fleet `default`.
     """
     manager = getattr(parts, "fleets", None)
@@ -90,7 +90,7 @@ class SnapshotBuilder:
             raise ValueError(f"state must be one of {STATES}, got {state!r}")
         p = self.pipeline
         stats = await p.queue.client.stats()
-        fleets = await fleet_stats(p.parts)
+        servers = await fleet_stats(p.parts)
         now = time.time()
         wall = max(now - p.t_start, 1e-9)  # this segment of the run (idle ratios, generated tokens)
         span = max(now - self.started_at, 1e-9)  # since reporting started (trained rates)
@@ -99,7 +99,8 @@ class SnapshotBuilder:
         self._progress("trainer", step, now)
         self._progress("rollout", p.rollouter.generated_tokens, now)
         self._progress("queue", (stats.put, sum(stats.acked.values())), now)
-        self._beats["weights"] = p.weights.last_time or None
+        fleets = p.parts.fleets
+        self._beats["weights"] = fleets.last_publish_time or None
         self._last_trained()
         depth = stats.depth.get(consumer, {})
         cfg = p.cfg
@@ -120,8 +121,8 @@ class SnapshotBuilder:
             },
             "weights": {
                 "version": p.staleness.version, "publish_every": p.publish_every,
-                "last_publish_time": p.weights.last_time or None, "last_publish_s": round(p.weights.last_seconds, 4),
-                "evicted": dict(p.weights.evicted),
+                "last_publish_time": fleets.last_publish_time or None, "last_publish_s": round(fleets.last_publish_s, 4),
+                "evicted": dict(fleets.evicted),
             },
             "rollout": {
                 "running_groups": p.staleness.running, "accepted_groups": p.staleness.accepted,
@@ -144,7 +145,7 @@ class SnapshotBuilder:
                 "last_batch": self._last_batch,
             },
             "drops": {k: int(v) for k, v in sorted(p.staleness.dropped.items())},
-            "fleets": fleets,
+            "fleets": servers,
             "rates": {
                 "produced_per_s": round(float(stats.rates.get("put_per_s", 0.0)), 4),
                 "consumed_per_s": round((p.trained_samples - self._base[0]) / span, 4),

@@ -3,9 +3,11 @@
 Job: `build_server` is the one place that knows the backends. A `Fleet` is N servers of one
 backend and one sampling setup, either local (`build_fleet`: in this process, the embedded
 default) or Ray actors in one placement group (`Fleet.spawn`). The `FleetManager` owns every
-fleet of a run and the rejoin rule: it adds and drains fleets while requests run, pushes weight
-updates (remembering the current version), and restarts a server the router found dead, giving
-it the current weights before it takes a request again.
+fleet of a run, the version each server serves and the rejoin rule: it adds and drains fleets
+while requests run, has the trainer publish each version to exactly the servers that take
+requests (weights travel trainer -> server on the weight plane, never through this process),
+and restarts a server the router found dead, giving it the current weights before it takes a
+request again.
 Boundary: routing lives in router.py, the Ray shell in server_actor.py (imported only when a
 fleet of actors is spawned, so this module stays importable without Ray).
 """
@@ -14,13 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Any, Awaitable, Callable, Iterable
+import time
+from typing import Any, Awaitable, Callable, Protocol
 
 from asyncrl.config import RolloutConfig
 from asyncrl.rollout.base import PauseMode, RolloutServer
 from asyncrl.rollout.router import DEFAULT_FLEET, Router, ServerDied
-
-SyncFn = Callable[[RolloutServer], Awaitable[None]]
 
 
 def build_server(cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int, index: int = 0) -> RolloutServer:
@@ -47,6 +48,13 @@ def build_server(cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int, 
             cpu_kv_cache_gb=cfg.cpu_kv_cache_gb,
             tensor_parallel_size=cfg.tensor_parallel_size,
         )
+    if cfg.backend == "cost_model":
+        from asyncrl.rollout.cost_model import CostModelServer, LongTail
+
+        c = cfg.cost_model
+        return CostModelServer(token_cost_s=c.token_cost_s, max_concurrency=c.max_concurrency, seed=seed + index,
+                               lengths=LongTail(c.short_tokens, c.long_fraction, c.long_factor, c.jitter),
+                               update_cost_s=c.update_cost_s)
     raise ValueError(f"rollout.backend: unknown backend {cfg.backend!r}")
 
 
@@ -77,15 +85,16 @@ class Fleet:
 
     @classmethod
     async def spawn(cls, name: str, cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int,
-                    placement_timeout_s: float = 300.0) -> "Fleet":
-        """`cfg.num_servers` Ray actors in one placement group (one bundle each), models loaded."""
+                    spec: dict[str, Any] | None = None, placement_timeout_s: float = 300.0) -> "Fleet":
+        """`cfg.num_servers` Ray actors in one placement group (one bundle each), models loaded;
+        with `spec` (a `HostSpec` dict) each runs whole samples and joins the weight plane."""
         from asyncrl.rollout import server_actor as sa
 
         pg = sa.make_placement(cfg, cfg.num_servers)
         await sa.wait_placed(pg, placement_timeout_s)
 
         async def respawn(i: int) -> RolloutServer:
-            server = sa.spawn_server(cfg, model_path, dtype=dtype, seed=seed, index=i, placement=pg, name=f"{name}-{i}")
+            server = sa.spawn_server(cfg, model_path, dtype=dtype, seed=seed, index=i, placement=pg, name=f"{name}-{i}", spec=spec)
             return await server.ready()
 
         servers = await asyncio.gather(*(respawn(i) for i in range(cfg.num_servers)))
@@ -106,52 +115,139 @@ class Fleet:
             self._release()
 
 
+class WeightSource(Protocol):
+    """Where servers get weights: the trainer's weight plane (`TrainerHandle`), or a test double."""
+
+    endpoint: str
+
+    async def publish(self, version: int, receivers: list[str]) -> dict[str, Any]: ...
+
+    async def sync(self, receivers: list[str]) -> dict[str, Any]: ...
+
+
+def server_name(server: RolloutServer) -> str:
+    return str(getattr(server, "name", id(server)))
+
+
 class FleetManager:
-    """Owner of the rejoin rule: a server takes requests only at the current version.
+    """The one owner of the server set and of the version each serves: a server takes requests
+    only at the current version, and a publish goes to exactly the servers that take requests.
 
-    Trace: fleets main (s0, s1) at v0; update_weights(v1) -> both at v1; s1's actor dies
-    mid-request -> router takes s1 out, on_dead -> restart: fresh s1' at v0 -> sync(s1')
-    (the last named weights, or the `sync` callback, e.g. the weight plane) -> v1 == current
-    -> router.add(s1') -> s1' takes requests. add_fleet(f) syncs f the same way first;
-    remove_fleet(f) drains f's servers (their requests finish) before closing them.
+    Trace: fleets main (s0, s1) join the weight plane; publish(v0) -> the trainer sends v0 to
+    {s0, s1}, both load it, manager.version = 0; s1's actor dies mid-sample -> router takes s1
+    out, on_dead -> restart: fresh s1' joins the weight plane -> sync(s1') (the trainer re-sends
+    the current version to it alone) -> s1' holds v0 -> router.add(s1'). publish(v1) reaches
+    only the routed servers; one that did not load it (evicted: too slow, refused) is taken out
+    of routing, re-synced, and routed again (restarted if the sync fails too). add_fleet(f)
+    joins and syncs f first; remove_fleet(f) drains f's servers before closing them.
 
-        manager = FleetManager(Router(), sync=None)
-        await manager.add_fleet(await Fleet.spawn("main", cfg, path, dtype="float32", seed=0))
-        out = await manager.router.generate(prompt_ids, sampling)
+        manager = FleetManager(Router())
+        await manager.add_fleet(await Fleet.spawn("main", cfg, path, dtype="float32", seed=0, spec=spec))
+        await manager.attach_weights(trainer, cfg.weights, pause_mode="keep")
+        await manager.publish(0)
+        out = await manager.router.call(lambda s: s.run_sample(sample))
     """
 
-    def __init__(self, router: Router | None = None, *, sync: SyncFn | None = None, version: int = 0,
-                 restart_dead: bool = True) -> None:
+    def __init__(self, router: Router | None = None, *, restart_dead: bool = True) -> None:
         self.router = router if router is not None else Router()
         self.router.on_dead = self._on_dead
         self.fleets: dict[str, Fleet] = {}
-        self.version = version
-        """The version every server that takes requests holds."""
-        self._sync = sync
-        self._last_named: list[tuple[str, Any]] | None = None
+        self.version = -1
+        """The version every server that takes requests holds (-1: nothing published yet)."""
         self.restart_dead = restart_dead
         self.restarts = 0
+        self.resyncs = 0
+        self._weights: WeightSource | None = None
+        self._weights_cfg: Any = None
+        self._pause_mode: PauseMode = "keep"
         self._tasks: set[asyncio.Task] = set()
         self._error: BaseException | None = None
+        self.last_publish_time = 0.0
+        self.last_publish_s = 0.0
+        self.evicted: dict[str, str] = {}
+        """Servers left out of a publish, and why (cumulative)."""
 
     @classmethod
     async def spawn(cls, cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int,
-                    sync: SyncFn | None = None, router: Router | None = None) -> "FleetManager":
+                    spec: dict[str, Any] | None = None, router: Router | None = None) -> "FleetManager":
         """Every fleet of `cfg` (`main` + `rollout.fleets`) as Ray actors, behind one router (built
         from the rollout keys unless given). Fleet k's servers draw seeds from `seed + 1000 * k + index`."""
         if router is None:
             router = Router(max_failovers=cfg.max_failovers, partial_rollouts=cfg.partial_rollouts)
-        manager = cls(router, sync=sync, restart_dead=cfg.restart_dead_servers)
+        manager = cls(router, restart_dead=cfg.restart_dead_servers)
         named = list(fleet_configs(cfg).items())
-        fleets = await asyncio.gather(*(Fleet.spawn(name, c, model_path, dtype=dtype, seed=seed + 1000 * k)
+        fleets = await asyncio.gather(*(Fleet.spawn(name, c, model_path, dtype=dtype, seed=seed + 1000 * k, spec=spec)
                                         for k, (name, c) in enumerate(named)))
         for fleet in fleets:
             await manager.add_fleet(fleet)
         return manager
 
+    @property
+    def servers(self) -> list[RolloutServer]:
+        """Every server of every fleet (routed or not)."""
+        return [s for f in self.fleets.values() for s in f.servers]
+
     def _check(self) -> None:
         if self._error is not None:
-            raise RuntimeError(f"fleet manager: a server restart failed: {self._error!r}") from self._error
+            raise RuntimeError(f"fleet manager: a server could not be brought back: {self._error!r}") from self._error
+
+    # ---- weights ------------------------------------------------------------------------
+    async def attach_weights(self, source: WeightSource, cfg: Any, pause_mode: PauseMode = "keep") -> None:
+        """Every server (now and later) joins `source`'s weight plane and loads what it publishes."""
+        self._weights, self._weights_cfg, self._pause_mode = source, cfg, pause_mode
+        await asyncio.gather(*(self._join(s) for s in self.servers))
+
+    async def _join(self, server: RolloutServer) -> None:
+        if self._weights is not None and hasattr(server, "join_weights"):
+            await server.join_weights(self._weights_cfg, self._weights.endpoint, self._pause_mode)
+
+    async def publish(self, version: int) -> dict[str, float]:
+        """Publish `version` to every routed server; returns when each loaded it or was taken out
+        of routing (then re-synced in the background). Metrics `weights/*`."""
+        self._check()
+        if self._weights is None:
+            raise RuntimeError("publish: no weight source attached (attach_weights)")
+        t0 = time.time()
+        live = self.router.servers
+        out = await self._weights.publish(version, [server_name(s) for s in live])
+        self.version = version
+        done = set(out["completed"])
+        for s in live:
+            if server_name(s) in done:
+                _loaded(s, version)
+            elif s in self.router.servers:  # not taken out meanwhile (a death is the router's)
+                self.evicted[server_name(s)] = out["evicted"].get(server_name(s), "not loaded")
+                self.router.remove(s)
+                self._background(self._recover(s))
+        self.last_publish_time, self.last_publish_s = time.time(), time.time() - t0
+        return {"weights/publish_s": self.last_publish_s, "weights/gbps": float(out.get("gbps", 0.0)),
+                "weights/evicted": float(len(live) - len(done)), "weights/bytes": float(out.get("bytes", 0))}
+
+    async def _bring_current(self, server: RolloutServer) -> None:
+        """Join the weight plane and get the current version (nothing to get before the first publish)."""
+        await self._join(server)
+        if self.version < 0 or self._weights is None:
+            return
+        out = await self._weights.sync([server_name(server)])
+        if server_name(server) not in out["completed"]:
+            raise RuntimeError(f"rejoin: {server_name(server)} did not load version {self.version}: "
+                               f"{out['evicted'].get(server_name(server), 'no reason given')}")
+        _loaded(server, self.version)
+
+    async def _recover(self, server: RolloutServer) -> None:
+        """A live server missed a publish: re-sync it and route it again; restart it if that fails."""
+        try:
+            await self._bring_current(server)
+        except (RuntimeError, ServerDied):
+            await self.restart(server)
+            return
+        self.resyncs += 1
+        if any(server in f.servers for f in self.fleets.values()):
+            self.router.add(server, self._fleet_of(server).name)
+
+    # ---- membership -----------------------------------------------------------------------
+    def _fleet_of(self, server: RolloutServer) -> Fleet:
+        return next(f for f in self.fleets.values() if server in f.servers)
 
     async def add_fleet(self, fleet: Fleet) -> None:
         """Sync `fleet`'s servers to the current version, then route requests to them."""
@@ -170,55 +266,26 @@ class FleetManager:
         await fleet.close()
         return fleet
 
-    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int,
-                             pause_mode: PauseMode = "abort") -> None:
-        """pause(mode) -> load -> resume on every routed server (small models: the pairs travel to
-        each server); they are kept to sync servers that (re)join later."""
-        named = list(named_tensors)
-
-        async def one(s: RolloutServer) -> None:
-            try:
-                await s.pause(pause_mode)
-                try:
-                    await s.update_weights(named, version)
-                finally:
-                    await s.resume()
-            except ServerDied as exc:  # translated: a death is the router's failover (restart syncs it)
-                self.router.take_out(s, exc)
-
-        self._last_named, self.version = named, version  # first: a server rejoining meanwhile syncs to it
-        await asyncio.gather(*(one(s) for s in self.router.servers))
-
-    def set_version(self, version: int) -> None:
-        """Record that the routed servers now hold `version` (pushed by the weight plane)."""
-        self.version = version
-
-    async def _bring_current(self, server: RolloutServer) -> None:
-        if server.version >= self.version:
-            return
-        if self._sync is not None:
-            await self._sync(server)
-        elif self._last_named is not None:
-            await server.update_weights(self._last_named, self.version)
-        if server.version != self.version:
-            raise RuntimeError(f"rejoin: server holds version {server.version} after sync, the fleet serves {self.version}")
-
     def _on_dead(self, server: RolloutServer, cause: ServerDied) -> None:
-        if not self.restart_dead:
-            return
-        task = asyncio.get_running_loop().create_task(self.restart(server))
-        self._tasks.add(task)
-        task.add_done_callback(self._restart_done)
+        if self.restart_dead:
+            self._background(self.restart(server))
 
-    def _restart_done(self, task: asyncio.Task) -> None:
+    def _background(self, work: Awaitable[Any]) -> None:
+        task = asyncio.get_running_loop().create_task(work)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None and self._error is None:
             self._error = task.exception()
 
     async def restart(self, server: RolloutServer) -> RolloutServer:
         """Start a replacement for a dead server, sync it to the current version, route to it."""
-        fleet = next(f for f in self.fleets.values() if server in f.servers)
+        fleet = self._fleet_of(server)
+        self.router.remove(server)
         fresh = await fleet.restart(server)
+        await server.close()  # what is left of the old one (a dead actor: nothing)
         await self._bring_current(fresh)
         if fleet.name in self.fleets:  # the fleet may have been removed meanwhile
             self.router.add(fresh, fleet.name)
@@ -226,7 +293,7 @@ class FleetManager:
         return fresh
 
     async def wait_restarts(self) -> None:
-        """Wait for restarts in progress (raises the first that failed)."""
+        """Wait for restarts and re-syncs in progress (raises the first that failed)."""
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
         self._check()
@@ -246,11 +313,19 @@ class FleetManager:
                 "servers": rows, "healthy": sum(r["healthy"] for r in rows),
                 "in_flight": sum(r["in_flight"] for r in rows), "tokens_per_s": sum(r["tokens_per_s"] for r in rows),
             }
-        return {"version": self.version, "fleets": fleets, "restarts": self.restarts,
+        return {"version": self.version, "fleets": fleets, "restarts": self.restarts, "resyncs": self.resyncs,
                 "failovers": self.router.failovers, "resubmits": self.router.resubmits}
 
     async def close(self) -> None:
         for t in list(self._tasks):
             t.cancel()
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
         await asyncio.gather(*(f.close() for f in self.fleets.values()))
         self.fleets.clear()
+
+
+def _loaded(server: RolloutServer, version: int) -> None:
+    """Record on a proxy that its server now holds `version` (a local server knows it itself)."""
+    hook = getattr(server, "loaded", None)
+    if hook is not None:
+        hook(version)

@@ -1,42 +1,48 @@
-"""Rollouter: starts groups of AgentLoops under the admission rule and queues finished groups.
+"""Rollouter: starts groups of samples under the admission rule and queues finished groups.
 
 Before starting each group it waits for a free fleet slot (`max_running_samples`: fewer
 samples generating than the fleet runs at once, so a group's samples start together
 instead of queueing in the servers) and then on `StalenessManager.acquire()` (that is
 where the mode lives), which also records the version each running group started at (what
-in-order consumption waits on). It runs the group's `group_size` agent loops concurrently
-against the router, and hands the finished group to `sink(group)`. A group whose every reward failed is
-dropped and counted (`dropped["reward_failed"]`), so a broken reward function shows up
-in the metrics instead of silently training on zeros. An exception inside an agent loop
-stops the run loudly (errors propagate through `run`).
+in-order consumption waits on). It runs the group's `group_size` samples concurrently
+through `run_sample` (the router sends each to a server's host, which runs the AgentLoop
+and writes the trajectory into its data plane) and gets back one queue record per sample:
+metadata and handles, never the tensors. The finished group goes to `sink(group)`. A group
+whose every reward failed is dropped and counted (`dropped["reward_failed"]`, its tensors
+freed through `discard`), so a broken reward function shows up in the metrics instead of
+silently training on zeros. An exception inside a sample stops the run loudly (errors
+propagate through `run`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable, Iterator
 
-from agents.base import AgentLoop, LLMClient, Sample
+from agents.base import Sample
 from asyncrl.data.datasets import Prompt
 from asyncrl.staleness import StalenessManager
-from asyncrl.types import Trajectory
+from asyncrl.trajectory_queue import generated_tokens, reward_failed
+
+Group = list[Any]
+"""The queue records (`SampleMeta`) of one group's samples, in index order."""
 
 
 class Rollouter:
     def __init__(
         self,
         *,
-        agent: AgentLoop,
-        llm: LLMClient,
+        run_sample: Callable[[Sample], Awaitable[Any]],
         prompts: Iterator[Prompt],
         staleness: StalenessManager,
-        sink: Callable[[list[Trajectory]], Awaitable[None]],
+        sink: Callable[[Group], Awaitable[None]],
+        discard: Callable[[Group], Awaitable[None]],
         group_size: int,
         max_running_samples: int = 0,
     ) -> None:
-        self.agent, self.llm, self.prompts = agent, llm, prompts
-        self.staleness, self.sink, self.group_size = staleness, sink, group_size
+        self.run_sample, self.prompts = run_sample, prompts
+        self.staleness, self.sink, self.discard, self.group_size = staleness, sink, discard, group_size
         self.max_running_samples = max_running_samples
         self.running_samples = 0
         self._slot_freed = asyncio.Condition()
@@ -77,9 +83,9 @@ class Rollouter:
             async with self._slot_freed:
                 await self._slot_freed.wait_for(lambda: self.running_samples < self.max_running_samples)
 
-    async def _run_sample(self, s: Sample) -> Trajectory:
+    async def _run_sample(self, s: Sample) -> Any:
         try:
-            return await self.agent.run(s, self.llm)
+            return await self.run_sample(s)
         finally:
             self.running_samples -= 1
             async with self._slot_freed:
@@ -106,10 +112,11 @@ class Rollouter:
             for i in range(self.group_size)
         ]
         group = list(await asyncio.gather(*(self._run_sample(s) for s in samples)))
-        self.generated_tokens += sum(t.num_generated_tokens for t in group)
-        failed = sum("failed" in t.reward_info for t in group)
+        self.generated_tokens += sum(generated_tokens(m) for m in group)
+        failed = sum(reward_failed(m) for m in group)
         self.reward_failures += failed
         if failed == len(group):
+            await self.discard(group)
             await self.staleness.finish(accepted=False, cause="reward_failed", version=version)
             return
         await self.sink(group)  # queued before it stops counting as running: in-order consumption waits on it

@@ -1,7 +1,7 @@
 """Router: picks a rollout server per request and is the `LLMClient` the agents call.
 
-Job: one `generate` call in, exactly one `GenerateOutput` out, whatever happens to the servers
-meanwhile: a weight update that aborts the request (partial rollout, `partial.py`), a server
+Job: one `generate` call in, exactly one `GenerateOutput` out (or one `call`: any verb of one
+server, such as a whole sample its host runs), whatever happens to the servers meanwhile: a weight update that aborts the request (partial rollout, `partial.py`), a server
 that dies (failover, `Failover`), a fleet added or drained. Servers are local `RolloutServer`s
 or proxies of Ray actors (`server_actor.ActorServer`): the router sees only the interface, and
 learns that a server died from the `ServerDied` error a proxy raises.
@@ -16,12 +16,13 @@ import asyncio
 import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Awaitable, Callable, Iterable, TypeVar
 
 from asyncrl.rollout.base import GenerateOutput, RolloutServer, SamplingParams
 from asyncrl.rollout.partial import PartialRollout
 
 DEFAULT_FLEET = "main"
+T = TypeVar("T")
 
 
 class ServerDied(ConnectionError):
@@ -128,6 +129,12 @@ class Router:
         await slot.idle.wait()
         self._remove(slot)
 
+    def remove(self, server: RolloutServer) -> None:
+        """Stop routing to `server` at once (its calls in flight finish); no `on_dead`."""
+        slot = next((s for s in self._slots if s.server is server), None)
+        if slot is not None:
+            self._remove(slot)
+
     def take_out(self, server: RolloutServer, cause: ServerDied) -> None:
         """Forget a dead server at once (its callers fail over) and tell `on_dead`, once."""
         slot = next((s for s in self._slots if s.server is server), None)
@@ -196,11 +203,30 @@ class Router:
             if slot.state != "active":  # drained or taken out meanwhile: move on
                 slot = self.pick(session_id, fleet)
 
+    async def call(self, verb: Callable[[RolloutServer], Awaitable[T]], session_id: str | None = None,
+                   fleet: str | None = None) -> T:
+        """`verb(server)` on the server the policy picks (e.g. a whole sample that the server's
+        host runs); a `ServerDied` moves it to another server, as `generate` does. The work of
+        the dead server is redone from the start."""
+        failover = Failover(self.max_failovers)
+        slot = self.pick(session_id, fleet)
+        while True:
+            try:
+                return await self._run(slot, verb(slot.server))
+            except ServerDied as exc:
+                self.take_out(slot.server, exc)
+                failover.retry_after(exc)
+                self.failovers += 1
+                slot = self.pick(session_id, fleet)
+
     async def _call(self, slot: Slot, prompt: list[int], sampling: SamplingParams) -> GenerateOutput:
+        return await self._run(slot, slot.server.generate(prompt, sampling))
+
+    async def _run(self, slot: Slot, work: Awaitable[T]) -> T:
         slot.in_flight += 1
         slot.idle.clear()
         try:
-            return await slot.server.generate(prompt, sampling)
+            return await work
         finally:
             slot.in_flight -= 1
             if slot.in_flight == 0:

@@ -1,12 +1,14 @@
 """Ray shell of a rollout server: `ServerActor` holds one `RolloutServer`; `ActorServer` is its
 client-side proxy, itself a `RolloutServer`, so the `Router` serves local servers and actors alike.
 
-Job: place servers (one placement-group bundle per server: CPUs, plus `tensor_parallel_size` GPUs
-when `rollout.gpu_bundles`), forward the interface's verbs, and turn "the actor is gone" into the
-router's `ServerDied`. Weights reach an actor either as (name, tensor) pairs through Ray's object
-store (`update_weights_named`: small models, tests) or from the weight plane: the actor joins the
-checkpoint engine as a `Receiver` once and loads each next update in its own process
-(`update_weights_from`), so big models never cross Ray.
+Job: place servers (one placement-group bundle per server: CPUs, plus `tensor_parallel_size`
+GPUs when `rollout.gpu_bundles`), forward the verbs, and turn "the actor is gone" into the
+router's `ServerDied`. In the pipeline each actor holds a `ServerHost`: whole samples run in
+the actor (AgentLoop, reward, the trajectory written once into the actor's own data plane) and
+only the queue record (metadata and handles, msgpack bytes) comes back; weights arrive through
+the actor's own `Receiver` on the weight plane (`join_weights`), so neither trajectory tensors
+nor weights ever cross Ray or the controller. (name, tensor) pairs through Ray's object store
+(`update_weights`) remain for small models in tests.
 Boundary: no routing, no restart policy (fleet.py), no engine logic (torch_engine / vllm_engine).
 This and launch code are the only rollout modules that import ray.
 
@@ -33,12 +35,20 @@ from asyncrl.rollout.router import ServerDied
 
 
 class ServerActor:
-    """The actor body (wrapped by `ray.remote` in `spawn_server`): one server, the same verbs, async."""
+    """The actor body (wrapped by `ray.remote` in `spawn_server`): one server and its `ServerHost`.
 
-    def __init__(self, cfg: dict[str, Any], model_path: str, dtype: str, seed: int, index: int) -> None:
+    With a `spec` (what the pipeline passes: `HostSpec` as a dict) the actor runs whole samples
+    (`run_sample`, `run_eval`: AgentLoops, rewards and the write into its own data plane happen
+    here) and loads weights from the weight plane (`join_weights`); without one it is a bare
+    server behind the same verbs (tests, benchmarks)."""
+
+    def __init__(self, cfg: dict[str, Any], model_path: str, dtype: str, seed: int, index: int,
+                 name: str = "", spec: dict[str, Any] | None = None) -> None:
         self._args = (RolloutConfig(**cfg), model_path, dtype, seed, index)
+        self.name, self.spec = name or f"server-{index}", spec
         self.server: RolloutServer | None = None
-        self._receiver: Any = None
+        self.host: Any = None
+        self.plane: Any = None
 
     async def start(self) -> int:
         """Build the engine on the actor's event loop (vLLM's AsyncLLM wants one); returns its version."""
@@ -46,7 +56,26 @@ class ServerActor:
 
         cfg, model_path, dtype, seed, index = self._args
         self.server = build_server(cfg, model_path, dtype=dtype, seed=seed, index=index)
+        if self.spec is not None:
+            from asyncrl.rollout.host_spec import build_host
+
+            self.host, self.plane = build_host(self.server, self.name, self.spec, model_path)
         return self.server.version
+
+    async def run_sample(self, sample: bytes) -> bytes:
+        from asyncrl.rollout.host_spec import decode_sample, encode_record
+
+        return encode_record(await self.host.run_sample(decode_sample(sample)))
+
+    async def run_eval(self, sample: bytes) -> dict[str, Any]:
+        from asyncrl.rollout.host_spec import decode_sample
+
+        return await self.host.run_eval(decode_sample(sample))
+
+    async def join_weights(self, weight_sync_config: dict[str, Any], endpoint: str, pause_mode: PauseMode = "keep") -> None:
+        from checkpoint_engine import WeightSyncConfig
+
+        await self.host.join_weights(WeightSyncConfig(**weight_sync_config), endpoint, pause_mode)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None = None) -> GenerateOutput:
         return await self.server.generate(prompt_ids, sampling, request_id)
@@ -61,23 +90,6 @@ class ServerActor:
         await self.server.update_weights(named_tensors, version)
         return self.server.version
 
-    async def update_weights_from(self, weight_sync_config: dict[str, Any], sender_endpoint: str,
-                                  receiver_id: str, pause_mode: PauseMode | None = "abort", timeout_s: float | None = None) -> int:
-        """Join the weight plane (first call only) and load its next update: pause(mode), stream the
-        buckets into `update_weights`, resume (`pause_mode=None`: the caller pauses and resumes).
-        Returns the version now served."""
-        from checkpoint_engine import Receiver, WeightSyncConfig
-        from checkpoint_engine.server_loop import apply_update
-
-        if self._receiver is None:
-            cfg = WeightSyncConfig(**weight_sync_config)
-            self._receiver = Receiver(cfg, receiver_id, endpoint=sender_endpoint, version=self.server.version)
-        update = await asyncio.to_thread(self._receiver.next_update, timeout_s)
-        if pause_mode is None:
-            await self.server.update_weights(update, update.version)
-            return update.version
-        return await apply_update(self.server, update, pause_mode)
-
     async def reset_prefix_cache(self) -> None:
         await self.server.reset_prefix_cache()
 
@@ -87,11 +99,18 @@ class ServerActor:
     async def health(self) -> bool:
         return self.server is not None and self.server.stats().healthy
 
+    async def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
     async def close(self) -> None:
-        if self._receiver is not None:
-            self._receiver.close()
-        if self.server is not None:
+        if self.host is not None:
+            await self.host.close()
+        elif self.server is not None:
             await self.server.close()
+        if self.plane is not None:
+            self.plane.close()
 
 
 class ActorServer(RolloutServer):
@@ -105,6 +124,8 @@ class ActorServer(RolloutServer):
         self._in_flight = 0
         self._stats = ServerStats(version=0, in_flight=0, paused=False, generated_tokens=0, tokens_per_s=0.0)
         self._dead = False
+        self.record_bytes = 0
+        """Bytes of the queue records this proxy received from the actor (`run_sample` replies)."""
 
     async def _call(self, verb: str, *args: Any) -> Any:
         try:
@@ -133,14 +154,30 @@ class ActorServer(RolloutServer):
         await self._call("resume")
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
+        """(name, tensor) pairs through Ray's object store: small models and tests only; the
+        pipeline loads weights through the weight plane (`join_weights`)."""
         got = await self._call("update_weights_named", list(named_tensors), version)
         self._stats = dataclasses.replace(self._stats, version=got)
 
-    async def update_weights_from(self, weight_sync_config: dict[str, Any], sender_endpoint: str,
-                                  receiver_id: str, pause_mode: PauseMode | None = "abort", timeout_s: float | None = None) -> int:
-        got = await self._call("update_weights_from", weight_sync_config, sender_endpoint, receiver_id, pause_mode, timeout_s)
-        self._stats = dataclasses.replace(self._stats, version=got)
-        return got
+    async def run_sample(self, sample: Any) -> Any:
+        """The actor's host runs the whole sample; returns its queue record (`SampleMeta`)."""
+        from asyncrl.rollout.host_spec import decode_record, encode_sample
+
+        data = await self._call("run_sample", encode_sample(sample))
+        self.record_bytes += len(data)
+        return decode_record(data)
+
+    async def run_eval(self, sample: Any) -> dict[str, Any]:
+        from asyncrl.rollout.host_spec import encode_sample
+
+        return await self._call("run_eval", encode_sample(sample))
+
+    async def join_weights(self, cfg: Any, endpoint: str, pause_mode: PauseMode = "keep") -> None:
+        await self._call("join_weights", dataclasses.asdict(cfg), endpoint, pause_mode)
+
+    def loaded(self, version: int) -> None:
+        """The weight plane reported that this server loaded `version`."""
+        self._stats = dataclasses.replace(self._stats, version=version)
 
     async def reset_prefix_cache(self) -> None:
         await self._call("reset_prefix_cache")
@@ -172,10 +209,11 @@ class ActorServer(RolloutServer):
 
 
 def make_placement(cfg: RolloutConfig, num_servers: int) -> PlacementGroup:
-    """One bundle per server: `cpus_per_server` CPUs (+ `tensor_parallel_size` GPUs with `gpu_bundles`)."""
+    """One bundle per server: `cpus_per_server` CPUs (+ `tensor_parallel_size * gpus_per_worker`
+    GPUs with `gpu_bundles`)."""
     bundle: dict[str, float] = {"CPU": cfg.cpus_per_server}
     if cfg.gpu_bundles:
-        bundle["GPU"] = cfg.tensor_parallel_size
+        bundle["GPU"] = cfg.tensor_parallel_size * cfg.gpus_per_worker
     return placement_group([dict(bundle) for _ in range(num_servers)], strategy=cfg.placement_strategy)
 
 
@@ -192,14 +230,17 @@ def remove_placement(pg: PlacementGroup) -> None:
 
 
 def spawn_server(cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int, index: int,
-                 placement: PlacementGroup, bundle: int | None = None, name: str = "") -> ActorServer:
-    """Start one `ServerActor` in `placement`'s bundle `bundle` (default `index`); await `.ready()`."""
-    gpus = cfg.tensor_parallel_size if cfg.gpu_bundles else 0
+                 placement: PlacementGroup, bundle: int | None = None, name: str = "",
+                 spec: dict[str, Any] | None = None) -> ActorServer:
+    """Start one `ServerActor` in `placement`'s bundle `bundle` (default `index`); await `.ready()`.
+    `spec` (a `HostSpec` as a dict) makes it run whole samples and join the weight plane."""
+    gpus = cfg.tensor_parallel_size * cfg.gpus_per_worker if cfg.gpu_bundles else 0
     actor_cls = ray.remote(num_cpus=cfg.cpus_per_server, num_gpus=gpus, max_restarts=0)(ServerActor)
     strategy = PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=index if bundle is None else bundle)
+    name = name or f"server-{index}"
     handle = actor_cls.options(scheduling_strategy=strategy, max_concurrency=1000).remote(
-        dataclasses.asdict(cfg), str(model_path), dtype, seed, index)
-    return ActorServer(handle, name or f"server-{index}")
+        dataclasses.asdict(cfg), str(model_path), dtype, seed, index, name, spec)
+    return ActorServer(handle, name)
 
 
 def kill(server: ActorServer) -> None:

@@ -1,80 +1,90 @@
 """Ray shell of the trainer: one `TrainerWorker` actor per FSDP2 rank, and `TrainerGroup` to drive them.
 
-The worker only sets the torch.distributed environment (MASTER_ADDR / MASTER_PORT /
-RANK / WORLD_SIZE) and forwards verbs to a `TrainerEngine`; all training logic lives in
-`engine.py`. The group launches N workers, puts each batch into Ray's object store once
-and fans every verb out to all ranks (FSDP collectives need every rank), returning rank
-0's result. This is the only trainer module that imports ray.
+The worker only sets the torch.distributed environment (MASTER_ADDR / MASTER_PORT / RANK /
+WORLD_SIZE) and forwards verbs to a `TrainerRank` (`rank.py`), which reads its shard of each
+batch from the data plane and, on rank 0, holds the weight plane's `Sender`. The group places
+the workers in one placement group (a bundle per rank: `trainer.cpus_per_rank` CPUs, plus
+`trainer.gpus_per_rank` GPUs when `trainer.device=cuda`) and fans every verb out to all ranks
+(FSDP collectives need every rank), returning rank 0's result. What crosses Ray is small: a
+plan of handles (msgpack bytes), metrics, a publish outcome. This is the only trainer module
+that imports ray.
 
-    group = TrainerGroup(2, model_path, trainer=cfg.trainer, algorithm=cfg.algorithm)
-    metrics = group.train_step(batch)           # same as TrainerEngine.train_step
-    for name, tensor in group.iter_full_params(): ...
+    group = TrainerGroup(2, model_path, trainer=cfg.trainer, algorithm=cfg.algorithm, queue=cfg.queue, weights=cfg.weights)
+    metrics = group.train(plan)                           # same as TrainerRank.train
+    outcome = group.publish(1, ["main-0"])                # rank 0 streams to the servers' receivers
     group.close()
 
-Not here yet: placement groups across nodes (workers go where Ray puts them; rank 0's
-node hosts the rendezvous) and restarting a dead rank (a failure raises in the caller).
+Not here yet: restarting a dead rank (a failure raises in the caller).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from typing import Any, Iterator
+from typing import Any
 
 import ray
-from torch import Tensor
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from asyncrl.config import AlgorithmConfig, TrainerConfig
-from asyncrl.trainer.batch import TrainBatch
+from asyncrl.trainer.plan import BatchPlan
 
 
 class _Worker:
-    """One rank. Built empty; `setup` joins the process group and loads the model."""
+    """One rank. Built empty; `setup` joins the process group, loads the model, opens the planes."""
 
     def __init__(self, rank: int, world_size: int) -> None:
         self.rank, self.world_size = rank, world_size
-        self.engine: Any = None
+        self.trainer: Any = None
 
     def rendezvous_address(self) -> tuple[str, int]:
         from asyncrl.trainer.engine import free_port
 
         return ray.util.get_node_ip_address(), free_port()
 
-    def setup(self, master_addr: str, master_port: int, model_path: str, engine_kwargs: dict[str, Any]) -> int:
+    def setup(self, master_addr: str, master_port: int, model_path: str, engine_kwargs: dict[str, Any],
+              queue: dict[str, Any], weights: dict[str, Any] | None) -> dict[str, Any]:
         os.environ.update(
             MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
             WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",  # Ray pins one GPU per actor: it is cuda:0 here
         )  # fmt: skip
-        from asyncrl.trainer.engine import TrainerEngine
+        from checkpoint_engine import WeightSyncConfig
+        from transfer_queue import TransferQueueConfig, make_storage
 
-        self.engine = TrainerEngine(model_path, **engine_kwargs)
-        return self.engine.step
+        from asyncrl.trainer.rank import TrainerRank, build_engine
 
-    def compute_logprobs(self, batch: TrainBatch) -> Tensor:
-        return self.engine.compute_logprobs(batch)
+        engine = build_engine(model_path, **engine_kwargs)
+        self.trainer = TrainerRank(engine, plane=make_storage(TransferQueueConfig(**queue)),
+                                   weights=WeightSyncConfig(**weights) if weights is not None else None)
+        return {"step": engine.step, "endpoint": self.trainer.endpoint}
 
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        return self.engine.train_step(batch)
+    def train(self, plan: bytes) -> dict[str, float]:
+        return self.trainer.train(plan)
 
-    def full_params(self) -> list[tuple[str, Tensor]] | None:
-        """Every rank gathers; rank 0 returns the (name, full CPU tensor) list, the others None."""
-        params = list(self.engine.iter_full_params())
-        return params if self.rank == 0 else None
+    def publish(self, version: int, receivers: list[str]) -> dict[str, Any] | None:
+        return self.trainer.publish(version, receivers)
+
+    def sync(self, receivers: list[str]) -> dict[str, Any] | None:
+        return self.trainer.sync(receivers)
 
     def save(self, path: str) -> None:
-        self.engine.save(path)
+        self.trainer.save(path)
 
     def load(self, path: str) -> int:
-        self.engine.load(path)
-        return self.engine.step
+        return self.trainer.load(path)
+
+    def pid(self) -> int:
+        return os.getpid()
 
     def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
-            self.engine = None
+        if self.trainer is not None:
+            self.trainer.close()
+            self.trainer = None
 
 
 TrainerWorker = ray.remote(_Worker)
-"""The Ray actor class of one rank (`TrainerWorker.options(num_gpus=1).remote(rank, world)`)."""
+"""The Ray actor class of one rank."""
 
 
 class TrainerGroup:
@@ -87,38 +97,53 @@ class TrainerGroup:
         *,
         trainer: TrainerConfig,
         algorithm: AlgorithmConfig,
+        queue: Any,
+        weights: Any = None,
         dtype: str = "float32",
         temperature: float = 1.0,
         seed: int = 0,
-        num_cpus_per_rank: float = 1,
-        num_gpus_per_rank: float = 0,
+        placement_timeout_s: float = 300.0,
     ) -> None:
         if num_ranks < 1:
             raise ValueError(f"trainer.num_ranks: must be >= 1, got {num_ranks}")
-        opts = dict(num_cpus=num_cpus_per_rank, num_gpus=num_gpus_per_rank)
-        self.workers = [TrainerWorker.options(**opts).remote(r, num_ranks) for r in range(num_ranks)]
+        gpus = trainer.gpus_per_rank if trainer.device == "cuda" else 0.0
+        bundle = {"CPU": trainer.cpus_per_rank, **({"GPU": gpus} if gpus else {})}
+        self.placement = placement_group([dict(bundle) for _ in range(num_ranks)], strategy="PACK")
+        ready, _ = ray.wait([self.placement.ready()], timeout=placement_timeout_s)
+        if not ready:
+            remove_placement_group(self.placement)
+            raise TimeoutError(f"trainer placement: {num_ranks} bundles of {bundle} not placed in {placement_timeout_s} s "
+                               f"(cluster: {ray.cluster_resources()}); lower trainer.num_ranks / trainer.gpus_per_rank")
+        self.workers = [
+            TrainerWorker.options(
+                num_cpus=trainer.cpus_per_rank, num_gpus=gpus,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=r),
+            ).remote(r, num_ranks)
+            for r in range(num_ranks)
+        ]
         addr, port = ray.get(self.workers[0].rendezvous_address.remote())
         kwargs = dict(trainer=trainer, algorithm=algorithm, dtype=dtype, temperature=temperature, seed=seed)
-        steps = self._all("setup", addr, port, model_path, kwargs)
-        self.step: int = steps[0]
-        """Optimizer steps taken (the policy version), as of the last verb."""
+        wcfg = dataclasses.asdict(weights) if weights is not None else None
+        infos = self._all("setup", addr, port, model_path, kwargs, dataclasses.asdict(queue), wcfg)
+        self.step: int = infos[0]["step"]
+        """Trainer steps taken (the policy version), as of the last verb."""
+        self.endpoint: str = infos[0]["endpoint"]
+        """Rank 0's weight-plane address, where servers join."""
 
     def _all(self, verb: str, *args: Any) -> list[Any]:
         return ray.get([getattr(w, verb).remote(*args) for w in self.workers])
 
-    def compute_logprobs(self, batch: TrainBatch) -> Tensor:
-        return self._all("compute_logprobs", ray.put(batch))[0]
-
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        metrics = self._all("train_step", ray.put(batch))[0]
+    def train(self, plan: BatchPlan | bytes) -> dict[str, float]:
+        data = plan.to_bytes() if isinstance(plan, BatchPlan) else plan
+        metrics = self._all("train", data)[0]
         self.step += 1
         return metrics
 
-    def full_params(self) -> list[tuple[str, Tensor]]:
-        return self._all("full_params")[0]
+    def publish(self, version: int, receivers: list[str]) -> dict[str, Any]:
+        return self._all("publish", version, list(receivers))[0]
 
-    def iter_full_params(self) -> Iterator[tuple[str, Tensor]]:
-        yield from self.full_params()
+    def sync(self, receivers: list[str]) -> dict[str, Any]:
+        return self._all("sync", list(receivers))[0]
 
     def save(self, path: str) -> None:
         self._all("save", path)
@@ -126,9 +151,17 @@ class TrainerGroup:
     def load(self, path: str) -> None:
         self.step = self._all("load", path)[0]
 
+    def pids(self) -> list[int]:
+        return self._all("pid")
+
     def close(self) -> None:
-        """Close every engine and end the actors."""
-        self._all("close")
-        for w in self.workers:
-            ray.kill(w)
-        self.workers = []
+        """Close every rank and end the actors."""
+        if not self.workers:
+            return
+        try:
+            self._all("close")
+        finally:
+            for w in self.workers:
+                ray.kill(w)
+            self.workers = []
+            remove_placement_group(self.placement)

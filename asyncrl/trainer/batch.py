@@ -1,7 +1,8 @@
 """TrainBatch: the padded [B, T] tensors one optimizer step consumes.
 
-Built from wire `Trajectory` records plus one advantage per trajectory. It knows
-nothing about models, ranks or queues; the engine slices it into rank shards and
+Built from wire `Trajectory` records (`from_trajectories`), or from the numpy arrays a rank
+reads from the data plane (`from_arrays`, see `plan.py`), plus one advantage per trajectory.
+It knows nothing about models, ranks or queues; the engine slices it into rank shards and
 micro-batches.
 
 Alignment (the same everywhere in the trainer): column t holds token `input_ids[b, t]`
@@ -18,8 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -84,6 +86,50 @@ class TrainBatch:
                 adv[b, p : p + r] = float(a)
                 versions[b, p : p + r] = torch.where(m > 0, torch.tensor(t.token_versions, dtype=torch.long), -1)
         return cls(input_ids, attention_mask, loss_mask, old_logprobs, adv, token_versions=versions)
+
+    @classmethod
+    def from_arrays(cls, rows: Sequence[dict[str, Any] | None], advantages: Sequence[float], pad_id: int) -> "TrainBatch":
+        """The same layout from per-row numpy arrays as the data plane delivers them (`prompt_ids`,
+        `response_ids`, `behavior_logprobs`, `loss_mask`, `token_versions`); a None row is a
+        two-token padding row with loss mask 0. Arrays are copied once, into the padded tensors."""
+        if len(rows) != len(advantages):
+            raise ValueError(f"{len(rows)} rows but {len(advantages)} advantages")
+        if not rows:
+            raise ValueError("TrainBatch.from_arrays: empty batch")
+        lens = []
+        for b, r in enumerate(rows):
+            if r is None:
+                lens.append((2, 0))
+                continue
+            p, n = len(r["prompt_ids"]), len(r["response_ids"])
+            if p == 0:
+                raise ValueError(f"row {b}: empty prompt (the first token cannot be scored)")
+            for k in ("behavior_logprobs", "loss_mask", "token_versions"):
+                if len(r[k]) != n:
+                    raise ValueError(f"row {b}: len({k})={len(r[k])} != len(response_ids)={n}")
+            lens.append((p, n))
+        width = max(p + n for p, n in lens)
+        size = (len(rows), width)
+        input_ids = np.full(size, pad_id, dtype=np.int64)
+        attention_mask = np.zeros(size, dtype=np.int64)
+        loss_mask = np.zeros(size, dtype=np.float32)
+        old_logprobs = np.zeros(size, dtype=np.float32)
+        adv = np.zeros(size, dtype=np.float32)
+        versions = np.full(size, -1, dtype=np.int64)
+        for b, (r, (p, n), a) in enumerate(zip(rows, lens, advantages)):
+            attention_mask[b, : p + n] = 1
+            if r is None:
+                continue
+            input_ids[b, :p] = r["prompt_ids"]
+            if n:
+                m = np.asarray(r["loss_mask"]) > 0
+                input_ids[b, p : p + n] = r["response_ids"]
+                loss_mask[b, p : p + n] = m
+                old_logprobs[b, p : p + n] = np.where(m, r["behavior_logprobs"], 0.0)
+                adv[b, p : p + n] = float(a)
+                versions[b, p : p + n] = np.where(m, r["token_versions"], -1)
+        t = torch.from_numpy
+        return cls(t(input_ids), t(attention_mask), t(loss_mask), t(old_logprobs), t(adv), token_versions=t(versions))
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -5,10 +5,12 @@ Plain Python on torch.distributed, no Ray: the same class runs in a unit test, u
 1-rank one (gloo on CPU, nccl on GPU) on a free 127.0.0.1 port, so `fully_shard` always
 applies and one code path serves 1 and N ranks.
 
-Every rank receives the same full `TrainBatch` and takes its shard (`TrainBatch.shard`).
-Loss normalisers (`num_tokens`, `num_seqs`) come from the full batch and the rank's loss
-is scaled by the world size before FSDP averages gradients, so N ranks take exactly the
-step one rank would. The
+A step takes this rank's rows of each mini-batch (`train_local`: what a rank of the pipeline
+reads from the data plane, see `plan.py`), or the full `TrainBatch` on every rank, which it
+cuts the same way (`train_step`: tests, torchrun). Loss normalisers (`num_tokens`,
+`num_seqs`) of each mini-batch are all-reduced over the ranks and the rank's loss is scaled
+by the world size before FSDP averages gradients, so N ranks take exactly the step one rank
+would. The
 algorithm is chosen by name from the registries in `advantages.py` / `losses.py` /
 `corrections.py`; this file has no per-algorithm branches: the off-policy `Corrector`
 declares whether it needs a proximal-policy pass (`needs_proximal`) and returns per-token
@@ -69,6 +71,9 @@ def pick_device(setting: str) -> torch.device:
     use_cuda = setting == "cuda" or (setting == "auto" and torch.cuda.is_available())
     if not use_cuda:
         return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError("trainer.device=cuda but this process sees no CUDA GPU "
+                           f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); use trainer.device=cpu or auto")
     dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     torch.cuda.set_device(dev)
     return dev
@@ -173,15 +178,23 @@ class TrainerEngine:
         return token_logprobs(logits, mb.input_ids, self.temperature), logits
 
     @torch.no_grad()
-    def _score(self, model: torch.nn.Module, batch: TrainBatch) -> Tensor:
-        """[B, T] log-probs of the full batch under `model`: each rank scores its shard, then all-gather."""
-        shard = batch.shard(self.rank, self.world).to(self.device)
-        width = batch.input_ids.shape[1]
+    def _score_local(self, model: torch.nn.Module, rows: TrainBatch) -> Tensor:
+        """[b, T] log-probs of this rank's `rows` under `model` (on the device; 0 at t=0 and padding)."""
+        rows = rows.to(self.device)
+        width = rows.input_ids.shape[1]
         parts = []
-        for mb in shard.micro_batches(self.trainer.micro_batch_size):
+        for mb in rows.micro_batches(self.trainer.micro_batch_size):
             lp, _ = self._logprobs_and_logits(model, mb)
             parts.append(torch.nn.functional.pad(lp, (0, width - lp.shape[1])))
-        local = torch.cat(parts) * shard.attention_mask
+        out = torch.cat(parts) * rows.attention_mask
+        out[:, 0] = 0.0
+        return out
+
+    @torch.no_grad()
+    def _score(self, model: torch.nn.Module, batch: TrainBatch) -> Tensor:
+        """[B, T] log-probs of the full batch under `model`: each rank scores its shard, then all-gather."""
+        shard = batch.shard(self.rank, self.world)
+        local = self._score_local(model, shard)
         if self.world > 1:
             gathered = [torch.empty_like(local) for _ in range(self.world)]
             dist.all_gather(gathered, local)
@@ -202,38 +215,52 @@ class TrainerEngine:
 
     # ---- training -------------------------------------------------------
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """One trainer step over the global batch; returns its metrics (see `forward_backward`).
+        """One trainer step over the global batch, given in full to every rank; returns its
+        metrics (see `train_local`). Each rank takes its rows of each mini-batch (`plan.py`)."""
+        from asyncrl.trainer.plan import minibatch_slices, shard_range
 
-        With `trainer.minibatches` = n > 1 the batch is cut into n contiguous mini-batches (whole
-        groups when the batch is group-ordered), one optimizer step each. The reference and
-        proximal log-probs are computed once, with the step's starting weights, so from the
-        second mini-batch on the PPO clip around the proximal policy binds (decoupled PPO's
-        trust region). `step` (the version) and the LR schedule advance once per trainer step.
+        parts, real = [], []
+        for mb in minibatch_slices(len(batch), self.trainer.minibatches):
+            rows = batch[mb]
+            parts.append(rows.shard(self.rank, self.world))
+            start, stop, _ = shard_range(len(rows), self.rank, self.world)
+            real.append(stop - start)
+        return self.train_local(parts, real)
+
+    def train_local(self, parts: list[TrainBatch], real_rows: list[int]) -> dict[str, float]:
+        """One trainer step from this rank's rows of each mini-batch (`parts`, padding rows with
+        loss mask 0 included; `real_rows` counts the others); every rank calls it together.
+
+        With several mini-batches (`trainer.minibatches`), one optimizer step each. The reference
+        and proximal log-probs are computed once, with the step's starting weights, so from the
+        second mini-batch on the PPO clip around the proximal policy binds (decoupled PPO's trust
+        region). `step` (the version) and the LR schedule advance once per trainer step.
         Metrics: means over mini-batches, `tokens`/`seqs` summed, extremes kept.
         """
-        n = min(self.trainer.minibatches, len(batch))
-        if n <= 1:
-            metrics = self.forward_backward(batch)
-            metrics.update(self.optimizer_step())
-        else:
-            batch = self._with_fixed_logprobs(batch)
-            per = -(-len(batch) // n)
-            parts = []
-            for i in range(0, len(batch), per):
-                m = self.forward_backward(batch[i : i + per])
-                m.update(self.optimizer_step(end_of_step=i + per >= len(batch)))
-                parts.append(m)
-            metrics = merge_minibatch_metrics(parts)
+        if len(parts) != len(real_rows) or not parts:
+            raise ValueError(f"train_local: {len(parts)} parts, {len(real_rows)} row counts")
+        counts = torch.tensor([[p.num_tokens, float(r)] for p, r in zip(parts, real_rows)], dtype=torch.float64, device=self.device)
+        if self.world > 1:
+            dist.all_reduce(counts)  # each mini-batch's global normalisers
+        parts = [self._with_fixed_logprobs(p) for p in parts]
+        out = []
+        for i, (part, (num_tokens, num_seqs)) in enumerate(zip(parts, counts.tolist())):
+            m = self.forward_backward(part, num_tokens=num_tokens, num_seqs=num_seqs)
+            m.update(self.optimizer_step(end_of_step=i == len(parts) - 1))
+            out.append(m)
+        metrics = merge_minibatch_metrics(out) if len(out) > 1 else out[0]
         metrics["entropy_coef"] = self.adapt_entropy_coef(metrics["entropy"])
         return metrics
 
-    def _with_fixed_logprobs(self, batch: TrainBatch) -> TrainBatch:
-        """Fill in the reference and proximal log-probs the loss needs, with the current weights."""
-        if self.algorithm.kl_coef > 0 and batch.ref_logprobs is None:
-            batch = batch.replace(ref_logprobs=self.compute_ref_logprobs(batch))
-        if self.corrector.needs_proximal and batch.proximal_logprobs is None:
-            batch = batch.replace(proximal_logprobs=self.compute_logprobs(batch))
-        return batch
+    def _with_fixed_logprobs(self, rows: TrainBatch) -> TrainBatch:
+        """Fill in the reference and proximal log-probs of this rank's rows, with the current weights."""
+        if self.algorithm.kl_coef > 0 and rows.ref_logprobs is None:
+            if self.ref_model is None:
+                raise RuntimeError("no reference model (algorithm.kl_coef is 0)")
+            rows = rows.replace(ref_logprobs=self._score_local(self.ref_model, rows).float().cpu())
+        if self.corrector.needs_proximal and rows.proximal_logprobs is None:
+            rows = rows.replace(proximal_logprobs=self._score_local(self.model, rows).float().cpu())
+        return rows
 
     def adapt_entropy_coef(self, entropy: float) -> float:
         """Adaptive entropy control: move the bonus weight toward keeping `entropy` at the target.
@@ -247,8 +274,10 @@ class TrainerEngine:
             self.entropy_coef = min(max(used + alg.entropy_coef_lr * (alg.entropy_target - entropy), 0.0), alg.entropy_coef_max)
         return used
 
-    def forward_backward(self, batch: TrainBatch) -> dict[str, float]:
-        """Accumulate gradients of the globally normalised loss over this rank's micro-batches.
+    def forward_backward(self, rows: TrainBatch, *, num_tokens: float, num_seqs: float) -> dict[str, float]:
+        """Accumulate gradients of the globally normalised loss over this rank's `rows` (one
+        mini-batch), micro-batch by micro-batch; `num_tokens` / `num_seqs` are the mini-batch's
+        loss tokens and sequences over every rank.
 
         Metrics: `loss`, `pg_loss` (aggregated as `algorithm.loss_agg`), token means over the
         batch's loss tokens of `kl`, `entropy`, `clip_frac`, `ratio_mean`, and `ratio_max`,
@@ -256,11 +285,10 @@ class TrainerEngine:
         statistics (`corrections.stat_metrics`).
         """
         alg = self.algorithm
-        batch = self._with_fixed_logprobs(batch)
-        num_tokens, num_seqs = batch.num_tokens, float(len(batch))
+        rows = self._with_fixed_logprobs(rows)
         norm = dict(num_tokens=num_tokens, num_seqs=num_seqs)
         loss_fn = POLICY_LOSSES[alg.loss]
-        shard = batch.shard(self.rank, self.world).to(self.device)
+        shard = rows.to(self.device)
         # sums: loss, pg_loss, kl, entropy, clipped, ratio, then correction sums; extremes: max ratio, -min ratio, max IS weight
         sums = torch.zeros(12, dtype=torch.float64, device=self.device)
         extremes = torch.full((3,), -math.inf, dtype=torch.float64, device=self.device)
@@ -328,11 +356,12 @@ class TrainerEngine:
         return {"grad_norm": grad_norm, "lr": lr}
 
     # ---- weights ----------------------------------------------------------
-    def iter_full_params(self) -> Iterator[tuple[str, Tensor]]:
-        """(HF name, full CPU tensor in the model dtype), one at a time; every rank must iterate (all-gathers)."""
+    def iter_full_params(self, device: str | torch.device = "cpu") -> Iterator[tuple[str, Tensor]]:
+        """(HF name, full tensor in the model dtype on `device`), one at a time, so a publisher holds
+        one full tensor besides its buckets; every rank must iterate to the end (all-gathers)."""
         for name, t in self.model.state_dict().items():
             full = t.full_tensor() if hasattr(t, "full_tensor") else t
-            yield name, full.detach().to(self.dtype).cpu()
+            yield name, full.detach().to(device=device, dtype=self.dtype)
 
     def state_dict_for_save(self) -> dict[str, object]:
         from asyncrl.trainer.checkpoint import TrainerState

@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> None:
     batch = batch.replace(old_logprobs=engine.compute_logprobs(batch) * batch.loss_mask - 0.05 * batch.loss_mask)
     result: dict[str, object] = {"metrics": [], "world": engine.world}
     for step in range(args.steps):
-        metrics = engine.forward_backward(batch)
+        rows = batch.shard(engine.rank, engine.world)  # this rank's rows, global normalisers
+        metrics = engine.forward_backward(rows, num_tokens=batch.num_tokens, num_seqs=float(len(batch)))
         if step == 0:
             result["grads"] = full_grads(engine)
         metrics.update(engine.optimizer_step())

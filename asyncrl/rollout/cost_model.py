@@ -1,13 +1,15 @@
-"""Simulated rollout servers and trainer for `asyncrl bench pipeline`: costs in wall time, no compute.
+"""`rollout.backend=cost_model`: a simulated rollout server whose costs are wall time, not compute.
 
 Job: stand in for GPUs so that the real pipeline (Rollouter, admission, Router, TrajectoryQueue,
-CheckpointEngine publish, trainer loop) can be measured on orchestration alone. A server
-"generates" one token per `token_cost_s` for each of up to `max_concurrency` running requests
-at once (continuous batching: every running request advances together, more requests wait
-for a slot), so a fleet's rollout capacity is `servers * max_concurrency / token_cost_s`
-tokens/s. The trainer sleeps `cost_per_token_s` per trained token (capacity
-`1 / cost_per_token_s` tokens/s). Time is `asyncio.sleep` / `time.sleep`, so the CPU stays
-free for the pipeline itself and the measurement is of the schedule, not of CPU contention.
+CheckpointEngine publish, trainer loop) can be measured on orchestration alone (`asyncrl bench
+pipeline`, `asyncrl bench planes`). A server "generates" one token per `token_cost_s` for each
+of up to `max_concurrency` running requests at once (continuous batching: every running request
+advances together, more requests wait for a slot), so a fleet's rollout capacity is
+`servers * max_concurrency / token_cost_s` tokens/s. Its outputs are real arrays (token ids,
+log-probs, per-token versions) of the drawn lengths, so everything downstream moves real bytes.
+Time is `asyncio.sleep`, so the CPU stays free for the pipeline itself and the measurement is of
+the schedule, not of CPU contention. The trainer's counterpart is `trainer.engine=cost_model`
+(`asyncrl/trainer/cost_model.py`).
 
 What the cost model does not know: a real engine's per-token latency falls when few requests
 run (decoding is memory-bound), so a real long tail costs less than here; prefill, KV-cache
@@ -30,9 +32,7 @@ import bisect
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
-
-import torch
+from typing import Any, Iterable
 
 from asyncrl.rollout.base import GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats
 
@@ -188,30 +188,3 @@ class CostModelServer(RolloutServer):
     @property
     def version(self) -> int:
         return self._history[-1][1]
-
-
-class CostModelTrainer:
-    """A trainer whose step costs `cost_per_token_s` per trained token; the batch is that token count."""
-
-    def __init__(self, cost_per_token_s: float) -> None:
-        self.cost_per_token_s = cost_per_token_s
-        self.step = 0
-        self.steps: list[tuple[float, float, int]] = []
-        """(start, end, tokens) of every step, monotonic seconds."""
-        self._param = torch.zeros(256)
-
-    def train_step(self, batch: int) -> dict[str, float]:
-        t0 = time.monotonic()
-        time.sleep(batch * self.cost_per_token_s)
-        self.step += 1
-        self.steps.append((t0, time.monotonic(), batch))
-        return {"loss": 0.0}
-
-    def iter_full_params(self) -> Iterator[tuple[str, torch.Tensor]]:
-        yield "w", self._param
-
-    def save(self, path: str) -> None:
-        return None
-
-    def load(self, path: str) -> None:
-        return None

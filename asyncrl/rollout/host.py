@@ -1,0 +1,122 @@
+"""ServerHost: one rollout server as the pipeline uses it, in the server's own process.
+
+Job: run whole samples next to the engine: an AgentLoop against this server (partial
+rollouts across weight updates included), the reward, and the write of the finished
+trajectory's arrays into this process's data plane (`trajectory_sample`). What leaves the
+host is the queue record: metadata and handles, about 1 KiB whatever the response length.
+It also runs the server's end of the weight plane: a `Receiver` that joins the trainer's
+`Sender`, and a loop that pauses the server, loads each update as its buckets land,
+confirms the load and resumes (`checkpoint_engine.server_loop`).
+
+The same class serves the embedded default (hosts in the controller's process, the `local`
+planes) and Ray (`server_actor.ServerActor` holds one in each actor). It is itself a
+`RolloutServer` (it forwards the interface's verbs), so the `Router` and the `FleetManager`
+treat local hosts and actor proxies alike.
+
+    host = ServerHost(server, name="main-0", agent=agent, eval_agent=eval_agent, plane=plane)
+    meta = await host.run_sample(sample)             # SampleMeta: into the queue, by the controller
+    await host.join_weights(cfg.weights, endpoint, pause_mode="keep")
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Iterable
+
+from agents.base import AgentLoop, Sample
+from asyncrl.rollout.base import GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats
+from asyncrl.rollout.router import Router
+from asyncrl.trajectory_queue import trajectory_sample
+
+
+class ServerHost(RolloutServer):
+    def __init__(self, server: RolloutServer, *, name: str, agent: AgentLoop, eval_agent: AgentLoop, plane: Any,
+                 partial_rollouts: bool = True) -> None:
+        self.server, self.name = server, name
+        self.agent, self.eval_agent, self.plane = agent, eval_agent, plane
+        self.llm = Router([server], partial_rollouts=partial_rollouts)
+        """The agents' client: this server alone (aborted segments are resubmitted to it)."""
+        self.loads_in_place = getattr(server, "loads_in_place", False)
+        self._receiver: Any = None
+        self._weights: asyncio.Task | None = None
+        self._stop: asyncio.Event | None = None
+        self.load_errors: list[str] = []
+        """Updates this server could not load (refused to the sender, which re-syncs it)."""
+
+    # ---- samples ------------------------------------------------------------------------
+    async def run_sample(self, sample: Sample) -> Any:
+        """One training sample end to end; returns its queue record (`SampleMeta`)."""
+        traj = await self.agent.run(sample, self.llm)
+        return await asyncio.to_thread(trajectory_sample, self.plane, traj)  # may wait for arena space
+
+    async def run_eval(self, sample: Sample) -> dict[str, Any]:
+        """One held-out sample: its reward and reward info (nothing is stored)."""
+        traj = await self.eval_agent.run(sample, self.llm)
+        return {"reward": float(traj.reward), "reward_info": dict(traj.reward_info)}
+
+    # ---- weights ------------------------------------------------------------------------
+    async def join_weights(self, cfg: Any, endpoint: str, pause_mode: PauseMode = "keep") -> None:
+        """Join the trainer's weight plane at `endpoint` and load every update it publishes from
+        now on (a second call joins anew, e.g. after the trainer moved)."""
+        from checkpoint_engine import Receiver
+        from checkpoint_engine.server_loop import serve_updates
+
+        await self._leave_weights()
+        transport = self.server.receiver_transport(cfg) if hasattr(self.server, "receiver_transport") else None
+        self._receiver = Receiver(cfg, self.name, endpoint=endpoint, version=-1, transport=transport, confirm_loads=True)
+        self._stop = asyncio.Event()
+        self._weights = asyncio.get_running_loop().create_task(
+            serve_updates(self, self._receiver, pause_mode, stop=self._stop, poll_s=0.2, on_error=self._failed))
+
+    def _failed(self, exc: BaseException) -> None:
+        self.load_errors.append(f"{type(exc).__name__}: {exc}"[:300])
+
+    async def _leave_weights(self) -> None:
+        if self._weights is not None:
+            self._stop.set()  # type: ignore[union-attr]
+            await asyncio.gather(self._weights, return_exceptions=True)
+            self._weights = None
+        if self._receiver is not None:
+            self._receiver.close()
+            self._receiver = None
+
+    async def load_update(self, update: Any) -> None:
+        """Load one weight-plane update into the server (its own `load_update` when it has one).
+
+        The buckets are received on a worker thread: the event loop stays free for the other
+        hosts of this process (the sender waits for every receiver at each step) and for the
+        requests of this one. Engines without `load_update` get the whole update at once (the
+        torch engine checks every pair before it copies any)."""
+        custom = getattr(self.server, "load_update", None)
+        if custom is not None:
+            await custom(update)
+        else:
+            pairs = await asyncio.to_thread(list, update)
+            await self.server.update_weights(pairs, update.version)
+
+    # ---- the RolloutServer interface, forwarded ---------------------------------------------
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None = None) -> GenerateOutput:
+        return await self.server.generate(prompt_ids, sampling, request_id)
+
+    async def pause(self, mode: PauseMode = "wait") -> None:
+        await self.server.pause(mode)
+
+    async def resume(self) -> None:
+        await self.server.resume()
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
+        await self.server.update_weights(named_tensors, version)
+
+    async def reset_prefix_cache(self) -> None:
+        await self.server.reset_prefix_cache()
+
+    def stats(self) -> ServerStats:
+        return self.server.stats()
+
+    @property
+    def version(self) -> int:
+        return self.server.version
+
+    async def close(self) -> None:
+        await self._leave_weights()
+        await self.server.close()

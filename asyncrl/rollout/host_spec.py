@@ -1,0 +1,108 @@
+"""What a server's process needs to host samples, and the wire form of what crosses to and from it.
+
+`HostSpec` is plain data (it travels to every server actor once, at start): the agent settings,
+the resolved reward name, the sampling of training and of evaluation, the queue's data-plane
+config and the partial-rollout switch. `build_host` turns it into a `ServerHost` in the
+server's process: the tokenizer and the AgentLoops are built there, and the data plane the
+trajectories are written into is that process's own.
+
+Per sample, a `Sample` goes to the server and a `SampleMeta` (the queue record) comes back,
+both as msgpack through msgspec, decoded into their types (a malformed reply is a
+`msgspec.ValidationError`, never an object built from untrusted data).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import msgspec
+
+from agents.base import AgentLoop, Sample
+from transfer_queue import SampleMeta
+
+
+@dataclass
+class HostSpec:
+    agent: dict[str, Any]
+    """`AgentConfig` as a dict (name, reward_kwargs, reward_timeout_s, kwargs)."""
+    reward: str
+    """The reward function by name or `module:attr` (the agent's, else the task's)."""
+    sampling: dict[str, Any]
+    """`SamplingParams` of training rollouts."""
+    eval_sampling: dict[str, Any]
+    """`SamplingParams` of held-out evaluation."""
+    queue: dict[str, Any] = field(default_factory=dict)
+    """`TransferQueueConfig` of the data plane the host writes trajectories into."""
+    partial_rollouts: bool = True
+
+
+def make_agent(agent: dict[str, Any], reward: str, encode: Callable, decode: Callable, sampling: Any) -> AgentLoop:
+    """The configured AgentLoop; `encode` is passed to agents that take it (multi-turn ones).
+    Errors name the config key (`agent.name`, `agent.reward`, `agent.kwargs`)."""
+    from agents.registry import AGENTS, build_agent, resolve
+    from agents.rewards import get_reward
+    from asyncrl.config import ConfigError
+
+    kw: dict[str, Any] = dict(decode=decode, sampling=sampling, reward=reward, reward_kwargs=dict(agent["reward_kwargs"]),
+                              reward_timeout_s=agent["reward_timeout_s"], **agent["kwargs"])
+    try:
+        factory = resolve(agent["name"], AGENTS, "agent")
+    except (ValueError, ImportError, AttributeError) as e:
+        raise ConfigError(f"agent.name: {e}") from None
+    try:
+        get_reward(reward, **agent["reward_kwargs"])
+    except (ValueError, ImportError, AttributeError) as e:
+        raise ConfigError(f"agent.reward: {e}") from None
+    if "encode" in inspect.signature(factory).parameters:
+        kw["encode"] = encode
+    try:
+        return build_agent(agent["name"], **kw)
+    except TypeError as e:
+        raise ConfigError(f"agent.kwargs: {e}") from None
+
+
+def tokenizer_codec(tokenizer: Any) -> tuple[Callable[[str], list[int]], Callable[[list[int]], str]]:
+    """(encode, decode) of a HF tokenizer as the agents use them."""
+    encode = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    return encode, decode
+
+
+def build_host(server: Any, name: str, spec: dict[str, Any] | HostSpec, model_path: str) -> tuple[Any, Any]:
+    """(ServerHost, its data plane) for `server` in this process."""
+    from transformers import AutoTokenizer
+
+    from asyncrl.rollout.base import SamplingParams
+    from asyncrl.rollout.host import ServerHost
+    from transfer_queue import TransferQueueConfig, make_storage
+
+    s = spec if isinstance(spec, HostSpec) else HostSpec(**spec)
+    encode, decode = tokenizer_codec(AutoTokenizer.from_pretrained(model_path))
+    agent = make_agent(s.agent, s.reward, encode, decode, SamplingParams(**s.sampling))
+    eval_agent = make_agent(s.agent, s.reward, encode, decode, SamplingParams(**s.eval_sampling))
+    plane = make_storage(TransferQueueConfig(**s.queue))
+    host = ServerHost(server, name=name, agent=agent, eval_agent=eval_agent, plane=plane, partial_rollouts=s.partial_rollouts)
+    return host, plane
+
+
+def as_dict(spec: HostSpec) -> dict[str, Any]:
+    return dataclasses.asdict(spec)
+
+
+def encode_sample(sample: Sample) -> bytes:
+    return msgspec.msgpack.encode(sample)
+
+
+def decode_sample(data: bytes) -> Sample:
+    return msgspec.msgpack.decode(data, type=Sample)
+
+
+def encode_record(record: SampleMeta) -> bytes:
+    return msgspec.msgpack.encode(record)
+
+
+def decode_record(data: bytes) -> SampleMeta:
+    return msgspec.msgpack.decode(data, type=SampleMeta)

@@ -1,0 +1,51 @@
+"""TrainerHandle: the trainer as the controller drives it: async verbs, one at a time.
+
+The pool behind it is a `TrainerRank` in this process (the embedded default) or a
+`TrainerGroup` of Ray actors; both have the same blocking verbs, which run here on a worker
+thread so the event loop keeps serving rollouts. A lock orders them: a training step, a
+publish and a re-sync of a restarted server are all collective over the ranks and must never
+interleave (FSDP all-gathers in a publish would otherwise meet a step's collectives).
+
+    trainer = TrainerHandle(parts.trainer)
+    metrics = await trainer.train(plan)
+    outcome = await trainer.publish(3, ["main-0"])   # also what `FleetManager` calls
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+
+class TrainerHandle:
+    def __init__(self, impl: Any) -> None:
+        self.impl = impl
+        self._lock = asyncio.Lock()
+
+    @property
+    def endpoint(self) -> str:
+        """Where servers join the trainer's weight plane."""
+        return self.impl.endpoint
+
+    @property
+    def step(self) -> int:
+        return self.impl.step
+
+    async def _call(self, verb: str, *args: Any) -> Any:
+        async with self._lock:
+            return await asyncio.to_thread(getattr(self.impl, verb), *args)
+
+    async def train(self, plan: Any) -> dict[str, float]:
+        return await self._call("train", plan)
+
+    async def publish(self, version: int, receivers: list[str]) -> dict[str, Any]:
+        return await self._call("publish", version, receivers)
+
+    async def sync(self, receivers: list[str]) -> dict[str, Any]:
+        return await self._call("sync", receivers)
+
+    async def save(self, path: str) -> None:
+        await self._call("save", path)
+
+    async def load(self, path: str) -> None:
+        await self._call("load", path)

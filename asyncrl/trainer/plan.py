@@ -1,0 +1,110 @@
+"""BatchPlan: what the controller sends the trainer pool for one step, and how a rank reads its shard.
+
+The controller never fetches a trajectory's tensors. It takes whole groups from the queue
+(metadata and data-plane handles), computes one advantage per trajectory from the rewards and
+group ids it holds, and sends every rank the same small plan: per trajectory its handles and
+its advantage. Each rank then reads only its own rows of every mini-batch straight from the
+storage units (`load_shard`: shm on one host, zmq or nixl across hosts) into numpy views and
+pads them into `TrainBatch` tensors, no Python lists of tokens anywhere.
+
+Layout, shared with `TrainerEngine.train_step` (the full-batch path gives the same split):
+the rows are cut into `minibatches` contiguous mini-batches of ceil(B / n) rows (whole
+groups when the rows are group-ordered); rank r of W takes rows [r * p, (r + 1) * p) of each
+mini-batch, p = ceil(rows / W). A rank short of rows gets padding rows with loss mask 0, so
+every rank runs the same forward/backward passes (FSDP collectives must match) and the
+padding adds exactly zero to losses and gradients.
+
+    plan = BatchPlan(rows=[PlanRow("u0", handles, 0.5), ...], pad_id=0, minibatches=4)
+    parts, real_rows = load_shard(plan, plane, rank=1, world=2)   # one TrainBatch per mini-batch
+    metrics = engine.train_local(parts, real_rows)
+
+Wire: `to_bytes` / `from_bytes` (msgpack through msgspec, typed on decode), the form it takes
+through a Ray call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import msgspec
+import numpy as np
+
+FIELDS = ("prompt_ids", "response_ids", "behavior_logprobs", "loss_mask", "token_versions")
+"""Tensor fields of a trajectory record that a rank reads (see `asyncrl.trajectory_queue`)."""
+
+
+@dataclass
+class PlanRow:
+    """One trajectory of the batch."""
+
+    uid: str
+    handles: dict[str, dict[str, Any]]
+    """Field name -> data-plane handle, for every name in `FIELDS`."""
+    advantage: float
+    """The sequence advantage, broadcast over the response's loss tokens by the rank."""
+
+
+@dataclass
+class BatchPlan:
+    """One trainer step. Invariant: `rows` are in group order (a group's rows are contiguous)."""
+
+    rows: list[PlanRow]
+    pad_id: int
+    """Token id of padding columns and padding rows."""
+    minibatches: int = 1
+    """Optimizer steps of this trainer step (`trainer.minibatches`, at most one per row)."""
+
+    def to_bytes(self) -> bytes:
+        return msgspec.msgpack.encode(self)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "BatchPlan":
+        return msgspec.msgpack.decode(data, type=cls)
+
+    def shard(self, rank: int, world: int) -> list[list[PlanRow | None]]:
+        """Rank `rank`'s rows of each mini-batch; None marks a padding row."""
+        out = []
+        for mb in minibatch_slices(len(self.rows), self.minibatches):
+            rows = self.rows[mb]
+            start, stop, per = shard_range(len(rows), rank, world)
+            mine: list[PlanRow | None] = list(rows[start:stop])
+            out.append(mine + [None] * (per - len(mine)))
+        return out
+
+
+def minibatch_slices(num_rows: int, minibatches: int) -> list[slice]:
+    """The contiguous mini-batches of a step: min(minibatches, rows) slices of ceil(rows / n) rows."""
+    n = max(1, min(minibatches, num_rows))
+    per = -(-num_rows // n)
+    return [slice(i, min(i + per, num_rows)) for i in range(0, num_rows, per)]
+
+
+def shard_range(num_rows: int, rank: int, world: int) -> tuple[int, int, int]:
+    """(start, stop, rows per rank) of rank `rank`'s shard of `num_rows` rows."""
+    per = -(-num_rows // world)
+    start = min(rank * per, num_rows)
+    return start, min(start + per, num_rows), per
+
+
+def load_shard(plan: BatchPlan, plane: Any, rank: int, world: int) -> tuple[list[Any], list[int]]:
+    """This rank's `TrainBatch` of every mini-batch of `plan`, read from `plane` (one `read` per
+    mini-batch), and the number of real (non-padding) rows in each."""
+    from asyncrl.trainer.batch import TrainBatch
+
+    parts, real = [], []
+    for rows in plan.shard(rank, world):
+        mine = [r for r in rows if r is not None]
+        arrays = plane.read([r.handles[f] for r in mine for f in FIELDS]) if mine else []
+        per_row: list[dict[str, np.ndarray] | None] = []
+        for i in range(len(mine)):
+            per_row.append(dict(zip(FIELDS, arrays[i * len(FIELDS):(i + 1) * len(FIELDS)])))
+        per_row += [None] * (len(rows) - len(mine))
+        parts.append(TrainBatch.from_arrays(per_row, [r.advantage if r else 0.0 for r in rows], pad_id=plan.pad_id))
+        real.append(len(mine))
+    return parts, real
+
+
+def plan_rows(samples: Sequence[Any], advantages: Sequence[float]) -> list[PlanRow]:
+    """Rows of a plan from queue `SampleMeta`s (in group order) and their advantages."""
+    return [PlanRow(s.uid, {f: s.handles[f] for f in FIELDS}, float(a)) for s, a in zip(samples, advantages)]

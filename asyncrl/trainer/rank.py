@@ -1,0 +1,127 @@
+"""TrainerRank: one rank of the trainer pool as the pipeline drives it, in whatever process it lives.
+
+Job: per step, read this rank's shard of the batch straight from the data plane
+(`plan.load_shard`) and train on it (`TrainerEngine.train_local`); per publish, stream the
+full weights bucket by bucket into the weight plane, rank 0 through its `Sender`, the other
+ranks joining the same all-gathers, to exactly the receivers the caller names, and report
+who loaded them. The controller sends a plan and "publish version v"; no trajectory tensor
+and no weight byte passes through it. With Ray each rank is an actor (`actor.py`); the
+embedded default runs one rank in the controller's own process (the `local` planes).
+
+    rank = TrainerRank(engine, plane=make_storage(cfg.queue), weights=cfg.weights)
+    metrics = rank.train(plan)                       # plan: BatchPlan or its bytes
+    outcome = rank.publish(3, ["main-0", "main-1"])  # rank 0: {"completed": [...], "evicted": {...}, ...}
+
+Boundary: no Ray, no servers beyond receiver ids, no queue metadata (acks are the
+controller's). Every verb is collective: all ranks are called with the same arguments.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator
+
+from asyncrl.trainer.plan import BatchPlan, load_shard
+
+
+def build_engine(model_path: str, *, trainer: Any, **kw: Any) -> Any:
+    """The engine named by `trainer.engine`: `fsdp` (`TrainerEngine`) or `cost_model`."""
+    if trainer.engine == "cost_model":
+        from asyncrl.trainer.cost_model import CostModelEngine
+
+        return CostModelEngine(model_path, cost_per_token_s=trainer.cost_model_token_s, trainer=trainer, **kw)
+    from asyncrl.trainer.engine import TrainerEngine
+
+    return TrainerEngine(model_path, trainer=trainer, **kw)
+
+
+class TrainerRank:
+    def __init__(self, engine: Any, *, plane: Any, weights: Any = None) -> None:
+        """`engine`: a `TrainerEngine` (or any object with its verbs); `plane`: the data plane this
+        process reads trajectories from; `weights`: the `WeightSyncConfig` (rank 0 builds the `Sender`)."""
+        self.engine, self.plane = engine, plane
+        self.device = getattr(weights, "device", "cpu")
+        self.sender = None
+        if weights is not None and engine.rank == 0:
+            from checkpoint_engine import Sender
+
+            self.sender = Sender(weights)
+        self.last_read_s = 0.0
+        """Seconds the last `train` spent reading its shard from the data plane."""
+
+    @property
+    def rank(self) -> int:
+        return self.engine.rank
+
+    @property
+    def step(self) -> int:
+        return self.engine.step
+
+    @property
+    def endpoint(self) -> str:
+        """Where receivers join the weight plane (rank 0; '' elsewhere)."""
+        return self.sender.endpoint if self.sender is not None else ""
+
+    def train(self, plan: BatchPlan | bytes) -> dict[str, float]:
+        """One trainer step on this rank's shard of `plan`; returns the step's metrics."""
+        if isinstance(plan, (bytes, bytearray, memoryview)):
+            plan = BatchPlan.from_bytes(bytes(plan))
+        t0 = time.perf_counter()
+        parts, real = load_shard(plan, self.plane, self.engine.rank, self.engine.world)
+        self.last_read_s = time.perf_counter() - t0
+        metrics = self.engine.train_local(parts, real)
+        metrics["read_s"] = self.last_read_s
+        return metrics
+
+    def _params(self) -> Iterator[Any]:
+        return self.engine.iter_full_params(device=self.device)
+
+    def publish(self, version: int, receivers: list[str]) -> dict[str, Any] | None:
+        """Send the current weights as `version` to `receivers`; returns (rank 0) once each one
+        loaded them or was evicted: `{"version", "completed", "evicted", "bytes", "seconds", ...}`."""
+        params = self._params()
+        try:
+            if self.sender is None:
+                return None
+            missing = self.sender.wait_for_ids(receivers, self.sender.config.timeout_s)
+            out = self.sender.publish(params, version, receivers=[r for r in receivers if r not in missing])
+            out.evicted.update({r: "not joined" for r in missing})
+            return _outcome(out)
+        finally:
+            _drain(params)  # the other ranks all-gather every tensor: so must this one, whatever happened
+
+    def sync(self, receivers: list[str]) -> dict[str, Any] | None:
+        """Bring `receivers` that do not hold the current version (restarted, evicted) to it."""
+        params = self._params()
+        try:
+            if self.sender is None:
+                return None
+            self.sender.wait_for_ids(receivers, self.sender.config.timeout_s)
+            out = self.sender.sync(params, receivers=receivers)
+            return _outcome(out) if out is not None else {"version": self.sender.membership.version, "completed": [],
+                                                           "evicted": {}, "bytes": 0, "seconds": 0.0, "gbps": 0.0}
+        finally:
+            _drain(params)
+
+    def save(self, path: str) -> None:
+        self.engine.save(path)
+
+    def load(self, path: str) -> int:
+        self.engine.load(path)
+        return self.engine.step
+
+    def close(self) -> None:
+        if self.sender is not None:
+            self.sender.close()
+            self.sender = None
+        self.engine.close()
+
+
+def _drain(it: Iterator[Any]) -> None:
+    for _ in it:
+        pass
+
+
+def _outcome(out: Any) -> dict[str, Any]:
+    return {"version": out.version, "completed": list(out.completed), "evicted": dict(out.evicted), "bytes": out.bytes,
+            "seconds": out.seconds, "gbps": out.gbps, "buckets": out.buckets}
