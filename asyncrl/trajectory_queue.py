@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from asyncrl.staleness import StalenessManager
@@ -109,6 +110,7 @@ class TrajectoryQueue:
         self.inline_tensor_bytes += sum(inline_bytes(s.handles) for s in samples)
 
     async def put(self, group: list[SampleMeta]) -> None:
+        self.received(group, sum(len(msgspec.msgpack.encode(s)) for s in group))
         await self.client.add(group)
 
     async def discard(self, group: list[SampleMeta]) -> None:

@@ -30,8 +30,8 @@ from asyncrl.trajectory_queue import trajectory_sample
 
 
 class ServerHost(RolloutServer):
-    def __init__(self, server: RolloutServer, *, name: str, agent: AgentLoop, eval_agent: AgentLoop, plane: Any,
-                 partial_rollouts: bool = True) -> None:
+    def __init__(self, server: RolloutServer, *, name: str, agent: AgentLoop | None, eval_agent: AgentLoop | None,
+                 plane: Any, partial_rollouts: bool = True) -> None:
         self.server, self.name = server, name
         self.agent, self.eval_agent, self.plane = agent, eval_agent, plane
         self.llm = Router([server], partial_rollouts=partial_rollouts)
@@ -46,6 +46,8 @@ class ServerHost(RolloutServer):
     # ---- samples ------------------------------------------------------------------------
     async def run_sample(self, sample: Sample) -> Any:
         """One training sample end to end; returns its queue record (`SampleMeta`)."""
+        if self.agent is None:
+            raise RuntimeError(f"server {self.name} was started without a host spec: it runs no samples")
         traj = await self.agent.run(sample, self.llm)
         return await asyncio.to_thread(trajectory_sample, self.plane, traj)  # may wait for arena space
 

@@ -39,8 +39,8 @@ class ServerActor:
 
     With a `spec` (what the pipeline passes: `HostSpec` as a dict) the actor runs whole samples
     (`run_sample`, `run_eval`: AgentLoops, rewards and the write into its own data plane happen
-    here) and loads weights from the weight plane (`join_weights`); without one it is a bare
-    server behind the same verbs (tests, benchmarks)."""
+    here); without one it serves `generate` only (tests, benchmarks). Either way it loads weights
+    from the weight plane once it joined it (`join_weights`)."""
 
     def __init__(self, cfg: dict[str, Any], model_path: str, dtype: str, seed: int, index: int,
                  name: str = "", spec: dict[str, Any] | None = None) -> None:
@@ -60,6 +60,10 @@ class ServerActor:
             from asyncrl.rollout.host_spec import build_host
 
             self.host, self.plane = build_host(self.server, self.name, self.spec, model_path)
+        else:  # a bare server: the weight plane, no samples
+            from asyncrl.rollout.host import ServerHost
+
+            self.host = ServerHost(self.server, name=self.name, agent=None, eval_agent=None, plane=None)
         return self.server.version
 
     async def run_sample(self, sample: bytes) -> bytes:
@@ -107,8 +111,6 @@ class ServerActor:
     async def close(self) -> None:
         if self.host is not None:
             await self.host.close()
-        elif self.server is not None:
-            await self.server.close()
         if self.plane is not None:
             self.plane.close()
 

@@ -22,6 +22,7 @@ import time
 from typing import Any, Iterator
 
 from asyncrl.trainer.plan import BatchPlan, load_shard
+from transfer_queue import StoragePlane
 
 
 def build_engine(model_path: str, *, trainer: Any, **kw: Any) -> Any:
@@ -66,11 +67,12 @@ class TrainerRank:
         """One trainer step on this rank's shard of `plan`; returns the step's metrics."""
         if isinstance(plan, (bytes, bytearray, memoryview)):
             plan = BatchPlan.from_bytes(bytes(plan))
-        t0 = time.perf_counter()
+        t0, b0 = time.perf_counter(), StoragePlane.delivered_bytes
         parts, real = load_shard(plan, self.plane, self.engine.rank, self.engine.world)
         self.last_read_s = time.perf_counter() - t0
+        read_bytes = StoragePlane.delivered_bytes - b0
         metrics = self.engine.train_local(parts, real)
-        metrics["read_s"] = self.last_read_s
+        metrics.update(read_s=self.last_read_s, read_bytes=float(read_bytes))
         return metrics
 
     def _params(self) -> Iterator[Any]:

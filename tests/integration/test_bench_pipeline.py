@@ -5,7 +5,7 @@ import json
 import pytest
 
 from asyncrl.bench import pipeline
-from asyncrl.bench.cost_model import LongTail
+from asyncrl.rollout.cost_model import LongTail
 
 MODE_ETA = {"sync": 0, "one_step_off": 1}
 
@@ -47,7 +47,7 @@ def test_long_tail_draws_match_its_mean():
 def test_cost_model_server_pause_modes_and_versions():
     import asyncio
 
-    from asyncrl.bench.cost_model import CostModelServer
+    from asyncrl.rollout.cost_model import CostModelServer
     from asyncrl.rollout.base import SamplingParams
     from asyncrl.rollout.router import Router
 

@@ -136,7 +136,7 @@ def test_json_matches_the_queue_accounting_of_a_running_pipeline(run, capsys):
     delivered = lambda s: sum(s.staleness.get("trainer", {}).values())
     assert delivered(before) <= sum(snap["staleness"]["queue"].values()) <= delivered(after)
     assert max(int(k) for k in snap["staleness"]["queue"]) <= 2  # eta
-    assert snap["fleets"]["default"]["servers"][0]["healthy"] and snap["rates"]["produced_per_s"] > 0
+    assert snap["fleets"]["main"]["servers"][0]["healthy"] and snap["rates"]["produced_per_s"] > 0
 
 
 @pytest.mark.timeout(120)
@@ -145,7 +145,7 @@ def test_watch_view_renders_in_a_pseudo_terminal(run):
                           dimensions=(45, 130), encoding="utf-8", timeout=30, cwd=os.getcwd(),
                           env=dict(os.environ, COLUMNS="130", LINES="45"))  # under pytest rich would assume 80 columns
     for field in ("trainer", "ready", "leased", "acked", "complete_groups", "staleness", "last batch",
-                  "server-0", "in_flight", "tokens/s", "healthy", "drops", "heartbeats"):
+                  "main-0", "in_flight", "tokens/s", "healthy", "drops", "heartbeats"):
         child.expect_exact(field)
     child.expect_exact("produced/s")  # a second frame arrives (refresh)
     child.sendintr()

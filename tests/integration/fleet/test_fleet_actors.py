@@ -1,6 +1,7 @@
 """Fleets of real Ray server actors (tiny torch engines), one Ray for the module: a partial
 rollout across an abort-mode weight update, a server killed mid-request, fleets added and
-removed while requests run."""
+removed while requests run. Weights travel on the real weight plane (a `Sender` in this
+process standing in for trainer rank 0, a `Receiver` in every actor)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from asyncrl.rollout.base import SamplingParams
 from asyncrl.rollout.fleet import Fleet, FleetManager
 from asyncrl.rollout.router import NoServerError, Router
 from asyncrl.rollout.server_actor import kill
+from tests.integration.fleet.weights import weight_source
 
 CFG = RolloutConfig(num_servers=2, torch_threads=1, cpus_per_server=1, max_batch_size=64)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=400)
@@ -50,13 +52,16 @@ def test_partial_rollout_spans_a_weight_update(ray_cluster, tiny_model, tiny_mod
         manager = FleetManager(Router())
         cfg = RolloutConfig(num_servers=1, torch_threads=1)
         await manager.add_fleet(await Fleet.spawn("main", cfg, str(tiny_model), dtype="float32", seed=0))
+        trainer, _, wcfg = weight_source(_state(tiny_model_b))
+        await manager.attach_weights(trainer, wcfg, pause_mode="abort")
         (server,) = manager.router.servers
         t = asyncio.create_task(manager.router.generate(PROMPTS[0], GREEDY))
         while (await server.refresh()).generated_tokens < 20:
             await asyncio.sleep(0.02)
-        await manager.update_weights(_state(tiny_model_b), version=1, pause_mode="abort")
+        await manager.publish(1)
         out = await t
         await manager.close()
+        trainer.impl.close()
         return out, manager.router.resubmits
 
     out, resubmits = asyncio.run(go())
@@ -74,7 +79,9 @@ def test_partial_rollout_spans_a_weight_update(ray_cluster, tiny_model, tiny_mod
 def test_killed_server_fails_over_and_rejoins_at_current_version(ray_cluster, tiny_model, tiny_model_b):
     async def go():
         manager = await FleetManager.spawn(CFG, str(tiny_model), dtype="float32", seed=0)
-        await manager.update_weights(_state(tiny_model_b), version=1, pause_mode="wait")
+        trainer, _, wcfg = weight_source(_state(tiny_model_b))
+        await manager.attach_weights(trainer, wcfg, pause_mode="wait")
+        await manager.publish(1)
         victim = manager.router.servers[0]
         sp = SamplingParams(temperature=1.0, max_tokens=40, seed=5)
         t = asyncio.create_task(manager.router.generate([5, 6, 7], sp, session_id="s"))  # -> victim (least, first)
@@ -96,7 +103,10 @@ def test_killed_server_fails_over_and_rejoins_at_current_version(ray_cluster, ti
         a, b = manager.router.servers
         oa, ob = await asyncio.gather(a.generate([9, 9], sp), b.generate([9, 9], sp))
         assert oa.token_ids == ob.token_ids and set(oa.versions) == {1}
+        want = _teacher_forced(tiny_model_b, [9, 9], oa.token_ids)  # the weights it got are tiny_model_b's
+        assert max(abs(x - y) for x, y in zip(oa.logprobs, want)) <= 1e-4
         await manager.close()
+        trainer.impl.close()
 
     asyncio.run(go())
 

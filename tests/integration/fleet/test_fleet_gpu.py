@@ -21,6 +21,7 @@ def test_vllm_fleet_on_gpu_bundles_partial_rollout(tiny_model, tiny_model_b):
     from asyncrl.rollout.base import SamplingParams
     from asyncrl.rollout.fleet import Fleet, FleetManager
     from asyncrl.rollout.router import Router
+    from tests.integration.fleet.weights import weight_source
 
     cfg = RolloutConfig(backend="vllm", num_servers=1, gpu_bundles=True, tensor_parallel_size=1, gpu_memory_utilization=0.3)
     ray.init(num_cpus=4, num_gpus=torch.cuda.device_count(), include_dashboard=False, log_to_driver=False)
@@ -28,15 +29,17 @@ def test_vllm_fleet_on_gpu_bundles_partial_rollout(tiny_model, tiny_model_b):
         async def go():
             manager = FleetManager(Router())
             await manager.add_fleet(await Fleet.spawn("gpu", cfg, str(tiny_model), dtype="float32", seed=0))
+            trainer, _, wcfg = weight_source(list(load_file(str(tiny_model_b / "model.safetensors")).items()))
+            await manager.attach_weights(trainer, wcfg, pause_mode="abort")
             (server,) = manager.router.servers
             t = asyncio.create_task(manager.router.generate([4, 5], SamplingParams(temperature=0.0, max_tokens=400)))
             while (await server.refresh()).generated_tokens < 20:
                 await asyncio.sleep(0.01)
-            new = list(load_file(str(tiny_model_b / "model.safetensors")).items())
-            await manager.update_weights(new, version=1, pause_mode="abort")
+            await manager.publish(1)  # the actor's receiver: shm buckets -> the vLLM worker
             out = await t
             stats = await manager.stats()
             await manager.close()
+            trainer.impl.close()
             return out, stats
 
         out, stats = asyncio.run(go())

@@ -1,10 +1,12 @@
+import dataclasses
+
 import pytest
 
 from agents.single_turn import SingleTurnAgent
 from agents.tool_agent import ToolAgent
 from asyncrl.config import ConfigError, load
 from asyncrl.data.tasks import build_task
-from asyncrl.launch import make_agent
+from asyncrl.rollout.host_spec import make_agent
 from asyncrl.rollout.base import SamplingParams
 
 
@@ -12,7 +14,7 @@ def _make(*overrides):
     cfg = load(None, list(overrides))
     enc = lambda s: [ord(c) for c in s]
     task = build_task(cfg.data, enc)
-    return make_agent(cfg, task, enc, lambda ids: "".join(map(chr, ids)), SamplingParams())
+    return make_agent(dataclasses.asdict(cfg.agent), cfg.agent.reward or task.reward, enc, lambda ids: "".join(map(chr, ids)), SamplingParams())
 
 
 def test_agent_chosen_from_config():

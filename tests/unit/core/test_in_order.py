@@ -6,15 +6,16 @@ import asyncio
 import pytest
 
 from asyncrl.staleness import StalenessManager
-from asyncrl.trajectory_queue import TrajectoryQueue
+from asyncrl.trajectory_queue import TrajectoryQueue, trajectory_sample
 from asyncrl.types import Trajectory
 from transfer_queue import TransferQueueConfig
 
 
-def _group(gid: str, version: int) -> list[Trajectory]:
-    return [Trajectory(uid=f"{gid}-{i}", group_id=gid, index_in_group=i, group_size=2, prompt_ids=[1], response_ids=[5],
-                       behavior_logprobs=[-0.1], loss_mask=[1], token_versions=[version], min_version=version,
-                       max_version=version, reward=float(i)).validate() for i in range(2)]
+def _group(q: TrajectoryQueue, gid: str, version: int) -> list:
+    return [trajectory_sample(q.storage, Trajectory(
+        uid=f"{gid}-{i}", group_id=gid, index_in_group=i, group_size=2, prompt_ids=[1], response_ids=[5],
+        behavior_logprobs=[-0.1], loss_mask=[1], token_versions=[version], min_version=version,
+        max_version=version, reward=float(i))) for i in range(2)]
 
 
 @pytest.mark.timeout(30)
@@ -25,7 +26,7 @@ def test_in_order_waits_for_the_older_running_group_and_takes_a_replacement_with
 
         async def finish(gid, v, ok=True):
             if ok:
-                await q.put(_group(gid, v))
+                await q.put(_group(q, gid, v))
             await s.finish(accepted=ok, cause="" if ok else "reward_failed", version=v)
 
         vs = [await s.acquire() for _ in range(4)]  # g0..g3 at version 0
@@ -43,7 +44,7 @@ def test_in_order_waits_for_the_older_running_group_and_takes_a_replacement_with
         assert not take.done()
         await finish("g3", 0)
         _, groups = await asyncio.wait_for(take, 5)  # no version-0 group left: g4 completes the batch
-        assert {g[0].group_id: g[0].min_version for g in groups} == {"g3": 0, "g4": 1}
+        assert {g[0].group_id: g[0].version for g in groups} == {"g3": 0, "g4": 1}
         await q.close()
 
     asyncio.run(go())
@@ -57,7 +58,7 @@ def test_ready_first_takes_the_newer_ready_group():
         v0 = await s.acquire()
         await s.set_version(1)
         v1 = await s.acquire()
-        await q.put(_group("young", v1))
+        await q.put(_group(q, "young", v1))
         await s.finish(accepted=True, version=v1)
         assert s.takeable_version() is None
         _, groups = await asyncio.wait_for(q.get(1, 2, step=1, poll_s=0.05), 5)

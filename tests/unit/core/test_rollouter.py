@@ -1,4 +1,6 @@
-"""The Rollouter under admission control, with a scripted LLM (stands in for a model whose outputs we control)."""
+"""The Rollouter under admission control, with a scripted LLM (stands in for a model whose outputs we
+control): each sample runs an agent against it and writes the trajectory into a local data plane, as a
+server's host does; the rollouter sees the queue records only."""
 
 import asyncio
 
@@ -7,6 +9,19 @@ from asyncrl.data.datasets import Prompt, PromptSet, PromptStream
 from asyncrl.rollout.base import GenerateOutput, SamplingParams
 from asyncrl.rollout.rollouter import Rollouter
 from asyncrl.staleness import StalenessManager
+from asyncrl.trajectory_queue import from_record, trajectory_sample
+from transfer_queue.storage.local import LocalStorage
+
+
+def _runner(agent, llm, plane):
+    async def run(sample):
+        return trajectory_sample(plane, await agent.run(sample, llm))
+
+    return run
+
+
+async def _discard(group):
+    return None
 
 
 class ScriptedLLM:
@@ -21,6 +36,8 @@ def test_failing_rewards_are_counted_and_the_rollouter_keeps_going():
             raise RuntimeError("reward crashed")
         return 1.0
 
+    plane = LocalStorage(inline_max_bytes=0)
+
     async def go():
         prompts = PromptSet([Prompt(i, "q", [1, 2], "bad" if i % 2 else "ok") for i in range(6)])
         staleness = StalenessManager(batch_groups=4, eta=0)
@@ -30,20 +47,28 @@ def test_failing_rewards_are_counted_and_the_rollouter_keeps_going():
             queued.append(group)
 
         agent = SingleTurnAgent(decode=lambda ids: "x", reward_fn=reward, sampling=SamplingParams())
-        r = Rollouter(agent=agent, llm=ScriptedLLM(), prompts=PromptStream(prompts, seed=0), staleness=staleness,
-                      sink=sink, group_size=3)
+        freed = []
+
+        async def discard(group):
+            freed.append(group)
+
+        r = Rollouter(run_sample=_runner(agent, ScriptedLLM(), plane), prompts=PromptStream(prompts, seed=0), staleness=staleness,
+                      sink=sink, discard=discard, group_size=3)
         task = asyncio.create_task(r.run())
         while len(queued) < 4:  # failed groups free their admission slot, so good ones keep coming
             await asyncio.sleep(0.01)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        return r, staleness, queued
+        return r, staleness, queued, freed
 
-    r, staleness, queued = asyncio.run(go())
+    r, staleness, queued, freed = asyncio.run(go())
     assert staleness.dropped["reward_failed"] >= 1 and r.reward_failures >= 3
-    assert all(t.reward == 1.0 and "failed" not in t.reward_info for g in queued for t in g)
-    t = queued[0][0]
+    assert len(freed) == staleness.dropped["reward_failed"] and all("failed" in m.meta["reward_info"] for g in freed for m in g)
+    assert all(m.meta["reward"] == 1.0 and "failed" not in m.meta["reward_info"] for g in queued for m in g)
+    m = queued[0][0]
+    t = from_record(m.meta, dict(zip(m.handles, plane.read(list(m.handles.values())))))
     assert t.response_ids == [7, 8] and t.loss_mask == [1, 1] and t.behavior_logprobs == [-0.5, -0.25]
+    assert all(h["plane"] == "local" for h in m.handles.values())  # every array went to the plane, none inline
 
 
 def test_an_agent_loop_error_stops_the_rollouter_loudly():
@@ -53,8 +78,8 @@ def test_an_agent_loop_error_stops_the_rollouter_loudly():
 
     async def go():
         prompts = PromptSet([Prompt(0, "q", [1], "a")])
-        r = Rollouter(agent=Broken(), llm=ScriptedLLM(), prompts=PromptStream(prompts, seed=0),
-                      staleness=StalenessManager(batch_groups=2, eta=0), sink=None, group_size=2)
+        r = Rollouter(run_sample=_runner(Broken(), ScriptedLLM(), LocalStorage()), prompts=PromptStream(prompts, seed=0),
+                      staleness=StalenessManager(batch_groups=2, eta=0), sink=None, discard=_discard, group_size=2)
         await asyncio.wait_for(r.run(), 5)
 
     try:
@@ -90,8 +115,8 @@ def test_admission_waits_for_a_free_fleet_slot():
 
         llm = Gate()
         agent = SingleTurnAgent(decode=lambda ids: "x", reward_fn=lambda r, a: 1.0, sampling=SamplingParams())
-        r = Rollouter(agent=agent, llm=llm, prompts=PromptStream(prompts, seed=0), staleness=staleness,
-                      sink=sink, group_size=2, max_running_samples=3)
+        r = Rollouter(run_sample=_runner(agent, llm, LocalStorage()), prompts=PromptStream(prompts, seed=0), staleness=staleness,
+                      sink=sink, discard=_discard, group_size=2, max_running_samples=3)
         task = asyncio.create_task(r.run())
         await asyncio.sleep(0.05)
         started_while_full = staleness.running

@@ -126,22 +126,54 @@ def test_drain_finishes_requests_and_takes_no_new_ones():
     asyncio.run(go())
 
 
+class Weights:
+    """Stands in for the trainer's weight plane: a publish 'loads' the version into every named
+    server that is alive (`update_weights`); a dead one is left out and reported evicted."""
+
+    endpoint = "inproc://weights"
+
+    def __init__(self, manager: FleetManager) -> None:
+        self.manager, self.version, self.calls = manager, -1, []
+
+    async def _send(self, version, receivers):
+        out = {"version": version, "completed": [], "evicted": {}}
+        for s in self.manager.servers:
+            if s.name in receivers:
+                try:
+                    await s.update_weights([], version)
+                    out["completed"].append(s.name)
+                except ServerDied:
+                    out["evicted"][s.name] = "timeout"
+        return out
+
+    async def publish(self, version, receivers):
+        self.version = version
+        self.calls.append(("publish", version, sorted(receivers)))
+        return await self._send(version, receivers)
+
+    async def sync(self, receivers):
+        self.calls.append(("sync", self.version, sorted(receivers)))
+        return await self._send(self.version, receivers)
+
+
 def test_manager_restarts_dead_server_at_current_version():
     async def go():
         made = []
 
         async def respawn(i: int) -> ScriptedServer:
-            made.append(ScriptedServer(f"s{i}-new", hold=False))
+            made.append(ScriptedServer(f"s{i}", hold=False))
             return made[-1]
 
         s0, s1 = ScriptedServer("s0"), ScriptedServer("s1", hold=False)
         manager = FleetManager(Router())
         await manager.add_fleet(Fleet("main", [s0, s1], respawn))
-        await manager.update_weights([("w", 1.0)], version=4)
+        weights = Weights(manager)
+        await manager.attach_weights(weights, cfg=None)
+        await manager.publish(4)
         assert (s0.v, s1.v, manager.version) == (4, 4, 4)
         late = ScriptedServer("late", hold=False)
         await manager.add_fleet(Fleet("extra", [late]))  # joins at the current version
-        assert late.v == 4
+        assert late.v == 4 and weights.calls[-1] == ("sync", 4, ["late"])
         t = asyncio.create_task(manager.router.generate([1], SP, fleet="main"))
         await settle()
         assert len(s0.open) == 1
@@ -149,6 +181,7 @@ def test_manager_restarts_dead_server_at_current_version():
         assert len((await t).token_ids) == 6
         await manager.wait_restarts()
         assert made[0].v == 4 and made[0] in manager.router.servers and s0 not in manager.router.servers
+        assert weights.calls[-1] == ("sync", 4, ["s0"])  # only the fresh server was sent the weights
         stats = await manager.stats()
         assert stats["restarts"] == 1 and stats["failovers"] == 1
         assert [row["version"] for row in stats["fleets"]["main"]["servers"]] == [4, 4]
@@ -158,20 +191,25 @@ def test_manager_restarts_dead_server_at_current_version():
     asyncio.run(go())
 
 
-def test_update_skips_a_server_that_died_and_restart_syncs_it():
+def test_publish_reaches_routed_servers_only_and_a_missed_one_is_resynced_or_restarted():
     async def go():
         made = []
 
         async def respawn(i: int) -> ScriptedServer:
-            made.append(ScriptedServer(f"s{i}-new", hold=False))
+            made.append(ScriptedServer(f"s{i}", hold=False))
             return made[-1]
 
-        s0, s1 = ScriptedServer("s0"), ScriptedServer("s1")
+        s0, s1, s2 = ScriptedServer("s0"), ScriptedServer("s1"), ScriptedServer("s2")
         manager = FleetManager(Router())
-        await manager.add_fleet(Fleet("main", [s0, s1], respawn))
+        await manager.add_fleet(Fleet("main", [s0, s1, s2], respawn))
+        weights = Weights(manager)
+        await manager.attach_weights(weights, cfg=None)
+        manager.router.remove(s2)  # e.g. drained: not taking requests
         s1.dead = True
-        await manager.update_weights([("w", 2.0)], version=2)  # s1's death does not fail the update
-        await manager.wait_restarts()
+        m = await manager.publish(2)  # s1's death does not fail the publish
+        assert weights.calls[0] == ("publish", 2, ["s0", "s1"]) and m["weights/evicted"] == 1.0
+        await manager.wait_restarts()  # s1: re-sync fails (dead) -> restarted, synced, routed
         assert s0.v == 2 and made[0].v == 2 and manager.router.servers == [s0, made[0]]
+        assert s2.v == 0 and manager.evicted == {"s1": "timeout"}
 
     asyncio.run(go())
