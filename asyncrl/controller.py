@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from collections import Counter
 from pathlib import Path
@@ -77,7 +78,9 @@ class Pipeline:
         self.B, self.n = cfg.trainer.prompts_per_step, cfg.rollout.group_size
         eta, self.publish_every, in_order = mode_rule(cfg)
         self.staleness = StalenessManager(batch_groups=self.B, eta=eta, in_order=in_order)
-        self.queue = TrajectoryQueue(cfg.queue, self.staleness, storage=parts.storage)
+        # one lease holder name per run: a resumed run takes back at once what it had leased before it died
+        self.queue = TrajectoryQueue(cfg.queue, self.staleness, storage=parts.storage,
+                                     consumer_id=f"{socket.gethostname()}:{run_dir.name}")
         self.trainer = TrainerHandle(parts.trainer)
         self.rollouter = Rollouter(
             run_sample=self._run_sample, prompts=parts.prompts, staleness=self.staleness, sink=self.queue.put,

@@ -83,10 +83,12 @@ def reward_failed(s: SampleMeta) -> bool:
 
 class TrajectoryQueue:
     def __init__(self, cfg: TransferQueueConfig, staleness: StalenessManager, *, consumer: str = "trainer",
-                 storage: StoragePlane | None = None) -> None:
+                 storage: StoragePlane | None = None, consumer_id: str = "") -> None:
         """`storage`: the plane this process frees handles through (and, in one process, where
-        producers write and the trainer reads); built from `cfg` when None."""
-        self.client = AsyncTransferQueueClient(cfg, storage=storage)
+        producers write and the trainer reads); built from `cfg` when None. `consumer_id`: this
+        consumer's lease holder name; a resumed run passes the same one to get its unacked
+        batches back at once (durable queue)."""
+        self.client = AsyncTransferQueueClient(cfg, storage=storage, consumer_id=consumer_id)
         self.staleness = staleness
         self.consumer = consumer
         self.ack_at_checkpoint = cfg.metadata == "redis"

@@ -18,9 +18,9 @@ class SlowTrainer:
     def __init__(self, inner, delay_s):
         self.inner, self.delay_s = inner, delay_s
 
-    def train_step(self, batch):
+    def train(self, plan):
         time.sleep(self.delay_s)
-        return self.inner.train_step(batch)
+        return self.inner.train(plan)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)

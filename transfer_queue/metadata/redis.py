@@ -3,7 +3,9 @@
 All state lives in Redis under `tq:<run_id>:`, so any process (trainer, rollouter,
 `asyncrl status`) on any host sees the same queue, and a process restart loses nothing:
 a batch delivered to a consumer that died stays in the stream's pending entries list and
-is claimed by the next `get` once idle for `lease_timeout_s` (XAUTOCLAIM).
+is claimed by the next `get` once idle for `lease_timeout_s` (XAUTOCLAIM), or at once by a
+consumer that comes back under the same `consumer_id` (its first `get` reads its own pending
+entries: a resumed run gets what it had leased before it died, before anything newer).
 
 Layout (P = `tq:<run_id>:`):
     P grp:<gid>   hash   size, n (records put), sealed, eid (stream entry once published), done,
@@ -177,6 +179,8 @@ class RedisController(MetadataStore):
         self._lease_ms = int(config.lease_timeout_s * 1000)
         self._claim_every = min(config.lease_timeout_s / 4, 0.5)
         self._next_claim: dict[str, float] = {}
+        self._own_read: set[tuple[str, str]] = set()
+        """(consumer group, consumer id) whose own pending entries this client already took back."""
         self._parked: dict[str, dict[str, list[SampleMeta]]] = {}
         """Per consumer group: entries this client read but did not deliver (newer than a
         `max_version`, or a batch that did not fill before its timeout), by stream id."""
@@ -241,8 +245,12 @@ class RedisController(MetadataStore):
         while True:
             want = (req.num_groups or req.num_samples or 1) - (len(held) if req.num_groups else sum(len(g) for _, g in held))
             entries = []
+            if (cg, me) not in self._own_read:  # a consumer back under its old id (a resumed run) takes its leases back at once
+                self._own_read.add((cg, me))
+                res = self.r.xreadgroup(cg, me, {stream: "0"})
+                entries = [e for e in (res[0][1] if res else []) if e[0].decode() not in parked]
             if time.monotonic() >= self._next_claim.get(cg, 0.0):  # expired leases of dead consumers
-                entries = self.r.xautoclaim(stream, cg, me, self._lease_ms, "0-0", count=max(want, 1))[1]
+                entries += self.r.xautoclaim(stream, cg, me, self._lease_ms, "0-0", count=max(want, 1))[1]
                 self._next_claim[cg] = time.monotonic() + self._claim_every
             redelivered = len(entries)
             if len(entries) < want:

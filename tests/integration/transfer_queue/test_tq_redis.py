@@ -117,6 +117,7 @@ def test_redis_consumer_killed_then_redis_killed_and_restarted_loses_nothing(ser
     doomed.join()
     first = q.get("trainer", num_groups=2, timeout=2)  # leased by us when the server dies
     q.metadata.close()  # the producer's storage (its shm arena) stays: it holds the bytes
+    producer = q.storage  # kept open to the end (left to the GC, its ZeroMQ context blocks whoever collects it)
     server.kill()  # the whole metadata store dies; its append-only file survives
     server.start()
     q = connect(TransferQueueConfig(**cfg))
@@ -132,6 +133,8 @@ def test_redis_consumer_killed_then_redis_killed_and_restarted_loses_nothing(ser
     assert set(lost) <= set(seen) and set(first.uids) <= set(seen)
     s = q.stats()
     assert s.put == 20 and s.acked["trainer"] == 20 and s.resident == 0 and s.redelivered["trainer"] >= 10
+    q.close()
+    producer.close()
 
 
 @pytest.mark.timeout(60)
@@ -147,3 +150,23 @@ def test_redis_max_version_and_oldest_first(server, tmp_path):
     assert b2.group_ids == ["older", "young"]
     assert q.ack(b) == 1 and q.ack(b2) == 2 and q.stats().redelivered["trainer"] == 0
     q.close()
+
+
+@pytest.mark.timeout(60)
+def test_redis_consumer_back_under_its_id_takes_its_leases_back_at_once(server, tmp_path):
+    cfg = TransferQueueConfig(**_cfg(server, tmp_path, capacity=16, lease_timeout_s=60))
+    first = connect(cfg, consumer_id="run-a")
+    first.put(_group("g0", 2))
+    first.put(_group("g1", 2))
+    leased = first.get("trainer", num_groups=1, timeout=2)
+    assert leased.group_ids == ["g0"]
+    first.metadata.close()  # "dies" before acking (its storage stays: it holds the bytes)
+    other = connect(cfg, consumer_id="someone-else")
+    assert other.get("trainer", num_groups=1, timeout=0.5).group_ids == ["g1"]  # g0 stays leased (60 s)
+    back = connect(cfg, consumer_id="run-a")  # the resumed run, same lease holder name
+    again = back.get("trainer", num_groups=1, timeout=2)
+    assert again.group_ids == ["g0"] and back.stats().redelivered["trainer"] == 2
+    assert back.ack(again) == 2
+    for c in (other, back):
+        c.close()
+    first.storage.close()
