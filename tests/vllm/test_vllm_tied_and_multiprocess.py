@@ -92,10 +92,21 @@ def test_multiprocess_engine_generate_update_pause(tiny_models: dict, hf: dict) 
         await server.pause("abort")
         aborted = await asyncio.gather(*tasks)
         await server.resume()
-        return kept, aborted
+        # the weight plane: the engine-core process's worker reads the buckets itself (shm) and loads them
+        from asyncrl.rollout.host import ServerHost
+        from tests.integration.fleet.weights import weight_source
+
+        trainer, _, wcfg = weight_source(list(hf[0].state_dict().items()))
+        host = ServerHost(server, name="mp-0", agent=None, eval_agent=None, plane=None)
+        await host.join_weights(wcfg, trainer.endpoint, "keep")
+        published = await trainer.publish(2, ["mp-0"])
+        back = await _gen(server, PROMPTS)
+        await host._leave_weights()
+        trainer.impl.close()
+        return kept, aborted, published, back
 
     try:
-        kept, aborted = run(loop, go(), timeout=120)
+        kept, aborted, published, back = run(loop, go(), timeout=120)
     finally:
         run(loop, server.close())
         loop.close()
@@ -107,3 +118,5 @@ def test_multiprocess_engine_generate_update_pause(tiny_models: dict, hf: dict) 
     assert any(0 < o.versions.count(0) < len(o.versions) for o in kept)
     assert aborted[0].finish_reason in ("abort", "stop") and len(aborted[0].token_ids) < 400
     assert set(aborted[0].versions) == {1}
+    assert published["completed"] == ["mp-0"] and published["bytes"] > 0
+    assert all(set(o.versions) == {2} for o in back) and _gap(hf[0], PROMPTS, back) <= LOGPROB_TOL
