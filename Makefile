@@ -1,5 +1,5 @@
 # Quickstart targets (see README.md). Both set up .venv first (idempotent).
-.PHONY: setup train test test-vllm
+.PHONY: setup train test test-vllm test-gpu
 
 setup:
 	bash scripts/setup.sh
@@ -12,3 +12,6 @@ test: setup
 
 test-vllm: setup
 	.venv/bin/python -m pytest -q -m vllm
+
+test-gpu: setup
+	.venv/bin/python -m pytest -q -m gpu -rs

@@ -1,7 +1,8 @@
 """`asyncrl` command line: train, bench, config, status.
 
     asyncrl train [CONFIG.yaml] [key=value ...]   run a job (no CONFIG: the embedded demo)
-    asyncrl bench rollout|queue|weights [--json]  measurements, ratios against baselines
+    asyncrl bench rollout|queue|weights|pipeline|planes [--json]
+                                                  measurements, ratios against baselines
     asyncrl bench rollout --fleet [--json]        fleet scaling over 1, 2, 4 servers
     asyncrl config [CONFIG.yaml] [key=value ...] [--doc]
                                                   print the resolved config, or document every key
@@ -21,6 +22,7 @@ BENCHES = {
     "queue": "asyncrl.bench.queue",
     "weights": "asyncrl.bench.weights",
     "pipeline": "asyncrl.bench.pipeline",
+    "planes": "asyncrl.bench.planes",
 }
 
 

@@ -221,7 +221,8 @@ class FleetManager:
                 self._background(self._recover(s))
         self.last_publish_time, self.last_publish_s = time.time(), time.time() - t0
         return {"weights/publish_s": self.last_publish_s, "weights/gbps": float(out.get("gbps", 0.0)),
-                "weights/evicted": float(len(live) - len(done)), "weights/bytes": float(out.get("bytes", 0))}
+                "weights/evicted": float(len(live) - len(done)), "weights/bytes": float(out.get("bytes", 0)),
+                "weights/sender_s": float(out.get("seconds", 0.0)), "weights/gather_s": float(out.get("gather_s", 0.0))}
 
     async def _bring_current(self, server: RolloutServer) -> None:
         """Join the weight plane and get the current version (nothing to get before the first publish)."""

@@ -29,7 +29,7 @@ from ray.exceptions import RayActorError
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from asyncrl.config import RolloutConfig
+from asyncrl.config import CostModelConfig, RolloutConfig
 from asyncrl.rollout.base import GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats
 from asyncrl.rollout.router import ServerDied
 
@@ -44,6 +44,7 @@ class ServerActor:
 
     def __init__(self, cfg: dict[str, Any], model_path: str, dtype: str, seed: int, index: int,
                  name: str = "", spec: dict[str, Any] | None = None) -> None:
+        cfg = dict(cfg, cost_model=CostModelConfig(**cfg["cost_model"]))
         self._args = (RolloutConfig(**cfg), model_path, dtype, seed, index)
         self.name, self.spec = name or f"server-{index}", spec
         self.server: RolloutServer | None = None

@@ -356,12 +356,30 @@ class TrainerEngine:
         return {"grad_norm": grad_norm, "lr": lr}
 
     # ---- weights ----------------------------------------------------------
-    def iter_full_params(self, device: str | torch.device = "cpu") -> Iterator[tuple[str, Tensor]]:
-        """(HF name, full tensor in the model dtype on `device`), one at a time, so a publisher holds
-        one full tensor besides its buckets; every rank must iterate to the end (all-gathers)."""
-        for name, t in self.model.state_dict().items():
-            full = t.full_tensor() if hasattr(t, "full_tensor") else t
-            yield name, full.detach().to(device=device, dtype=self.dtype)
+    def iter_full_params(self, device: str | torch.device = "cpu", borrowed: bool = False) -> Iterator[tuple[str, Tensor]]:
+        """(HF name, full tensor in the model dtype on `device`), one FSDP unit (decoder layer) at a
+        time: one all-gather per unit, not per tensor, and a publisher holds one unit besides its
+        buckets. Every rank must iterate to the end (collectives). `borrowed=True` yields views of
+        the gathered unit, valid until the next item is asked for (the weight plane's packer copies
+        each tensor into a bucket at once); otherwise every tensor is the caller's own."""
+        from torch.distributed.fsdp import FSDPModule
+
+        units = {name: m for name, m in self.model.named_modules() if isinstance(m, FSDPModule)}
+        by_unit: dict[str, list[str]] = {}
+        for key in self.model.state_dict():
+            path = key.rpartition(".")[0]
+            owner = max((u for u in units if u == "" or path == u or path.startswith(u + ".")), key=len)
+            by_unit.setdefault(owner, []).append(key)
+        for unit, keys in by_unit.items():
+            units[unit].unshard()  # this unit's own parameters only (FSDP2 unshard is not recursive)
+            try:
+                for key in keys:
+                    path, _, attr = key.rpartition(".")
+                    t = getattr(self.model.get_submodule(path), attr).detach()
+                    out = t.to(device=device, dtype=self.dtype)
+                    yield key, out if borrowed or out.data_ptr() != t.data_ptr() else out.clone()
+            finally:
+                units[unit].reshard()
 
     def state_dict_for_save(self) -> dict[str, object]:
         from asyncrl.trainer.checkpoint import TrainerState

@@ -76,7 +76,16 @@ class TrainerRank:
         return metrics
 
     def _params(self) -> Iterator[Any]:
-        return self.engine.iter_full_params(device=self.device)
+        """The full parameters, timing the gathers (`gather_s` of the last publish)."""
+        self.gather_s = 0.0
+        it = self.engine.iter_full_params(device=self.device, borrowed=True)  # the packer copies each into a bucket
+        while True:
+            t0 = time.perf_counter()
+            item = next(it, None)
+            self.gather_s += time.perf_counter() - t0
+            if item is None:
+                return
+            yield item
 
     def publish(self, version: int, receivers: list[str]) -> dict[str, Any] | None:
         """Send the current weights as `version` to `receivers`; returns (rank 0) once each one
@@ -88,7 +97,7 @@ class TrainerRank:
             missing = self.sender.wait_for_ids(receivers, self.sender.config.timeout_s)
             out = self.sender.publish(params, version, receivers=[r for r in receivers if r not in missing])
             out.evicted.update({r: "not joined" for r in missing})
-            return _outcome(out)
+            return dict(_outcome(out), gather_s=self.gather_s)
         finally:
             _drain(params)  # the other ranks all-gather every tensor: so must this one, whatever happened
 

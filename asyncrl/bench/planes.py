@@ -1,0 +1,247 @@
+"""`asyncrl bench planes`: what passes through the controller of a Ray run, at two model sizes.
+
+Job: run the real pipeline with `ray.enabled=true` (two FSDP2 trainer ranks and two rollout
+servers, each an actor in its own process) at a small size (model ~10M parameters, responses
+64 tokens) and a large one (~200M parameters, 2048 tokens), each in a fresh controller process,
+and count what reached that process: per-token tensor bytes delivered to it by the data plane
+(reads, and tensors riding inline in records), weight bytes delivered to it by the weight plane,
+the size of the queue records it was handed, and its peak RSS. Then a bare `Sender` publish of
+the same state dict on the same backend (shm) to two receiver processes, against the pipeline's
+publish (FleetManager -> trainer rank 0 -> both servers, pause / load / confirm / resume).
+
+What is real and what is simulated: servers are `rollout.backend=cost_model` (time per token; the
+token, log-prob and version arrays they return are real, of the stated lengths) and the trainer
+is `trainer.engine=cost_model` (the real model loaded and sharded by FSDP2, its shards read from
+the data plane into tensors, its real weights all-gathered and published; the forward/backward
+is a sleep per token). So every byte moves as in a real run; only the compute is left out.
+
+Targets (issue: the distributed path): tensor and weight bytes through the controller 0,
+metadata <= 2048 bytes per trajectory and the same at both sizes, controller RSS large/small
+<= 1.15, publish ratio bare / pipeline >= 0.8. `--json` prints the figures as JSON; `--quick`
+shrinks the large size (~50M parameters, 512 tokens) for a fast smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+SIZES = {
+    "small": {"hidden_size": 384, "num_layers": 6, "num_heads": 6, "num_kv_heads": 2, "intermediate_size": 1024, "tokens": 64},
+    "large": {"hidden_size": 1024, "num_layers": 18, "num_heads": 16, "num_kv_heads": 4, "intermediate_size": 2816, "tokens": 2048},
+}
+QUICK_LARGE = {"hidden_size": 768, "num_layers": 8, "num_heads": 12, "num_kv_heads": 4, "intermediate_size": 2048, "tokens": 512}
+STEPS = 5
+TARGETS = {"metadata_bytes_per_trajectory": 2048, "controller_rss_ratio_large_vs_small": 1.15, "publish_ratio": 0.8}
+
+
+def random_reward(response: str, answer: str) -> float:
+    """The bench's reward: random, so advantages are not all zero (the run's learning is not measured)."""
+    return random.random()
+
+
+def build_model(size: dict[str, int], cache: Path) -> tuple[str, int]:
+    """The size's model folder (built once, random weights) and its parameter count."""
+    from safetensors import safe_open
+
+    from asyncrl.data.tiny_model import TinyModelSpec, ensure_tiny_model
+
+    spec = TinyModelSpec(**{k: v for k, v in size.items() if k != "tokens"}, max_position_embeddings=4096)
+    path = ensure_tiny_model(cache, spec)
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        n = sum(_numel(f.get_slice(k).get_shape()) for k in f.keys())
+    return str(path), n
+
+
+def _numel(shape: list[int]) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+def overrides(model: str, tokens: int, shm_dir: str) -> list[str]:
+    return [
+        f"model.path={model}", "ray.enabled=true", "trainer.num_ranks=2", "rollout.num_servers=2",
+        "rollout.backend=cost_model", f"rollout.cost_model.short_tokens={tokens}", "rollout.cost_model.long_fraction=0",
+        "rollout.cost_model.jitter=0", "rollout.cost_model.token_cost_s=0.0002", f"rollout.max_tokens={tokens}",
+        "trainer.engine=cost_model", "trainer.cost_model_token_s=0.00001", "trainer.mode=fully_async",
+        f"trainer.total_steps={STEPS}", "trainer.prompts_per_step=4", "rollout.group_size=4", "trainer.eval_every=1000000",
+        "trainer.save_every=0", "data.eval_size=2", "agent.reward=asyncrl.bench.planes:random_reward",
+        "weights.backend=shm", "weights.bucket_size_mb=64", "weights.checksum=false", "weights.timeout_s=120",
+        f"queue.shm_dir={shm_dir}", "logging.mlflow=false", "logging.progress=false",
+    ]
+
+
+def run_pipeline(model: str, tokens: int) -> dict[str, Any]:
+    """The pipeline in this process (a fresh one per size): what reached it, and its publishes."""
+    import ray
+
+    from asyncrl.config import load
+    from asyncrl.controller import Pipeline
+    from asyncrl.launch import build
+    from asyncrl.metrics import MetricsLogger
+    from checkpoint_engine import Receiver
+    from transfer_queue import StoragePlane
+
+    read0, weights0 = StoragePlane.delivered_bytes, Receiver.delivered_bytes
+    with tempfile.TemporaryDirectory(prefix="asyncrl-bench-planes-") as tmp:
+        cfg = load(None, overrides(model, tokens, tmp))
+        run_dir = Path(tmp) / "run"
+        run_dir.mkdir()
+        metrics = MetricsLogger(cfg.logging, run_dir, {})
+        try:
+            parts = build(cfg)
+
+            async def go() -> Any:
+                try:
+                    p = Pipeline(cfg, parts, run_dir, metrics)
+                    await p.run()
+                    return p
+                finally:
+                    await parts.close()
+
+            pipeline = asyncio.run(go())
+        finally:
+            metrics.close()
+            ray.shutdown()
+        logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    q = pipeline.queue
+    publishes = [m["weights/publish_s"] for m in logged if m["step"] > 0 and "weights/publish_s" in m]
+    steady = publishes[1:] or publishes  # the first publish after start also forms FSDP's gathers
+    return {
+        "steps": pipeline.step,
+        "publishes": len(publishes) + 1,  # + the version-0 publish at start
+        "controller_tensor_bytes_per_step": (StoragePlane.delivered_bytes - read0 + q.inline_tensor_bytes) / max(pipeline.step, 1),
+        "controller_weight_bytes_per_publish": (Receiver.delivered_bytes - weights0) / (len(publishes) + 1),
+        "metadata_bytes_per_trajectory": round(q.metadata_bytes / max(q.records, 1), 1),
+        "records": q.records,
+        "controller_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "publish_s_pipeline": round(sum(steady) / len(steady), 4),
+        "publish_bytes": max(m.get("weights/bytes", 0) for m in logged),
+        "rank_read_bytes_per_step": sum(m.get("train/read_bytes", 0) for m in logged) / max(pipeline.step, 1),
+    }
+
+
+def bare_publish(model: str, repeats: int = 3) -> dict[str, Any]:
+    """A bare `Sender` publish of the model's state dict (shm, 64 MiB buckets) to two receiver processes."""
+    from safetensors.torch import load_file
+
+    from asyncrl.bench.weights import Workers
+    from checkpoint_engine import Sender, WeightSyncConfig
+
+    state = load_file(os.path.join(model, "model.safetensors"))
+    cfg = WeightSyncConfig(backend="shm", bucket_size_mb=64, checksum=False, timeout_s=120)
+    workers = Workers(2)
+    sender = Sender(cfg)
+    try:
+        workers.receive(2, cfg, sender.endpoint, updates=repeats, borrow=True)
+        sender.wait_for(2, timeout_s=120)
+        secs = []
+        for v in range(repeats):
+            t0 = time.perf_counter()
+            out = sender.publish(state.items(), v)
+            secs.append(time.perf_counter() - t0)
+            assert len(out.completed) == 2, out.evicted
+        workers.wait(2)
+    finally:
+        sender.close()
+        workers.close()
+    steady = secs[1:] or secs
+    return {"publish_s_bare": round(sum(steady) / len(steady), 4), "bytes": out.bytes}
+
+
+def child(kind: str, model: str, tokens: int) -> dict[str, Any]:
+    """Run one measurement in a fresh process; its JSON result."""
+    cmd = [sys.executable, "-m", "asyncrl.bench.planes", f"--{kind}", model, "--tokens", str(tokens)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        raise RuntimeError(f"bench planes {kind} {model}: exit {out.returncode}\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run(quick: bool = False, cache: str = "~/.cache/asyncrl/models") -> dict[str, Any]:
+    sizes = dict(SIZES, large=QUICK_LARGE) if quick else SIZES
+    res: dict[str, Any] = {"sizes": {}}
+    for name, size in sizes.items():
+        model, params = build_model(size, Path(os.path.expanduser(cache)))
+        row = {"params": params, "response_tokens": size["tokens"], **child("pipeline", model, size["tokens"])}
+        row.update(child("bare", model, size["tokens"]))
+        row["publish_ratio"] = round(row["publish_s_bare"] / row["publish_s_pipeline"], 3)
+        res["sizes"][name] = row
+    s = res["sizes"]
+    for key in ("controller_tensor_bytes_per_step", "controller_weight_bytes_per_publish", "metadata_bytes_per_trajectory",
+                "controller_peak_rss_mb", "publish_s_pipeline", "publish_s_bare", "publish_ratio"):
+        res[key] = {n: r[key] for n, r in s.items()}
+    res["controller_rss_ratio_large_vs_small"] = round(s["large"]["controller_peak_rss_mb"] / s["small"]["controller_peak_rss_mb"], 3)
+    meta = res["metadata_bytes_per_trajectory"]
+    res["targets"] = {
+        "controller_tensor_bytes_per_step": {"target": 0, "measured": max(res["controller_tensor_bytes_per_step"].values())},
+        "controller_weight_bytes_per_publish": {"target": 0, "measured": max(res["controller_weight_bytes_per_publish"].values())},
+        "metadata_bytes_per_trajectory": {"target": TARGETS["metadata_bytes_per_trajectory"], "measured": max(meta.values()),
+                                          "large_vs_small": round(meta["large"] / meta["small"], 3)},
+        "controller_rss_ratio_large_vs_small": {"target": TARGETS["controller_rss_ratio_large_vs_small"],
+                                                "measured": res["controller_rss_ratio_large_vs_small"]},
+        "publish_ratio": {"target": TARGETS["publish_ratio"], "measured": min(res["publish_ratio"].values())},
+    }
+    t = res["targets"]
+    t["controller_tensor_bytes_per_step"]["met"] = t["controller_tensor_bytes_per_step"]["measured"] == 0
+    t["controller_weight_bytes_per_publish"]["met"] = t["controller_weight_bytes_per_publish"]["measured"] == 0
+    t["metadata_bytes_per_trajectory"]["met"] = (t["metadata_bytes_per_trajectory"]["measured"] <= 2048
+                                                 and abs(t["metadata_bytes_per_trajectory"]["large_vs_small"] - 1) <= 0.02)
+    t["controller_rss_ratio_large_vs_small"]["met"] = res["controller_rss_ratio_large_vs_small"] <= TARGETS["controller_rss_ratio_large_vs_small"]
+    t["publish_ratio"]["met"] = t["publish_ratio"]["measured"] >= TARGETS["publish_ratio"]
+    return res
+
+
+def print_table(res: dict[str, Any]) -> None:
+    cols = ["size", "params", "tokens", "tensor B/step", "weight B/publish", "meta B/traj", "peak RSS MB", "publish_s",
+            "bare_s", "bare/pipeline", "rank read B/step"]
+    print(("{:<7}" + "{:>17}" * (len(cols) - 1)).format(*cols))
+    for name, r in res["sizes"].items():
+        vals = [f"{r['params'] / 1e6:.1f}M", r["response_tokens"], r["controller_tensor_bytes_per_step"],
+                r["controller_weight_bytes_per_publish"], r["metadata_bytes_per_trajectory"], r["controller_peak_rss_mb"],
+                r["publish_s_pipeline"], r["publish_s_bare"], r["publish_ratio"], f"{r['rank_read_bytes_per_step']:.0f}"]
+        print(("{:<7}" + "{:>17}" * len(vals)).format(name, *[str(v) for v in vals]))
+    print(f"controller RSS large / small: {res['controller_rss_ratio_large_vs_small']}")
+    for name, t in res["targets"].items():
+        print(f"target {name} {t['target']}: measured {t['measured']} -> {'met' if t['met'] else 'NOT met'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="asyncrl bench planes", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", action="store_true", help="print the figures as JSON only")
+    p.add_argument("--quick", action="store_true", help="a smaller large size (~50M parameters, 512 tokens)")
+    p.add_argument("--pipeline", metavar="MODEL", help=argparse.SUPPRESS)
+    p.add_argument("--bare", metavar="MODEL", help=argparse.SUPPRESS)
+    p.add_argument("--tokens", type=int, default=64, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.pipeline:
+        print(json.dumps(run_pipeline(a.pipeline, a.tokens)))
+        return 0
+    if a.bare:
+        print(json.dumps(bare_publish(a.bare)))
+        return 0
+    t0 = time.time()
+    res = run(quick=a.quick)
+    res["bench_wall_s"] = round(time.time() - t0, 1)
+    if a.json:
+        print(json.dumps(res, indent=1))
+    else:
+        print_table(res)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
