@@ -64,6 +64,15 @@ def build_model(size: dict[str, int], cache: Path) -> tuple[str, int]:
     return str(path), n
 
 
+def peak_rss_bytes() -> int:
+    """Peak resident memory of this process image (VmHWM: reset at exec, unlike `ru_maxrss`, which
+    Linux carries over from the parent that forked this process)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def _numel(shape: list[int]) -> int:
     out = 1
     for d in shape:
@@ -127,7 +136,7 @@ def run_pipeline(model: str, tokens: int) -> dict[str, Any]:
         "controller_weight_bytes_per_publish": (Receiver.delivered_bytes - weights0) / (len(publishes) + 1),
         "metadata_bytes_per_trajectory": round(q.metadata_bytes / max(q.records, 1), 1),
         "records": q.records,
-        "controller_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "controller_peak_rss_mb": round(peak_rss_bytes() / 2**20, 1),
         "publish_s_pipeline": round(sum(steady) / len(steady), 4),
         "publish_bytes": max(m.get("weights/bytes", 0) for m in logged),
         "rank_read_bytes_per_step": sum(m.get("train/read_bytes", 0) for m in logged) / max(pipeline.step, 1),

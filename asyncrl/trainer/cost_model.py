@@ -71,7 +71,7 @@ class TimedEngine(_Timed):
         self.steps = []
         self._param = torch.zeros(256)
 
-    def iter_full_params(self, device: str | torch.device = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
+    def iter_full_params(self, device: str | torch.device = "cpu", borrowed: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         yield "w", self._param.to(device)
 
     def save(self, path: str) -> None:

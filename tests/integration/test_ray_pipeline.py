@@ -70,3 +70,24 @@ def test_ray_pipeline_keeps_tensors_and_weights_out_of_the_controller(tmp_path, 
     per_record = q.metadata_bytes / q.records
     assert 300 < per_record <= 2048, per_record
     assert not list(tmp_path.glob("tq-*")), "the servers' arenas were removed at the end"
+
+
+@pytest.mark.timeout(720)
+def test_demo_with_two_trainer_ranks_on_ray_learns(tmp_path):
+    """The default job, its trainer split over two FSDP2 rank actors: held-out reward reaches 0.8.
+    Measured on this 2-core machine: step 50, 60 and 165 in three runs (0.6 s per step); one rank
+    on Ray: steps 85 and 105; in one process: step 55. The spread is the async schedule's (which
+    groups land in which batch), so the test gives the demo its full 300 steps."""
+    ray = pytest.importorskip("ray")
+    from asyncrl.cli import main
+
+    args = ["train", "ray.enabled=true", "trainer.num_ranks=2", "trainer.target_reward=0.8",
+            "logging.mlflow=false", "logging.progress=false", f"logging.run_root={tmp_path}/runs", "logging.run_name=r2",
+            f"queue.shm_dir={tmp_path}", f"model.cache_dir={tmp_path}/models"]
+    try:
+        assert main(args) == 0
+    finally:
+        ray.shutdown()
+    summary = json.loads((tmp_path / "runs" / "r2" / "summary.json").read_text())
+    assert summary["reward_step0"] < 0.2 and summary["best_eval_reward"] >= 0.8, summary["curve"]
+    assert summary["steps"] < 300  # stopped at the target

@@ -20,7 +20,7 @@ class StateEngine:
     def __init__(self, state: list[tuple[str, torch.Tensor]]) -> None:
         self.state = state
 
-    def iter_full_params(self, device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
+    def iter_full_params(self, device: str = "cpu", borrowed: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         for name, t in self.state:
             yield name, t.to(device)
 

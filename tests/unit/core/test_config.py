@@ -40,6 +40,42 @@ def test_bad_values_name_the_key(override, key):
     assert key in str(e.value)
 
 
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["ray.enabled=true", "queue.storage=local"], "queue.storage"),  # other processes must reach the tensors
+        (["ray.enabled=true", "weights.backend=local"], "weights.backend"),  # sender and receivers in other processes
+        (["trainer.num_ranks=2"], "trainer.num_ranks"),  # ranks are Ray actors (or torchrun)
+        (["trainer.gpus_per_rank=0"], "trainer.gpus_per_rank"),
+        (["rollout.gpus_per_worker=2"], "rollout.gpus_per_worker"),
+        (["weights.backend=cuda_ipc"], "weights.device"),
+    ],
+)
+def test_distributed_layout_errors_name_the_key(overrides, key):
+    with pytest.raises(ConfigError) as e:
+        load(None, overrides)
+    assert key in str(e.value)
+
+
+def test_cuda_where_no_gpu_can_be_had_names_the_key(monkeypatch):
+    import ray
+    import torch
+
+    from asyncrl.launch import check_gpus
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"^trainer.device: cuda, but this machine has no usable CUDA GPU"):
+        check_gpus(load(None, ["trainer.device=cuda"]))
+    check_gpus(load(None, ["trainer.device=auto"]))  # auto falls back to the CPU
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 8.0, "GPU": 1.0})
+    with pytest.raises(ConfigError, match=r"^trainer.device: cuda needs 2 GPUs .* the Ray cluster has 1"):
+        check_gpus(load(None, ["ray.enabled=true", "trainer.device=cuda", "trainer.num_ranks=2"]))
+    with pytest.raises(ConfigError, match=r"^rollout.gpu_bundles"):
+        check_gpus(load(None, ["ray.enabled=true", "trainer.device=cuda", "rollout.gpu_bundles=true"]))
+    check_gpus(load(None, ["ray.enabled=true", "trainer.device=cuda", "trainer.gpus_per_rank=0.5",
+                           "rollout.gpu_bundles=true", "rollout.gpus_per_worker=0.5"]))  # one GPU, shared
+
+
 def test_bad_yaml_file_errors(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load(tmp_path / "missing.yaml")

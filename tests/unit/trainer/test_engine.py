@@ -178,3 +178,15 @@ def test_bfloat16_compute_trains_fp32_master_weights_and_nan_raises(tiny_model_p
         assert engine.train_step(batch.replace(old_logprobs=lp * batch.loss_mask))["grad_norm"] > 0  # stale NaN grads dropped
     finally:
         engine.close()
+
+
+def test_cuda_device_without_a_gpu_is_an_error_naming_the_key(monkeypatch):
+    import pytest
+    import torch
+
+    from asyncrl.trainer.engine import pick_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert pick_device("auto").type == "cpu"
+    with pytest.raises(RuntimeError, match="trainer.device=cuda but this process sees no CUDA GPU"):
+        pick_device("cuda")
