@@ -59,6 +59,9 @@ class Components:
     """Builds the `FleetManager` of the run's servers (run inside the pipeline's event loop)."""
     fleets: Any = None
     """The `FleetManager`: the one owner of the server set and of the version each serves."""
+    sweep: bool = False
+    """At close, remove the data-plane files of this run's server processes that were killed (an
+    in-process queue dies with the run; a durable one may be resumed and keeps them)."""
 
     async def start(self) -> None:
         """Start what needs the event loop: the fleets (Ray actors join the router here)."""
@@ -79,9 +82,8 @@ class Components:
         close = getattr(self.trainer, "close", None)
         if close is not None:
             close()
-        sweep = getattr(self.storage, "sweep", None)
-        if sweep is not None:  # arenas of server processes that were killed
-            sweep()
+        if self.sweep and hasattr(self.storage, "sweep"):
+            self.storage.sweep()
 
 
 def init_ray(cfg: Config) -> None:
@@ -216,4 +218,5 @@ def build(cfg: Config) -> Components:
         make_plan=PlanBuilder(cfg.algorithm, pad_id=pad_id, minibatches=cfg.trainer.minibatches),
         storage=storage,
         spawn=spawn,
+        sweep=cfg.queue.metadata == "memory",
     )

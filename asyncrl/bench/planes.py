@@ -15,6 +15,10 @@ is `trainer.engine=cost_model` (the real model loaded and sharded by FSDP2, its 
 the data plane into tensors, its real weights all-gathered and published; the forward/backward
 is a sleep per token). So every byte moves as in a real run; only the compute is left out.
 
+Publishing from FSDP2 shards costs an all-gather of every parameter on the trainer ranks
+(`gather_s`: gloo over TCP on CPU, about 0.3 GB/s on this 2-core machine), which a bare
+publish of tensors already in memory does not pay; on GPUs it is an NCCL all-gather.
+
 Targets (issue: the distributed path): tensor and weight bytes through the controller 0,
 metadata <= 2048 bytes per trajectory and the same at both sizes, controller RSS large/small
 <= 1.15, publish ratio bare / pipeline >= 0.8. `--json` prints the figures as JSON; `--quick`
@@ -127,7 +131,9 @@ def run_pipeline(model: str, tokens: int) -> dict[str, Any]:
             ray.shutdown()
         logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     q = pipeline.queue
-    publishes = [m["weights/publish_s"] for m in logged if m["step"] > 0 and "weights/publish_s" in m]
+    pubs = [m for m in logged if m["step"] > 0 and "weights/publish_s" in m]
+    publishes = [m["weights/publish_s"] for m in pubs]
+    gathers = [m["weights/gather_s"] for m in pubs][1:] or [0.0]
     steady = publishes[1:] or publishes  # the first publish after start also forms FSDP's gathers
     return {
         "steps": pipeline.step,
@@ -138,6 +144,7 @@ def run_pipeline(model: str, tokens: int) -> dict[str, Any]:
         "records": q.records,
         "controller_peak_rss_mb": round(peak_rss_bytes() / 2**20, 1),
         "publish_s_pipeline": round(sum(steady) / len(steady), 4),
+        "gather_s_pipeline": round(sum(gathers) / len(gathers), 4),
         "publish_bytes": max(m.get("weights/bytes", 0) for m in logged),
         "rank_read_bytes_per_step": sum(m.get("train/read_bytes", 0) for m in logged) / max(pipeline.step, 1),
     }
@@ -191,7 +198,7 @@ def run(quick: bool = False, cache: str = "~/.cache/asyncrl/models") -> dict[str
         res["sizes"][name] = row
     s = res["sizes"]
     for key in ("controller_tensor_bytes_per_step", "controller_weight_bytes_per_publish", "metadata_bytes_per_trajectory",
-                "controller_peak_rss_mb", "publish_s_pipeline", "publish_s_bare", "publish_ratio"):
+                "controller_peak_rss_mb", "publish_s_pipeline", "gather_s_pipeline", "publish_s_bare", "publish_ratio"):
         res[key] = {n: r[key] for n, r in s.items()}
     res["controller_rss_ratio_large_vs_small"] = round(s["large"]["controller_peak_rss_mb"] / s["small"]["controller_peak_rss_mb"], 3)
     meta = res["metadata_bytes_per_trajectory"]
@@ -216,14 +223,16 @@ def run(quick: bool = False, cache: str = "~/.cache/asyncrl/models") -> dict[str
 
 def print_table(res: dict[str, Any]) -> None:
     cols = ["size", "params", "tokens", "tensor B/step", "weight B/publish", "meta B/traj", "peak RSS MB", "publish_s",
-            "bare_s", "bare/pipeline", "rank read B/step"]
+            "of it gather_s", "bare_s", "bare/pipeline", "rank read B/step"]
     print(("{:<7}" + "{:>17}" * (len(cols) - 1)).format(*cols))
     for name, r in res["sizes"].items():
         vals = [f"{r['params'] / 1e6:.1f}M", r["response_tokens"], r["controller_tensor_bytes_per_step"],
                 r["controller_weight_bytes_per_publish"], r["metadata_bytes_per_trajectory"], r["controller_peak_rss_mb"],
-                r["publish_s_pipeline"], r["publish_s_bare"], r["publish_ratio"], f"{r['rank_read_bytes_per_step']:.0f}"]
+                r["publish_s_pipeline"], r["gather_s_pipeline"], r["publish_s_bare"], r["publish_ratio"],
+                f"{r['rank_read_bytes_per_step']:.0f}"]
         print(("{:<7}" + "{:>17}" * len(vals)).format(name, *[str(v) for v in vals]))
     print(f"controller RSS large / small: {res['controller_rss_ratio_large_vs_small']}")
+    print("gather_s: time the publish spent in FSDP all-gathers of the full parameters on the trainer ranks (gloo on CPU)")
     for name, t in res["targets"].items():
         print(f"target {name} {t['target']}: measured {t['measured']} -> {'met' if t['met'] else 'NOT met'}")
 
