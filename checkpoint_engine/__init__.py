@@ -16,8 +16,9 @@ from checkpoint_engine.config import BACKENDS, WeightSyncConfig
 from checkpoint_engine.membership import Membership, UpdateOutcome
 from checkpoint_engine.receiver import ChecksumError, Receiver, Update, UpdateAborted
 from checkpoint_engine.sender import Sender
+from checkpoint_engine.sharded import ShardedReceiver, ShardedUpdate
 
 __all__ = [
-    "BACKENDS", "ChecksumError", "Membership", "Receiver", "Sender", "Update", "UpdateAborted",
-    "UpdateOutcome", "WeightSyncConfig",
+    "BACKENDS", "ChecksumError", "Membership", "Receiver", "Sender", "ShardedReceiver", "ShardedUpdate", "Update",
+    "UpdateAborted", "UpdateOutcome", "WeightSyncConfig",
 ]

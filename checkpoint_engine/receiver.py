@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 import zmq
@@ -142,6 +142,11 @@ class Update:
     def __init__(self, receiver: Receiver, update_id: int, version: int, borrow: bool = False):
         self.receiver = receiver
         self.borrow = borrow
+        self.assembler: TensorAssembler | None = None
+        """Shared with the updates of the other senders of a sharded publish (`sharded.py`); each
+        sender then sends pieces, and completeness is judged over all of them."""
+        self.destinations: dict[str, torch.Tensor] | None = None
+        """Where tensors land in place (`into`)."""
         self.update_id = update_id
         self.version = version
         self.buckets = 0
@@ -149,6 +154,12 @@ class Update:
         self.complete = False
         """Every bucket landed (the iteration reached the sender's End)."""
         self._answered = False
+
+    def into(self, destinations: dict[str, torch.Tensor]) -> "Update":
+        """Land tensors straight in `destinations[name]` (an engine's parameters, while it is paused)
+        when dtype and shape match: one copy out of the bucket, no allocation; call before iterating."""
+        self.destinations = destinations
+        return self
 
     def confirm(self) -> None:
         """Tell the sender the engine now serves this version (after the whole update landed)."""
@@ -172,7 +183,7 @@ class Update:
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         rx, uid = self.receiver, self.update_id
         transport = rx.transport
-        assembler = TensorAssembler()
+        assembler = self.assembler or TensorAssembler(self.destinations)
         landed: set[int] = set()
         timeout = rx.config.timeout_s * 3 + 5.0
         self._before = rx.version
@@ -232,7 +243,7 @@ class Update:
                 if not self.borrow:
                     yield from tensors
             elif isinstance(msg, End):
-                missing = assembler.incomplete()
+                missing = [] if self.assembler is not None else assembler.incomplete()
                 if missing:
                     raise RuntimeError(f"update {uid} ended with incomplete tensors {missing[:5]}")
                 transport.end_update()
@@ -250,3 +261,23 @@ class Update:
         self.buckets += 1
         self.bytes += meta.nbytes
         Receiver.delivered_bytes += meta.nbytes
+
+
+def land_into(update: "Update | Any", dest: dict[str, torch.Tensor], *, strict: bool = True) -> int:
+    """Receive `update` into `dest` (name -> tensor): in place where dtype and shape match, copied
+    otherwise; returns the number of tensors. `strict`: a name `dest` lacks raises KeyError, a
+    shape or dtype it does not match ValueError; else an unknown name is added to `dest` (an
+    engine that allocates on first sight). Tensors landed before an error stay landed."""
+    n = 0
+    for name, t in update.into(dest):
+        d = dest.get(name)
+        if d is None:
+            if strict:
+                raise KeyError(f"update: model has no parameter {name!r} (names look like: {', '.join(list(dest)[:4])}, ...)")
+            dest[name] = t
+        elif t is not d:
+            if t.shape != d.shape or t.dtype != d.dtype:
+                raise ValueError(f"update: {name} is {t.dtype} {tuple(t.shape)}, the model's is {d.dtype} {tuple(d.shape)}")
+            d.copy_(t)
+        n += 1
+    return n

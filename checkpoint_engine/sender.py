@@ -119,10 +119,12 @@ class Sender:
         still missing (an empty list when all joined)."""
         want = set(receivers)
         deadline = time.monotonic() + timeout_s
+        wait = 0.0  # no wait when everyone already joined
         while True:
-            missing = sorted(want - set(self.poll(0.01)))
+            missing = sorted(want - set(self.poll(wait)))
             if not missing or time.monotonic() > deadline:
                 return missing
+            wait = 0.01
 
     def _collect(self, uid: int, index: int, members: list[str], timeout_s: float,
                  outcome: UpdateOutcome) -> tuple[set[str], set[str]]:

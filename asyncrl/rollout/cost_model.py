@@ -84,6 +84,8 @@ class CostModelServer(RolloutServer):
         self.late_s = 0.0
         """Summed delay between a request's due time and its return (event-loop lag: CPU load)."""
         self.completions: list[tuple[float, int]] = []
+        self._weights: dict[str, Any] = {}
+        """What weight-plane updates land in (allocated at the first one)."""
         """(monotonic time, tokens) of every returned segment, for the bench's windows."""
         self._t0 = time.monotonic()
 
@@ -177,6 +179,14 @@ class CostModelServer(RolloutServer):
             pass
         await asyncio.sleep(self.update_cost_s)
         self._history.append((self.vclock(), int(version)))
+
+    async def load_update(self, update: Any) -> None:
+        """A weight-plane update lands in this server's own copy of the weights, as an engine's load
+        does (copied into buffers allocated at the first update), so the bytes really move."""
+        from checkpoint_engine.receiver import land_into
+
+        await asyncio.to_thread(land_into, update, self._weights, strict=False)
+        await self.update_weights((), update.version)
 
     async def reset_prefix_cache(self) -> None:
         return None

@@ -118,7 +118,8 @@ class Fleet:
 class WeightSource(Protocol):
     """Where servers get weights: the trainer's weight plane (`TrainerHandle`), or a test double."""
 
-    endpoint: str
+    endpoints: list[str]
+    """The senders servers join: one, or one per trainer rank (sharded publish)."""
 
     async def publish(self, version: int, receivers: list[str]) -> dict[str, Any]: ...
 
@@ -199,7 +200,7 @@ class FleetManager:
 
     async def _join(self, server: RolloutServer) -> None:
         if self._weights is not None and hasattr(server, "join_weights"):
-            await server.join_weights(self._weights_cfg, self._weights.endpoint, self._pause_mode)
+            await server.join_weights(self._weights_cfg, self._weights.endpoints, self._pause_mode)
 
     async def publish(self, version: int) -> dict[str, float]:
         """Publish `version` to every routed server; returns when each loaded it or was taken out

@@ -15,7 +15,7 @@ treat local hosts and actor proxies alike.
 
     host = ServerHost(server, name="main-0", agent=agent, eval_agent=eval_agent, plane=plane)
     meta = await host.run_sample(sample)             # SampleMeta: into the queue, by the controller
-    await host.join_weights(cfg.weights, endpoint, pause_mode="keep")
+    await host.join_weights(cfg.weights, trainer.endpoints, pause_mode="keep")
 """
 
 from __future__ import annotations
@@ -57,15 +57,20 @@ class ServerHost(RolloutServer):
         return {"reward": float(traj.reward), "reward_info": dict(traj.reward_info)}
 
     # ---- weights ------------------------------------------------------------------------
-    async def join_weights(self, cfg: Any, endpoint: str, pause_mode: PauseMode = "keep") -> None:
-        """Join the trainer's weight plane at `endpoint` and load every update it publishes from
-        now on (a second call joins anew, e.g. after the trainer moved)."""
-        from checkpoint_engine import Receiver
+    async def join_weights(self, cfg: Any, endpoints: list[str] | str, pause_mode: PauseMode = "keep") -> None:
+        """Join the trainer's weight plane (its sender's endpoint, or every rank's when each publishes
+        its own shards) and load every update it publishes from now on (a second call joins anew,
+        e.g. after the trainer moved)."""
+        from checkpoint_engine import Receiver, ShardedReceiver
         from checkpoint_engine.server_loop import serve_updates
 
         await self._leave_weights()
-        transport = self.server.receiver_transport(cfg) if hasattr(self.server, "receiver_transport") else None
-        self._receiver = Receiver(cfg, self.name, endpoint=endpoint, version=-1, transport=transport, confirm_loads=True)
+        endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
+        if len(endpoints) == 1:  # the engine's own transport when it has one (vLLM: into its workers)
+            transport = self.server.receiver_transport(cfg) if hasattr(self.server, "receiver_transport") else None
+            self._receiver = Receiver(cfg, self.name, endpoint=endpoints[0], version=-1, transport=transport, confirm_loads=True)
+        else:  # pieces from every rank, assembled here
+            self._receiver = ShardedReceiver(cfg, self.name, endpoints, confirm_loads=True)
         self._stop = asyncio.Event()
         self._weights = asyncio.get_running_loop().create_task(
             serve_updates(self, self._receiver, pause_mode, stop=self._stop, poll_s=0.2, on_error=self._failed))

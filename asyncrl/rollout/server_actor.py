@@ -77,10 +77,10 @@ class ServerActor:
 
         return await self.host.run_eval(decode_sample(sample))
 
-    async def join_weights(self, weight_sync_config: dict[str, Any], endpoint: str, pause_mode: PauseMode = "keep") -> None:
+    async def join_weights(self, weight_sync_config: dict[str, Any], endpoints: list[str], pause_mode: PauseMode = "keep") -> None:
         from checkpoint_engine import WeightSyncConfig
 
-        await self.host.join_weights(WeightSyncConfig(**weight_sync_config), endpoint, pause_mode)
+        await self.host.join_weights(WeightSyncConfig(**weight_sync_config), endpoints, pause_mode)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None = None) -> GenerateOutput:
         return await self.server.generate(prompt_ids, sampling, request_id)
@@ -175,8 +175,9 @@ class ActorServer(RolloutServer):
 
         return await self._call("run_eval", encode_sample(sample))
 
-    async def join_weights(self, cfg: Any, endpoint: str, pause_mode: PauseMode = "keep") -> None:
-        await self._call("join_weights", dataclasses.asdict(cfg), endpoint, pause_mode)
+    async def join_weights(self, cfg: Any, endpoints: list[str] | str, pause_mode: PauseMode = "keep") -> None:
+        await self._call("join_weights", dataclasses.asdict(cfg), [endpoints] if isinstance(endpoints, str) else list(endpoints),
+                         pause_mode)
 
     def loaded(self, version: int) -> None:
         """The weight plane reported that this server loaded `version`."""

@@ -50,6 +50,10 @@ class TorchRolloutServer(RolloutServer):
         prefix_cache_size: prompts whose KV is kept (exact match, LRU); 0 disables it.
     """
 
+    loads_in_place = True
+    """`load_update` writes into the parameters as buckets land: one that fails midway leaves them
+    half replaced, so the server stays paused until an update succeeds (`server_loop`)."""
+
     def __init__(
         self,
         model_path: str | os.PathLike,
@@ -72,7 +76,8 @@ class TorchRolloutServer(RolloutServer):
         model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=DTYPES[dtype]).to(device).eval()
         model.requires_grad_(False)
         self.model = model
-        self._params: dict[str, torch.Tensor] = dict(model.state_dict(keep_vars=True))
+        self._params: dict[str, torch.Tensor] = {k: v.data for k, v in model.state_dict(keep_vars=True).items()}
+        """HF name -> the parameter's storage (what updates copy into)."""
         eos = model.generation_config.eos_token_id or model.config.eos_token_id
         self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
         self.max_model_len = int(getattr(model.config, "max_position_embeddings", 1 << 30))
@@ -166,6 +171,18 @@ class TorchRolloutServer(RolloutServer):
                 raise ValueError(f"update_weights: {name} has dtype {tensor.dtype}, model expects {param.dtype}")
             updates.append((param, tensor))
         await self._command("update", (updates, int(version)))
+
+    async def load_update(self, update: Any) -> None:
+        """Load a weight-plane update while paused (the host pauses first, so the engine thread is
+        idle): its tensors land straight in the parameters as buckets arrive (one copy, no
+        allocation; `checkpoint_engine.land_into`), then, on the engine thread, the prefix cache is
+        dropped, running KV recomputed and `update.version` stamped from then on. An unknown name
+        or a mismatched shape stops the load midway (`loads_in_place`: the server stays paused
+        until a later update succeeds)."""
+        from checkpoint_engine.receiver import land_into
+
+        await asyncio.to_thread(land_into, update, self._params)
+        await self._command("update", ([], int(update.version)))
 
     async def reset_prefix_cache(self) -> None:
         await self._command("reset_prefix_cache")

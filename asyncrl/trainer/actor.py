@@ -11,7 +11,7 @@ that imports ray.
 
     group = TrainerGroup(2, model_path, trainer=cfg.trainer, algorithm=cfg.algorithm, queue=cfg.queue, weights=cfg.weights)
     metrics = group.train(plan)                           # same as TrainerRank.train
-    outcome = group.publish(1, ["main-0"])                # rank 0 streams to the servers' receivers
+    outcome = group.publish(1, ["main-0"])                # the ranks stream to the servers' receivers
     group.close()
 
 Not here yet: restarting a dead rank (a failure raises in the caller).
@@ -29,6 +29,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from asyncrl.config import AlgorithmConfig, TrainerConfig
 from asyncrl.trainer.plan import BatchPlan
+from asyncrl.trainer.rank import merge_outcomes
 
 
 class _Worker:
@@ -127,8 +128,8 @@ class TrainerGroup:
         infos = self._all("setup", addr, port, model_path, kwargs, dataclasses.asdict(queue), wcfg)
         self.step: int = infos[0]["step"]
         """Trainer steps taken (the policy version), as of the last verb."""
-        self.endpoint: str = infos[0]["endpoint"]
-        """Rank 0's weight-plane address, where servers join."""
+        self.endpoints: list[str] = [i["endpoint"] for i in infos if i["endpoint"]]
+        """Where servers join the weight plane: rank 0's sender, or every rank's (sharded publish)."""
 
     def _all(self, verb: str, *args: Any) -> list[Any]:
         return ray.get([getattr(w, verb).remote(*args) for w in self.workers])
@@ -140,10 +141,10 @@ class TrainerGroup:
         return metrics
 
     def publish(self, version: int, receivers: list[str]) -> dict[str, Any]:
-        return self._all("publish", version, list(receivers))[0]
+        return merge_outcomes(self._all("publish", version, list(receivers)))
 
     def sync(self, receivers: list[str]) -> dict[str, Any]:
-        return self._all("sync", list(receivers))[0]
+        return merge_outcomes(self._all("sync", list(receivers)))
 
     def save(self, path: str) -> None:
         self._all("save", path)

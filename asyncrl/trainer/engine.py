@@ -381,6 +381,29 @@ class TrainerEngine:
             finally:
                 units[unit].reshard()
 
+    def iter_local_shards(self, device: str | torch.device = "cpu") -> Iterator[tuple[str, Tensor, list[int], int]]:
+        """This rank's piece of every full parameter, with no collective: (HF name, its rows in the
+        model dtype on `device`, the full shape, the byte offset of those rows in the full tensor).
+        FSDP2 shards dim 0 as `torch.chunk` does; a tensor that is not sharded (a buffer) is sent
+        whole by rank 0 only. Receivers assemble the pieces of every rank (`ShardedReceiver`)."""
+        for name, t in self.model.state_dict().items():
+            full_shape = list(t.shape)
+            if hasattr(t, "to_local"):
+                local = t.to_local()
+                rows = full_shape[0] if full_shape else 1
+                chunk = -(-rows // self.world)
+                start = min(self.rank * chunk, rows)
+                if local.shape[0] != max(0, min(chunk, rows - start)):
+                    raise RuntimeError(f"{name}: local shard of {tuple(local.shape)} is not rank {self.rank}'s dim-0 chunk")
+            elif self.rank == 0:
+                local, start = t, 0
+            else:
+                continue
+            if local.numel() == 0:
+                continue
+            row_bytes = local[0].numel() * torch.empty((), dtype=self.dtype).element_size() if local.dim() else 0
+            yield name, local.detach().to(device=device, dtype=self.dtype), full_shape, start * row_bytes
+
     def state_dict_for_save(self) -> dict[str, object]:
         from asyncrl.trainer.checkpoint import TrainerState
 

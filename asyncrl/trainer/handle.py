@@ -23,9 +23,9 @@ class TrainerHandle:
         self._lock = asyncio.Lock()
 
     @property
-    def endpoint(self) -> str:
-        """Where servers join the trainer's weight plane."""
-        return self.impl.endpoint
+    def endpoints(self) -> list[str]:
+        """Where servers join the trainer's weight plane (one sender, or one per rank)."""
+        return self.impl.endpoints
 
     @property
     def step(self) -> int:

@@ -2,9 +2,13 @@
 
 Job: per step, read this rank's shard of the batch straight from the data plane
 (`plan.load_shard`) and train on it (`TrainerEngine.train_local`); per publish, stream the
-full weights bucket by bucket into the weight plane, rank 0 through its `Sender`, the other
-ranks joining the same all-gathers, to exactly the receivers the caller names, and report
-who loaded them. The controller sends a plan and "publish version v"; no trajectory tensor
+weights bucket by bucket into the weight plane to exactly the receivers the caller names,
+and report who loaded them. Two layouts, chosen by the backend:
+- sharded (pull backends `local`, `shm`, `nixl`, `cuda_ipc`, more than one rank): every rank has
+  a `Sender` and publishes its own rows of every parameter (`iter_local_shards`, no collective);
+  servers join every rank and assemble the pieces (`checkpoint_engine.sharded`);
+- gathered (`gloo`, `nccl`, whose broadcast group has one root, or one rank): rank 0's `Sender`
+  streams the full tensors, one FSDP unit at a time, the other ranks join the all-gathers. The controller sends a plan and "publish version v"; no trajectory tensor
 and no weight byte passes through it. With Ray each rank is an actor (`actor.py`); the
 embedded default runs one rank in the controller's own process (the `local` planes).
 
@@ -42,8 +46,10 @@ class TrainerRank:
         process reads trajectories from; `weights`: the `WeightSyncConfig` (rank 0 builds the `Sender`)."""
         self.engine, self.plane = engine, plane
         self.device = getattr(weights, "device", "cpu")
+        self.sharded = weights is not None and engine.world > 1 and weights.backend in SHARDED_BACKENDS
+        """Every rank publishes its own rows (see the module docstring)."""
         self.sender = None
-        if weights is not None and engine.rank == 0:
+        if weights is not None and (engine.rank == 0 or self.sharded):
             from checkpoint_engine import Sender
 
             self.sender = Sender(weights)
@@ -60,8 +66,13 @@ class TrainerRank:
 
     @property
     def endpoint(self) -> str:
-        """Where receivers join the weight plane (rank 0; '' elsewhere)."""
+        """Where receivers join this rank's sender ('' for a rank without one)."""
         return self.sender.endpoint if self.sender is not None else ""
+
+    @property
+    def endpoints(self) -> list[str]:
+        """Where receivers join the weight plane: this rank's sender (one rank in this process)."""
+        return [self.endpoint] if self.endpoint else []
 
     def train(self, plan: BatchPlan | bytes) -> dict[str, float]:
         """One trainer step on this rank's shard of `plan`; returns the step's metrics."""
@@ -76,9 +87,13 @@ class TrainerRank:
         return metrics
 
     def _params(self) -> Iterator[Any]:
-        """The full parameters, timing the gathers (`gather_s` of the last publish)."""
+        """What this rank sends: its rows (sharded), or the full parameters (gathered), timing
+        how long producing them took (`gather_s` of the last publish)."""
         self.gather_s = 0.0
-        it = self.engine.iter_full_params(device=self.device, borrowed=True)  # the packer copies each into a bucket
+        if self.sharded:
+            it: Iterator[Any] = self.engine.iter_local_shards(device=self.device)
+        else:
+            it = self.engine.iter_full_params(device=self.device, borrowed=True)  # the packer copies each into a bucket
         while True:
             t0 = time.perf_counter()
             item = next(it, None)
@@ -99,7 +114,7 @@ class TrainerRank:
             out.evicted.update({r: "not joined" for r in missing})
             return dict(_outcome(out), gather_s=self.gather_s)
         finally:
-            _drain(params)  # the other ranks all-gather every tensor: so must this one, whatever happened
+            self._finish(params)
 
     def sync(self, receivers: list[str]) -> dict[str, Any] | None:
         """Bring `receivers` that do not hold the current version (restarted, evicted) to it."""
@@ -109,9 +124,17 @@ class TrainerRank:
                 return None
             self.sender.wait_for_ids(receivers, self.sender.config.timeout_s)
             out = self.sender.sync(params, receivers=receivers)
-            return _outcome(out) if out is not None else {"version": self.sender.membership.version, "completed": [],
-                                                           "evicted": {}, "bytes": 0, "seconds": 0.0, "gbps": 0.0}
+            if out is None:  # nobody behind: the live ones among them already hold it
+                m = self.sender.membership
+                current = [r for r in receivers if r in m.live() and r not in m.behind()]
+                return {"version": m.version, "completed": current, "evicted": {}, "bytes": 0, "seconds": 0.0,
+                        "gbps": 0.0, "buckets": 0, "gather_s": 0.0}
+            return dict(_outcome(out), gather_s=self.gather_s)
         finally:
+            self._finish(params)
+
+    def _finish(self, params: Iterator[Any]) -> None:
+        if not self.sharded:  # the other ranks all-gather every tensor: so must this one, whatever happened
             _drain(params)
 
     def save(self, path: str) -> None:
@@ -131,6 +154,25 @@ class TrainerRank:
 def _drain(it: Iterator[Any]) -> None:
     for _ in it:
         pass
+
+
+SHARDED_BACKENDS = ("local", "shm", "nixl", "cuda_ipc")
+"""Pull backends: a receiver can read from any number of senders (collectives have one root)."""
+
+
+def merge_outcomes(outs: list[dict[str, Any] | None]) -> dict[str, Any]:
+    """One publish outcome from the ranks' (sharded: each sent its rows; loaded = loaded from all)."""
+    outs = [o for o in outs if o is not None]
+    if len(outs) == 1:
+        return outs[0]
+    completed = set(outs[0]["completed"]).intersection(*(o["completed"] for o in outs[1:]))
+    evicted: dict[str, str] = {}
+    for o in outs:
+        evicted.update(o["evicted"])
+    return {"version": outs[0]["version"], "completed": sorted(completed), "evicted": evicted,
+            "bytes": sum(o["bytes"] for o in outs), "seconds": max(o["seconds"] for o in outs),
+            "gbps": sum(o["bytes"] for o in outs) / max(max(o["seconds"] for o in outs), 1e-9) / 1e9,
+            "buckets": sum(o["buckets"] for o in outs), "gather_s": max(o.get("gather_s", 0.0) for o in outs)}
 
 
 def _outcome(out: Any) -> dict[str, Any]:

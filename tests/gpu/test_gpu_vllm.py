@@ -33,7 +33,7 @@ def test_vllm_gpu_generate_update_cache_and_logprobs(tiny_model, tiny_model_b):
         server = VLLMRolloutServer(tiny_model, dtype="float32", seed=0, gpu_memory_utilization=0.2)
         host = ServerHost(server, name="gpu-0", agent=None, eval_agent=None, plane=None)
         trainer, _, cfg = weight_source(list(load_file(str(tiny_model_b / "model.safetensors")).items()))
-        await host.join_weights(cfg, trainer.endpoint, "keep")
+        await host.join_weights(cfg, trainer.endpoints, "keep")
         sp = SamplingParams(max_tokens=32, seed=0)
         before = await server.generate(LONG_PROMPT, sp)  # caches the prompt's KV
         out = await trainer.publish(1, ["gpu-0"])

@@ -98,7 +98,7 @@ def test_multiprocess_engine_generate_update_pause(tiny_models: dict, hf: dict) 
 
         trainer, _, wcfg = weight_source(list(hf[0].state_dict().items()))
         host = ServerHost(server, name="mp-0", agent=None, eval_agent=None, plane=None)
-        await host.join_weights(wcfg, trainer.endpoint, "keep")
+        await host.join_weights(wcfg, trainer.endpoints, "keep")
         published = await trainer.publish(2, ["mp-0"])
         back = await _gen(server, PROMPTS)
         await host._leave_weights()

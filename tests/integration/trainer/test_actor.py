@@ -33,7 +33,7 @@ def test_trainer_group_ranks_read_their_shards_and_publish_to_a_receiver(tiny_mo
     from asyncrl.config import AlgorithmConfig, TrainerConfig
     from asyncrl.trainer.actor import TrainerGroup
     from asyncrl.trajectory_queue import trajectory_sample
-    from checkpoint_engine import Receiver, WeightSyncConfig
+    from checkpoint_engine import ShardedReceiver, WeightSyncConfig
     from transfer_queue import TransferQueueConfig, make_storage
 
     queue = TransferQueueConfig(storage="shm", shm_dir=str(tmp_path), inline_max_bytes=0, run_id="actor")
@@ -46,7 +46,7 @@ def test_trainer_group_ranks_read_their_shards_and_publish_to_a_receiver(tiny_mo
     try:
         group = TrainerGroup(2, tiny_model_path, trainer=TrainerConfig(micro_batch_size=2, threads=1, minibatches=1),
                              algorithm=AlgorithmConfig(), queue=queue, weights=weights)
-        assert group.endpoint.startswith("tcp://127.0.0.1:")
+        assert len(group.endpoints) == 2 and all(e.startswith("tcp://127.0.0.1:") for e in group.endpoints)  # shm: every rank sends its rows
         metrics = group.train(plan)
         assert group.step == 1 and metrics["tokens"] == tokens == sum(len(t.response_ids) for t in trajs)
         assert metrics["seqs"] == 8 and metrics["grad_norm"] > 0
@@ -55,12 +55,18 @@ def test_trainer_group_ranks_read_their_shards_and_publish_to_a_receiver(tiny_mo
         assert metrics["read_bytes"] == mine
 
         got = {}
-        rx = Receiver(weights, "r0", endpoint=group.endpoint)
-        th = threading.Thread(target=lambda: got.update({n: t.clone() for n, t in rx.receive(timeout_s=60)}))
+        rx = ShardedReceiver(weights, "r0", endpoints=group.endpoints)  # each rank's rows, assembled here
+
+        def receive():
+            update = rx.next_update(timeout_s=60)
+            got.update({n: t.clone() for n, t in update})
+
+        th = threading.Thread(target=receive)
         th.start()
         out = group.publish(1, ["r0", "absent"])
         th.join(60)
         assert out["completed"] == ["r0"] and out["evicted"] == {"absent": "not joined"} and rx.version == 1
+        assert out["gather_s"] < 1.0  # no all-gather: the ranks sent their own rows
         assert got["lm_head.weight"].shape == (100, 128) and len(got) == 27
         from safetensors.torch import load_file
 
