@@ -15,9 +15,10 @@ is `trainer.engine=cost_model` (the real model loaded and sharded by FSDP2, its 
 the data plane into tensors, its real weights all-gathered and published; the forward/backward
 is a sleep per token). So every byte moves as in a real run; only the compute is left out.
 
-Publishing from FSDP2 shards costs an all-gather of every parameter on the trainer ranks
-(`gather_s`: gloo over TCP on CPU, about 0.3 GB/s on this 2-core machine), which a bare
-publish of tensors already in memory does not pay; on GPUs it is an NCCL all-gather.
+With shm every trainer rank publishes its own rows of each parameter and the servers assemble
+them in place into their weights; `gather_s` is the time the ranks spent producing what they
+send (their rows here; with gloo/nccl the all-gathered full tensors, gloo over TCP on CPU being
+about 0.3 GB/s on this 2-core machine).
 
 Targets (issue: the distributed path): tensor and weight bytes through the controller 0,
 metadata <= 2048 bytes per trajectory and the same at both sizes, controller RSS large/small
@@ -232,7 +233,7 @@ def print_table(res: dict[str, Any]) -> None:
                 f"{r['rank_read_bytes_per_step']:.0f}"]
         print(("{:<7}" + "{:>17}" * len(vals)).format(name, *[str(v) for v in vals]))
     print(f"controller RSS large / small: {res['controller_rss_ratio_large_vs_small']}")
-    print("gather_s: time the publish spent in FSDP all-gathers of the full parameters on the trainer ranks (gloo on CPU)")
+    print("gather_s: time the ranks spent producing what they send (their rows; all-gathered full tensors with gloo/nccl)")
     for name, t in res["targets"].items():
         print(f"target {name} {t['target']}: measured {t['measured']} -> {'met' if t['met'] else 'NOT met'}")
 

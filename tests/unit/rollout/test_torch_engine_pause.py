@@ -58,6 +58,8 @@ def test_wait_drains_in_flight_requests(tiny_model):
         server = _server(tiny_model)
         tasks = [asyncio.create_task(server.generate([5 + i], SamplingParams(max_tokens=40 + i, seed=i))) for i in range(3)]
         await _until_generated(server, 3)
+        while len(server._worker.batch.rows) < 3:  # all three running (a queued one is not in flight: it waits)
+            await asyncio.sleep(0.002)
         await server.pause("wait")
         drained = [t.done() for t in tasks]
         held = asyncio.create_task(server.generate([9], SamplingParams(max_tokens=2, seed=0)))
