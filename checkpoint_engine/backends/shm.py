@@ -1,7 +1,8 @@
 """`shm`: same-host transfer through two files in /dev/shm that the sender fills once.
 
-The sender creates and maps the two slots when it starts; a receiver maps them on
-`Begin` and copies each bucket out (one memcpy per receiver, all receivers in parallel).
+The sender creates and maps the two slots when it starts (removing the slot files of senders
+that were killed before closing theirs); a receiver maps them on `Begin` and copies each bucket
+out (one memcpy per receiver, all receivers in parallel).
 Plain `mmap` of a /dev/shm file is used instead of `multiprocessing.shared_memory`
 because the latter's resource tracker unlinks segments when an *attaching* process
 exits (Python < 3.13), which would break the sender whenever a receiver dies.
@@ -35,9 +36,35 @@ def _map(path: str, size: int, create: bool) -> mmap.mmap:
         os.close(fd)
 
 
+def sweep_dead(prefix: str = "asyncrl-weights-") -> int:
+    """Remove slot files left by senders whose process is gone (killed before `close`); returns how
+    many. Receivers that mapped one keep their mapping; nobody can open it again."""
+    removed = 0
+    for name in os.listdir(SHM_DIR):
+        pid = name[len(prefix):].split("-", 1)[0] if name.startswith(prefix) else ""
+        if pid.isdigit() and not _alive(int(pid)):
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+                removed += 1
+            except FileNotFoundError:  # another sender swept it first
+                pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
 class ShmSenderTransport(SenderTransport):
     def __init__(self, config: WeightSyncConfig):
         super().__init__(config)
+        sweep_dead()  # what killed senders left behind
         size = config.bucket_bytes
         tag = f"asyncrl-weights-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.paths = [os.path.join(SHM_DIR, f"{tag}-{i}") for i in range(2)]
