@@ -143,11 +143,17 @@ def test_json_matches_the_queue_accounting_of_a_running_pipeline(run, capsys):
 def test_watch_view_renders_in_a_pseudo_terminal(run):
     child = pexpect.spawn(sys.executable, ["-m", "asyncrl.cli", "status", "--run", str(run.run_dir), "--watch", "--interval", "0.5"],
                           dimensions=(45, 130), encoding="utf-8", timeout=30, cwd=os.getcwd(),
-                          env=dict(os.environ, COLUMNS="130", LINES="45"))  # under pytest rich would assume 80 columns
+                          env=dict(os.environ, COLUMNS="130", LINES="45",  # under pytest rich would assume 80 columns
+                                   PYTHONFAULTHANDLER="1"))  # a stuck view dumps its threads on SIGABRT (below)
     for field in ("trainer", "ready", "leased", "acked", "complete_groups", "staleness", "last batch",
                   "main-0", "in_flight", "tokens/s", "healthy", "drops", "heartbeats"):
         child.expect_exact(field)
-    child.expect_exact("produced/s")  # a second frame arrives (refresh)
+    try:
+        child.expect_exact("produced/s", timeout=60)  # a second frame arrives (refresh)
+    except pexpect.TIMEOUT:
+        child.kill(signal.SIGABRT)
+        child.expect(pexpect.EOF, timeout=10)
+        pytest.fail(f"the view did not refresh within 60 s; its threads:\n{child.before[-6000:]}")
     child.sendintr()
     child.expect(pexpect.EOF)
     child.close()
