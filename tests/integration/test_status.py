@@ -86,6 +86,9 @@ def victim(tmp_path_factory):
     if proc.poll() is None:
         proc.kill()
         proc.wait()
+    from checkpoint_engine.backends.shm import sweep_dead
+
+    sweep_dead()  # the weight segments of the process this fixture killed (a new run's sender sweeps them too)
 
 
 @pytest.fixture(scope="module")
