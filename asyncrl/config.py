@@ -142,6 +142,8 @@ class TrainerConfig:
     """Checkpoints kept in the run directory (oldest removed)."""
     target_reward: float = 0.0
     """Stop early once held-out reward reaches this (0 disables)."""
+    max_bad_steps: int = 3
+    """A step whose loss or gradient norm is not finite is skipped (no optimizer update, counted as `bad_steps`); this many in a row stop the run."""
 
     @property
     def eta(self) -> int:
@@ -170,6 +172,7 @@ class TrainerConfig:
         _check(self.cost_model_token_s >= 0, "trainer.cost_model_token_s", "must be >= 0")
         _check(self.eval_every >= 1, "trainer.eval_every", "must be >= 1")
         _check(self.save_every >= 0, "trainer.save_every", "must be >= 0")
+        _check(self.max_bad_steps >= 1, "trainer.max_bad_steps", f"must be >= 1, got {self.max_bad_steps}")
 
 
 @dataclass
@@ -243,12 +246,18 @@ class AgentConfig:
     """Keyword arguments bound to the reward function."""
     reward_timeout_s: float = 10.0
     """A reward taking longer is a counted failure (reward 0), never a stuck run."""
+    reward_workers: int = 4
+    """Threads of the reward pool of each process that scores (its own pool: hung rewards never starve the event loop's executor)."""
+    max_reward_failures: int = 100
+    """This many reward failures in a row (raised, timed out, or not a finite number) stop the run with an error naming the reward."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments of the agent (e.g. for `tool`: `tools: [python, calculator]`, `max_turns: 4`)."""
 
     def __post_init__(self) -> None:
         _check(bool(self.name), "agent.name", "must not be empty")
         _check(self.reward_timeout_s > 0, "agent.reward_timeout_s", "must be > 0")
+        _check(self.reward_workers >= 1, "agent.reward_workers", f"must be >= 1, got {self.reward_workers}")
+        _check(self.max_reward_failures >= 1, "agent.max_reward_failures", f"must be >= 1, got {self.max_reward_failures}")
 
 
 @dataclass
