@@ -90,6 +90,10 @@ class RolloutConfig:
     """Times one request may move to another server after the server it ran on died."""
     restart_dead_servers: bool = True
     """A server found dead is restarted, given the current weights, then takes requests again."""
+    health_timeout_s: float = 60.0
+    """Ray servers: one that does not answer a control call (stats, pause, join, close) within this many seconds is hung: killed, then handled as dead (its samples move to other servers)."""
+    health_interval_s: float = 10.0
+    """Ray servers: seconds between health probes of every routed server (finds a hung server even while no publish runs)."""
     partial_rollouts: bool = True
     """A request aborted by a weight update is resubmitted with its tokens so far (per-token
     versions show both policies); false returns it unfinished (`finish_reason="abort"`)."""
@@ -122,6 +126,8 @@ class RolloutConfig:
         _check(self.cpus_per_server > 0, "rollout.cpus_per_server", f"must be > 0, got {self.cpus_per_server}")
         _one_of(self.placement_strategy, "rollout.placement_strategy", ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"))
         _check(self.max_failovers >= 0, "rollout.max_failovers", "must be >= 0")
+        _check(self.health_timeout_s > 0, "rollout.health_timeout_s", f"must be > 0, got {self.health_timeout_s}")
+        _check(self.health_interval_s > 0, "rollout.health_interval_s", f"must be > 0, got {self.health_interval_s}")
         names = ["main"]
         for i, extra in enumerate(self.fleets):
             key = f"rollout.fleets[{i}]"

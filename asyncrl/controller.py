@@ -41,6 +41,10 @@ when either loop raises (errors propagate) or after `trainer.total_steps`.
 A publish waits for every routed server to *load* the version (version 0 included, before the
 first evaluation), and the `FleetManager` owns which servers those are: one that misses a
 publish is taken out of routing and re-synced; a restarted one is synced before it takes work.
+- health loop (`FleetManager.watch`): every `rollout.health_interval_s` it probes each routed
+  server; a dead or hung one (no answer in `rollout.health_timeout_s`) is killed and restarted,
+  its samples move to other servers. A trainer step with a non-finite gradient is skipped
+  (counted as `bad_steps`); `trainer.max_bad_steps` in a row stop the run.
 """
 
 from __future__ import annotations
@@ -91,6 +95,8 @@ class Pipeline:
         self.trained_tokens = 0
         self.curve: list[tuple[int, float]] = []
         self.staleness_hist: Counter[int] = Counter()
+        self.bad_steps = 0
+        """Trainer steps that skipped a mini-batch for a non-finite gradient (`trainer.max_bad_steps` in a row stop the run)."""
         self.wait_s = 0.0
         self.wall_before = 0.0  # seconds spent in earlier (resumed) segments of this run
         self.t_start = time.time()
@@ -118,6 +124,7 @@ class Pipeline:
                 "trained_tokens": self.trained_tokens,
                 "curve": self.curve,
                 "staleness_hist": dict(self.staleness_hist),
+                "bad_steps": self.bad_steps,
                 "wall_s": self.wall_before + time.time() - self.t_start,
             },
         )
@@ -135,6 +142,7 @@ class Pipeline:
         self.trained_samples, self.trained_tokens = state["trained_samples"], state["trained_tokens"]
         self.curve = [tuple(p) for p in state["curve"]]
         self.staleness_hist = Counter({int(k): v for k, v in state["staleness_hist"].items()})
+        self.bad_steps = state.get("bad_steps", 0)  # absent in checkpoints written before it was counted
         self.wall_before = state["wall_s"]
         return True
 
@@ -201,6 +209,7 @@ class Pipeline:
             m["time/train_s"] = time.time() - t_batch
             m["time/wait_rollout_s"] = t_batch - t_wait
             self.step += 1
+            self.bad_steps += int(stats.get("bad_step", 0))
             self.trained_samples += sum(len(g) for g in groups)
             self.trained_tokens += n_tokens
             await self.queue.trained(handle)
@@ -231,21 +240,24 @@ class Pipeline:
         self._tokens_at_start = self.trained_tokens
         await self.publish()  # servers start from the trainer's exact weights at this version
         if not resumed:
-            self.metrics.log(0, await self.evaluate())
+            skipped = {f"data/skipped_{split}_{why}": n for split, ps in (("train", self.parts.task.train), ("eval", self.parts.task.eval))
+                       for why, n in ps.skipped.items()}
+            self.metrics.log(0, {**await self.evaluate(), **skipped})
         progress = Progress(self.cfg.trainer.total_steps, start=self.step, enabled=self.cfg.logging.progress)
         progress.update(self.step, {"eval/reward": self.curve[-1][1]} if self.curve else {})
         roll = asyncio.create_task(self.rollouter.run())
         train = asyncio.create_task(self._train_loop(progress))
+        health = asyncio.create_task(self.parts.fleets.watch(self.cfg.rollout.health_interval_s))
         status = StatusReporter(self)
         reporter = asyncio.create_task(status.run())
         try:
-            done, _ = await asyncio.wait({roll, train}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({roll, train, health}, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
                 t.result()  # re-raise the error of a loop that died
         finally:
-            for t in (roll, train, reporter):
+            for t in (roll, train, health, reporter):
                 t.cancel()
-            await asyncio.gather(roll, train, reporter, return_exceptions=True)
+            await asyncio.gather(roll, train, health, reporter, return_exceptions=True)
             await status.final()  # the end state (finished, or failed with the error in flight)
             progress.close()
             await self.queue.close()
@@ -266,6 +278,8 @@ class Pipeline:
             "resumed": bool(resumed),
             "drops": dict(self.staleness.dropped),
             "reward_failures": self.rollouter.reward_failures,
+            "bad_steps": self.bad_steps,
+            "skipped_rows": {"train": dict(self.parts.task.train.skipped), "eval": dict(self.parts.task.eval.skipped)},
             "staleness_hist": {str(k): v for k, v in sorted(self.staleness_hist.items())},
             "trainer_idle_ratio": round(pm["trainer/idle_ratio"], 3),
             "rollout_idle_ratio": round(pm["rollout/idle_ratio"], 3),

@@ -53,7 +53,8 @@ class MetricsLogger:
             run = mlflow.start_run(run_id=run_id, run_name=None if run_id else run_dir.name)
             id_file.write_text(run.info.run_id)
             if run_id is None:
-                flat = {k: str(v)[:500] for k, v in _flatten(params).items()}
+                # the run's secret (`queue.secret`, `weights.secret`) never reaches the tracking store
+                flat = {k: "<set>" if k.endswith("secret") and v else str(v)[:500] for k, v in _flatten(params).items()}
                 items = list(flat.items())
                 for i in range(0, len(items), 100):
                     mlflow.log_params(dict(items[i : i + 100]))

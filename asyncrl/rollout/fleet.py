@@ -158,6 +158,8 @@ class FleetManager:
         self.restart_dead = restart_dead
         self.restarts = 0
         self.resyncs = 0
+        self.probe_failures = 0
+        """Servers found dead or hung by `watch` (not by a request or a publish)."""
         self._weights: WeightSource | None = None
         self._weights_cfg: Any = None
         self._pause_mode: PauseMode = "keep"
@@ -286,13 +288,29 @@ class FleetManager:
         """Start a replacement for a dead server, sync it to the current version, route to it."""
         fleet = self._fleet_of(server)
         self.router.remove(server)
+        await server.close()  # first: a hung one is killed, so its samples fail over and its bundle frees
         fresh = await fleet.restart(server)
-        await server.close()  # what is left of the old one (a dead actor: nothing)
         await self._bring_current(fresh)
         if fleet.name in self.fleets:  # the fleet may have been removed meanwhile
             self.router.add(fresh, fleet.name)
         self.restarts += 1
         return fresh
+
+    async def watch(self, interval_s: float) -> None:
+        """Probe every routed server each `interval_s` (until cancelled): one that is dead or does
+        not answer in time (a hung process) is taken out like a death found by a request, so it is
+        killed and restarted even while nothing else would notice (no publish, no new request).
+        Servers without `probe` (in this process) are not probed."""
+        while True:
+            await asyncio.sleep(interval_s)
+            live = [s for s in self.router.servers if hasattr(s, "probe")]
+            results = await asyncio.gather(*(s.probe() for s in live), return_exceptions=True)
+            for server, res in zip(live, results):
+                if isinstance(res, ServerDied):
+                    self.probe_failures += 1
+                    self.router.take_out(server, res)
+                elif isinstance(res, BaseException):
+                    raise res
 
     async def wait_restarts(self) -> None:
         """Wait for restarts and re-syncs in progress (raises the first that failed)."""
@@ -315,7 +333,7 @@ class FleetManager:
                 "servers": rows, "healthy": sum(r["healthy"] for r in rows),
                 "in_flight": sum(r["in_flight"] for r in rows), "tokens_per_s": sum(r["tokens_per_s"] for r in rows),
             }
-        return {"version": self.version, "fleets": fleets, "restarts": self.restarts, "resyncs": self.resyncs,
+        return {"version": self.version, "fleets": fleets, "restarts": self.restarts, "resyncs": self.resyncs, "probe_failures": self.probe_failures,
                 "failovers": self.router.failovers, "resubmits": self.router.resubmits}
 
     async def close(self) -> None:

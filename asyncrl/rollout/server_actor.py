@@ -121,9 +121,12 @@ class ActorServer(RolloutServer):
     interface, so they answer from what this proxy saw last (its own in-flight count, the last
     `refresh()`); `FleetManager.stats()` refreshes first."""
 
-    def __init__(self, handle: Any, name: str) -> None:
+    def __init__(self, handle: Any, name: str, control_timeout_s: float = 60.0) -> None:
         self.handle = handle
         self.name = name
+        self.control_timeout_s = control_timeout_s
+        """A control verb (stats, resume, join, close) unanswered this long means a hung server: `ServerDied`."""
+        self._closed = False
         self._in_flight = 0
         self._stats = ServerStats(version=0, in_flight=0, paused=False, generated_tokens=0, tokens_per_s=0.0)
         self._dead = False
@@ -131,11 +134,23 @@ class ActorServer(RolloutServer):
         """Bytes of the queue records this proxy received from the actor (`run_sample` replies)."""
 
     async def _call(self, verb: str, *args: Any) -> Any:
+        """Samples and generation may take as long as they take; a control verb that is not
+        answered within `control_timeout_s` is a hung server (the caller kills it via `close`)."""
+        ref = getattr(self.handle, verb).remote(*args)
         try:
-            return await getattr(self.handle, verb).remote(*args)
+            if verb in _CONTROL_VERBS:
+                return await asyncio.wait_for(ref, self.control_timeout_s)
+            return await ref
+        except asyncio.TimeoutError:
+            raise ServerDied(f"rollout server {self.name} is hung: no answer to {verb} in {self.control_timeout_s} s "
+                             f"(rollout.health_timeout_s)") from None
         except RayActorError as exc:  # translated: the router fails over on ServerDied
             self._dead = True
             raise ServerDied(f"rollout server {self.name} died during {verb}: {type(exc).__name__}") from exc
+
+    async def probe(self) -> None:
+        """Raise `ServerDied` if the actor is dead or does not answer within `control_timeout_s`."""
+        self._stats = await self._call("stats")
 
     async def ready(self) -> "ActorServer":
         """Wait until the engine is built (model loaded)."""
@@ -203,13 +218,23 @@ class ActorServer(RolloutServer):
         return self._stats.version
 
     async def close(self) -> None:
+        """Close the server (a hung one is not waited for past `control_timeout_s`), then kill the
+        actor: its calls in flight fail at once, so their samples move to other servers."""
+        if self._closed:
+            return
+        self._closed = True
         if not self._dead:
             try:
                 await self._call("close")
-            except ServerDied:  # deliberate: already gone is closed
+            except ServerDied:  # deliberate: already gone (or hung) is closed by the kill below
                 pass
+        if not self._dead:
             ray.kill(self.handle, no_restart=True)
         self._dead = True
+
+
+_CONTROL_VERBS = frozenset({"stats", "resume", "join_weights", "close", "reset_prefix_cache", "pid"})
+"""Verbs that answer at once on a healthy server (`start` loads the model, `pause` may drain, samples generate: no limit)."""
 
 
 def make_placement(cfg: RolloutConfig, num_servers: int) -> PlacementGroup:
@@ -244,7 +269,7 @@ def spawn_server(cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int, 
     name = name or f"server-{index}"
     handle = actor_cls.options(scheduling_strategy=strategy, max_concurrency=1000).remote(
         dataclasses.asdict(cfg), str(model_path), dtype, seed, index, name, spec)
-    return ActorServer(handle, name)
+    return ActorServer(handle, name, control_timeout_s=cfg.health_timeout_s)
 
 
 def kill(server: ActorServer) -> None:

@@ -22,6 +22,7 @@ published: `iter_full_params` hands full tensors to whoever publishes them.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import socket
@@ -36,6 +37,8 @@ from asyncrl.config import AlgorithmConfig, TrainerConfig
 from asyncrl.trainer.batch import TrainBatch
 from asyncrl.trainer.corrections import Corrector, stat_max, stat_metrics, stat_sums
 from asyncrl.trainer.losses import POLICY_LOSSES, agg_loss, entropy_from_logits, kl_penalty, token_logprobs
+
+log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -169,6 +172,9 @@ class TrainerEngine:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
         self.step = 0
         """Trainer steps taken (one per `train_step`, whatever `trainer.minibatches`): the policy version of the current weights."""
+        self.bad_steps = 0
+        """Trainer steps in which a mini-batch was skipped for a non-finite gradient norm (see `_count_bad_step`)."""
+        self.bad_steps_in_a_row = 0
         self.entropy_coef = algorithm.entropy_coef
         """Weight of the entropy bonus; adapted after each step when `algorithm.entropy_target` > 0 (checkpointed)."""
 
@@ -249,8 +255,26 @@ class TrainerEngine:
             m.update(self.optimizer_step(end_of_step=i == len(parts) - 1))
             out.append(m)
         metrics = merge_minibatch_metrics(out) if len(out) > 1 else out[0]
-        metrics["entropy_coef"] = self.adapt_entropy_coef(metrics["entropy"])
+        skipped = sum(m["skipped"] for m in out)
+        metrics.pop("skipped")
+        metrics["skipped_minibatches"], metrics["bad_step"] = skipped, float(skipped > 0)
+        self._count_bad_step(skipped > 0, metrics["grad_norm"])
+        metrics["entropy_coef"] = self.adapt_entropy_coef(metrics["entropy"]) if not skipped else self.entropy_coef
         return metrics
+
+    def _count_bad_step(self, bad: bool, grad_norm: float) -> None:
+        """Consecutive bad steps (a mini-batch with a non-finite gradient norm was skipped):
+        `trainer.max_bad_steps` in a row stop the run. Every rank sees the same global norm,
+        so every rank counts the same.
+
+        Trace (max_bad_steps 3): step 7 nan -> 1, step 8 ok -> 0, steps 9, 10 nan -> 2, step 11 nan -> raise.
+        """
+        self.bad_steps_in_a_row = self.bad_steps_in_a_row + 1 if bad else 0
+        self.bad_steps += int(bad)
+        if self.bad_steps_in_a_row >= self.trainer.max_bad_steps:
+            raise FloatingPointError(
+                f"trainer step {self.step - 1}: {self.bad_steps_in_a_row} steps in a row had a non-finite gradient norm "
+                f"(last {grad_norm}; non-finite loss or logits): stopping (trainer.max_bad_steps={self.trainer.max_bad_steps})")
 
     def _with_fixed_logprobs(self, rows: TrainBatch) -> TrainBatch:
         """Fill in the reference and proximal log-probs of this rank's rows, with the current weights."""
@@ -344,16 +368,17 @@ class TrainerEngine:
         max_norm = self.trainer.grad_clip if self.trainer.grad_clip > 0 else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=max_norm)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-        if not math.isfinite(grad_norm):
-            self.optimizer.zero_grad(set_to_none=True)  # the weights stay as they were; the caller decides
-            raise FloatingPointError(f"trainer step {self.step}: gradient norm is {grad_norm} (non-finite loss or logits)")
         lr = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
+        skipped = not math.isfinite(grad_norm)
+        if skipped:  # no update from this mini-batch: the weights and the optimizer state stay as they were
+            log.warning("trainer step %d: gradient norm is %s (non-finite loss or logits): mini-batch skipped", self.step, grad_norm)
+        else:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        if end_of_step:
+        if end_of_step:  # a skipped step still counts: the batch was consumed and the version advances
             self.scheduler.step()
             self.step += 1
-        return {"grad_norm": grad_norm, "lr": lr}
+        return {"grad_norm": grad_norm, "lr": lr, "skipped": float(skipped)}
 
     # ---- weights ----------------------------------------------------------
     def iter_full_params(self, device: str | torch.device = "cpu", borrowed: bool = False) -> Iterator[tuple[str, Tensor]]:

@@ -159,23 +159,30 @@ def test_save_load_resumes_identically(tiny_model_path, tmp_path):
         a.close()
 
 
-def test_bfloat16_compute_trains_fp32_master_weights_and_nan_raises(tiny_model_path):
+def test_bfloat16_compute_trains_fp32_master_weights_and_nan_steps_are_skipped(tiny_model_path):
     batch = synthetic_batch(6, vocab_size=VOCAB, seed=1)
     batch = batch.replace(advantages=torch.tensor([1.0, -1.0] * 3)[:, None] * batch.loss_mask)
-    engine = TrainerEngine(tiny_model_path, trainer=TrainerConfig(micro_batch_size=4), algorithm=AlgorithmConfig(), dtype="bfloat16")
+    engine = TrainerEngine(tiny_model_path, trainer=TrainerConfig(micro_batch_size=4, max_bad_steps=2),
+                           algorithm=AlgorithmConfig(), dtype="bfloat16")
+    nan = batch.replace(advantages=batch.advantages * float("nan"))
     try:
         lp = engine.compute_logprobs(batch)
         metrics = engine.train_step(batch.replace(old_logprobs=lp * batch.loss_mask))
-        assert metrics["grad_norm"] > 0 and metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-2)
+        assert metrics["grad_norm"] > 0 and metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-2) and metrics["bad_step"] == 0
         assert all(p.dtype == torch.float32 for p in engine.model.parameters())  # master weights stay fp32
         assert all(t.dtype == torch.bfloat16 for _, t in engine.iter_full_params())  # published in the model dtype
         before = dict(engine.iter_full_params())
-        with pytest.raises(FloatingPointError, match="gradient norm"):
-            engine.train_step(batch.replace(advantages=batch.advantages * float("nan")))
-        assert engine.step == 1
+        metrics = engine.train_step(nan)  # skipped: counted, the version advances, the weights do not move
+        assert metrics["bad_step"] == 1 and metrics["skipped_minibatches"] >= 1 and engine.bad_steps == 1
+        assert engine.step == 2
         assert all(torch.equal(t, before[n]) for n, t in engine.iter_full_params())  # no update was applied
         lp = engine.compute_logprobs(batch)
-        assert engine.train_step(batch.replace(old_logprobs=lp * batch.loss_mask))["grad_norm"] > 0  # stale NaN grads dropped
+        good = engine.train_step(batch.replace(old_logprobs=lp * batch.loss_mask))  # stale NaN grads dropped
+        assert good["grad_norm"] > 0 and good["bad_step"] == 0 and engine.bad_steps_in_a_row == 0
+        engine.train_step(nan)
+        with pytest.raises(FloatingPointError, match="trainer.max_bad_steps=2"):  # two in a row stop the run
+            engine.train_step(nan)
+        assert engine.bad_steps == 3
     finally:
         engine.close()
 
