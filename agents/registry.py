@@ -4,13 +4,16 @@
 tools=["python", {"name": "calculator"}])` builds a `ToolAgent`; `"single_turn"` a
 `SingleTurnAgent`; `"my_pkg.agents:MyLoop"` any class or factory returning an `AgentLoop`.
 A `reward` given as a name or import path (with `reward_kwargs`) is resolved through
-`agents.rewards.get_reward` and passed on as `reward_fn`, so config can stay plain data.
+`agents.rewards.get_reward` and passed on as `reward_fn` (and its name as `reward_name`, to
+factories that take it, so errors such as `RewardBroken` name it as configured), so config can
+stay plain data.
 Register more with `@register_agent("name")`.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any, Callable
 
 from agents.base import AgentLoop
@@ -47,13 +50,25 @@ def resolve(name: str, registry: dict[str, Any], what: str) -> Any:
     raise ValueError(f"unknown {what} {name!r}; registered: {sorted(registry)} (or give module:attr)")
 
 
+def accepts(factory: Callable[..., Any], key: str) -> bool:
+    """Whether `factory` takes keyword `key` (by name or through `**kwargs`)."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+    return key in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
 def build_agent(name_or_path: str, **kwargs: Any) -> AgentLoop:
     """Build an agent loop; `reward` (+ `reward_kwargs`) becomes `reward_fn`."""
     factory = resolve(name_or_path, AGENTS, "agent")
     if "reward" in kwargs:
         if "reward_fn" in kwargs:
             raise ValueError("give an agent either 'reward' (a name or import path) or 'reward_fn', not both")
-        kwargs["reward_fn"] = get_reward(kwargs.pop("reward"), **kwargs.pop("reward_kwargs", {}))
+        name = kwargs.pop("reward")
+        kwargs["reward_fn"] = get_reward(name, **kwargs.pop("reward_kwargs", {}))
+        if accepts(factory, "reward_name"):
+            kwargs.setdefault("reward_name", name)
     elif "reward_kwargs" in kwargs:
         raise ValueError("'reward_kwargs' given without 'reward'")
     agent = factory(**kwargs)

@@ -14,7 +14,8 @@ stops when a turn has no tool call (`done`), after `max_turns` model turns (`max
 when a turn hits `sampling.max_tokens` without a call (`turn_budget`), when the response
 (tool tokens included) reaches `max_response_tokens` (`total_budget`), or when the server
 aborted the request (`abort`). Then the reward function scores the decoded response
-through `agents.base.score` (failures are counted, never raised).
+through `agents.base.Scorer`: its failures are counted, never raised, until
+`max_reward_failures` in a row raise `RewardBroken`, which propagates out of `run`.
 
 Tool failures never end a rollout: malformed calls, unknown tools, bad arguments, tool
 exceptions and timeouts all become an `Error: ...` tool response the model can read.
@@ -28,7 +29,7 @@ import dataclasses
 import time
 from typing import Any, Callable, Literal, Sequence
 
-from agents.base import AgentLoop, LLMClient, Sample, score
+from agents.base import AgentLoop, LLMClient, Sample, Scorer
 from agents.tool_parsers import ToolCall, ToolParser, get_parser
 from agents.tools.base import Tool, build_tools, call_tool
 from asyncrl.rollout.base import SamplingParams
@@ -53,7 +54,10 @@ class ToolAgent(AgentLoop):
         max_response_tokens: total budget for everything after the prompt, tool tokens included.
         max_tool_calls_per_turn: calls beyond this in one turn are answered with an error, not run.
         tool_timeout_s: wall-clock limit per tool call (on top of the tool's own limits).
-        reward_timeout_s: limit for the reward function.
+        reward_timeout_s: limit for the reward function (from when it starts running).
+        reward_workers: threads of this process's reward pool (`agent.reward_workers`).
+        max_reward_failures: reward failures in a row that raise `RewardBroken`.
+        reward_name: names the reward in errors (default: its `module:qualname`).
         tool_response_template: one call's result; `{name}` and `{result}` are filled in.
         tool_turn_template: the tool turn appended after a model turn; `{responses}` is the
             concatenated tool responses (see `QWEN_TOOL_TURN` for Qwen chat markup).
@@ -77,6 +81,9 @@ class ToolAgent(AgentLoop):
         tool_response_template: str = HERMES_RESPONSE,
         tool_turn_template: str = "\n{responses}\n",
         reward_text: Literal["response", "last_turn"] = "response",
+        reward_workers: int = 4,
+        max_reward_failures: int = 100,
+        reward_name: str | None = None,
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"agent.max_turns must be >= 1, got {max_turns}")
@@ -91,6 +98,8 @@ class ToolAgent(AgentLoop):
         self.max_tool_calls_per_turn, self.tool_timeout_s = max_tool_calls_per_turn, tool_timeout_s
         self.reward_timeout_s, self.reward_text = reward_timeout_s, reward_text
         self.tool_response_template, self.tool_turn_template = tool_response_template, tool_turn_template
+        self.scorer = Scorer(reward_fn, name=reward_name, timeout_s=reward_timeout_s, max_failures=max_reward_failures,
+                             workers=reward_workers)
 
     async def run(self, sample: Sample, llm: LLMClient, tools: Sequence[Tool] | None = None) -> Trajectory:
         """One rollout; `tools` replaces the agent's tools for this sample only."""
@@ -156,7 +165,7 @@ class ToolAgent(AgentLoop):
         )
         t = time.monotonic()
         text = self.decode(ids) if self.reward_text == "response" else last_text
-        traj.reward, traj.reward_info = await score(self.reward_fn, text, sample.answer, self.reward_timeout_s)
+        traj.reward, traj.reward_info = await self.scorer(text, sample.answer)
         traj.timings["reward"] = time.monotonic() - t
         return traj.validate()
 

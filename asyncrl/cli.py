@@ -44,7 +44,8 @@ def _seed(seed: int) -> None:
 
 
 def train(args: list[str]) -> int:
-    from asyncrl.config import dump_resolved, load, to_dict
+    from asyncrl.config import ConfigError, dump_resolved, load, to_dict
+    from asyncrl.data.tasks import check_data_paths
     from asyncrl.run_dir import resolve_run_dir, write_status
 
     if args and args[0] in ("-h", "--help"):
@@ -52,6 +53,7 @@ def train(args: list[str]) -> int:
         return 0
     path, overrides = _split(args)
     cfg = load(path, overrides)
+    check_data_paths(cfg.data)  # a missing data file fails here, before a run directory or a model exists
     run_dir = resolve_run_dir(cfg)
     dump_resolved(cfg, run_dir / "config.yaml")
     write_status(run_dir, state="starting", step=0)
@@ -62,7 +64,11 @@ def train(args: list[str]) -> int:
     from asyncrl.launch import build
     from asyncrl.metrics import MetricsLogger
 
-    parts = build(cfg)
+    try:
+        parts = build(cfg)
+    except ConfigError as e:  # e.g. a data file with no usable row: printed as one line by main()
+        write_status(run_dir, state="failed", step=0, error=f"config error: {e}"[:500])
+        raise
     metrics = MetricsLogger(cfg.logging, run_dir, to_dict(cfg))
     metrics.artifact(run_dir / "config.yaml")
     pipeline = Pipeline(cfg, parts, run_dir, metrics)

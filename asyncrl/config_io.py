@@ -2,7 +2,8 @@
 
 `load` merges the dataclass defaults, a YAML recipe and `key=value` overrides with
 OmegaConf and turns the result back into dataclasses (their `__post_init__` checks run
-there); every failure becomes a `ConfigError` that names the key. `document` reads the
+there); every failure becomes a `ConfigError` that names the key (or, for a recipe that is
+not valid YAML, the file and line). `document` reads the
 docstring under each field for `asyncrl config --doc` and `configs/README.md`.
 """
 
@@ -12,6 +13,7 @@ import dataclasses
 import os
 from pathlib import Path
 from typing import Any, Sequence
+
 
 def _translate(e: Exception) -> Any:
     from asyncrl.config import ConfigError
@@ -34,14 +36,14 @@ def load(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -
             p = Path(path)
             if not p.is_file():
                 raise ConfigError(f"config file {str(path)!r} not found")
-            y = OmegaConf.load(p)
+            y = _read_yaml(p)
             if y is not None and not isinstance(y, dict) and not OmegaConf.is_dict(y):
                 raise ConfigError(f"config file {str(path)!r} must hold a mapping")
             layers.append(y)
         for o in overrides:
             if "=" not in o:
                 raise ConfigError(f"override {o!r} must look like key=value")
-        layers.append(OmegaConf.from_dotlist(list(overrides)))
+        layers.append(_read_overrides(overrides))
         merged = OmegaConf.merge(*layers)
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
@@ -52,6 +54,45 @@ def load(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -
         raise ConfigError(str(e)) from None
     assert isinstance(cfg, Config)
     return cfg
+
+
+def _read_yaml(p: Path) -> Any:
+    """The recipe at `p`; a YAML syntax error is a `ConfigError` naming the file and line."""
+    import yaml
+    from asyncrl.config import ConfigError
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.load(p)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        what = " ".join(str(e.problem or e.context or "invalid YAML").split())
+        raise ConfigError(f"config file {str(p)!r}{where}: YAML syntax error: {what}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {str(p)!r}: YAML error: {' '.join(str(e).split())}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {str(p)!r}: not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise ConfigError(f"config file {str(p)!r}: cannot read it ({e.strerror or e})") from None
+
+
+def _read_overrides(overrides: Sequence[str]) -> Any:
+    """`key=value` overrides; a value that is not valid YAML is a `ConfigError` naming the override."""
+    import yaml
+    from asyncrl.config import ConfigError
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.from_dotlist(list(overrides))
+    except yaml.YAMLError as e0:
+        for o in overrides:  # find the culprit
+            try:
+                yaml.safe_load(o.partition("=")[2])
+            except yaml.YAMLError as e:
+                what = " ".join(str(getattr(e, "problem", None) or "invalid YAML").split())
+                raise ConfigError(f"{o.partition('=')[0]}: override {o!r} is not valid YAML: {what}") from None
+        raise ConfigError(f"overrides {list(overrides)}: not valid YAML: {' '.join(str(e0).split())}") from None
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

@@ -3,11 +3,13 @@
 The reference is the text after the last `####` (GSM8K's format) or the whole string.
 From the response, in order of preference: the text after the last `####`, the content
 of the last `\\boxed{...}`, else the last number in the text. Numbers are compared as
-values (`1,000` == `1000.0`); anything else as normalised text. Reward 1.0 or 0.0.
+values (`1,000` == `1000.0`); anything else (`inf` and `nan` included) as normalised text.
+Reward 1.0 or 0.0.
 """
 
 from __future__ import annotations
 
+import math
 import re
 
 _NUM = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
@@ -18,6 +20,8 @@ def _normalize(s: str) -> str:
     try:
         v = float(s)
     except ValueError:
+        v = math.nan
+    if not math.isfinite(v):  # text, or "inf"/"nan" that float() reads but int() cannot take
         return " ".join(s.lower().split())
     return str(int(v)) if v == int(v) else repr(v)
 

@@ -1,15 +1,30 @@
 """Bootstrap of one sandboxed Python run; the parent passes this file's text to `python -I -c`.
 
-Runs in the child before the untrusted code, in this order: a private network namespace
-(`unshare(CLONE_NEWNET)`, root only), a private mount namespace when the interpreter lives
-under a directory the sandbox uid could not enter (see `_expose`), resource limits, a
-privilege drop to the dedicated uid chosen by the parent, an audit hook for whatever the
-kernel could not enforce, then
-`main.py` in the working directory. It reports what it achieved as one JSON line
-(`{"net": ..., "procs": ..., "uid": ...}`) on the fd named in its config, before the untrusted code starts.
+Three processes, each the parent of the next:
 
-Standard library only, and no imports after the privilege drop that are not already
-loaded: the interpreter's own files may be unreadable to the sandbox uid.
+    outer (host pid ns)  unshare(mount | net | pid | ipc | uts [| user when not root]); relays the exit status
+      init (pid 1)       private mounts (below), fresh /proc; reaps; its exit kills every process left in the run
+        worker           rlimits, uid drop, no_new_privs, seccomp filter, then `main.py`
+
+Mounts, in a mount namespace of the run's own (nothing propagates back to the host):
+- /tmp, /var/tmp, /dev/shm: fresh tmpfs of `tmp_mb` each, gone with the namespace when the run ends;
+- /run (and so /var/run): an empty root-owned tmpfs, hiding the host's sockets there;
+- each `hide` dir the parent names (a root-only dir holding the interpreter, e.g. /root): an empty tmpfs with
+  its `keep` dirs mounted back (cloned with open_tree before the cover, moved back with move_mount);
+- the working directory `/tmp/<name>` inside the private /tmp, holding `main.py`.
+
+The seccomp filter allows socket() only for AF_INET / AF_INET6 (useless in the empty network namespace)
+and so refuses AF_UNIX (host sockets anywhere on the filesystem), AF_VSOCK, AF_NETLINK and the rest;
+it refuses unshare, namespace flags to clone, io_uring (which would create sockets around the filter),
+and answers clone3 with ENOSYS (libc falls back to clone, whose flags it can inspect); a syscall from
+another ABI (i386, x32) kills the process. Abstract AF_UNIX names are per network namespace as well.
+
+Any failure before the untrusted code starts is reported as `{"error": ...}` on the report fd and the
+run exits 125 without running the code: nothing runs half-isolated. On success the worker reports
+what it got (`{"uid": ..., "hidden": ..., ...}`) just before the code starts.
+
+Standard library only, and no imports after the privilege drop that are not already loaded: the
+interpreter's own files may be unreadable to the sandbox uid.
 """
 
 import ctypes
@@ -17,103 +32,203 @@ import json
 import os
 import resource
 import signal
+import struct
 import sys
 import traceback
 
-CLONE_NEWNET, CLONE_NEWNS = 0x40000000, 0x00020000
-MS_NOSUID, MS_NODEV, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 2, 4, 4096, 8192, 16384, 1 << 18
-PR_SET_PDEATHSIG = 1
-PR_SET_NO_NEW_PRIVS = 38
+NEWNS, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET, NEWCGROUP, NEWTIME = (
+    0x20000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000, 0x02000000, 0x80)
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 16384, 1 << 18
+SYS_OPEN_TREE, SYS_MOVE_MOUNT, OPEN_TREE_CLONE, AT_RECURSIVE, MOVE_MOUNT_F_EMPTY_PATH = 428, 429, 1, 0x8000, 4
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 38, 22, 2
+# arch -> (AUDIT_ARCH, socket, clone, unshare, clone3, io_uring_setup)
+ARCHES = {"x86_64": (0xC000003E, 41, 56, 272, 435, 425), "aarch64": (0xC00000B7, 198, 220, 97, 435, 425)}
 
 cfg = json.loads(sys.argv[1])
 libc = ctypes.CDLL(None, use_errno=True)
-
-net = "audit_hook"
-if cfg["netns"] and os.geteuid() == 0 and libc.unshare(CLONE_NEWNET) == 0:
-    net = "netns"  # a fresh namespace: only a loopback device, and it is down
+report = os.fdopen(cfg["report_fd"], "w")
 
 
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
-def _expose(pairs: list, stage_root: str) -> bool:
-    """Cover each `hide` dir (e.g. /root, mode 700) with an empty tmpfs and mount its `keep` dir
-    (e.g. /root/.pyenv/versions/3.11) back at the same path, in a mount namespace of our own:
-    the interpreter's files stay importable after the uid drop, the rest of `hide` is gone."""
-    if libc.unshare(CLONE_NEWNS) != 0 or libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
-        return False
-    stages = []
-    for i, (_, keep) in enumerate(pairs):
-        stage = os.path.join(stage_root, f".keep{i}")
-        os.mkdir(stage)
-        if libc.mount(keep.encode(), stage.encode(), None, MS_BIND | MS_REC, None) != 0:
-            return False
-        stages.append((stage, keep))
-    hides = {h for h, _ in pairs}
-    for hide in sorted(h for h in hides if not any(h.startswith(o + "/") for o in hides)):
-        if libc.mount(b"tmpfs", hide.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=755,size=1m") != 0:
-            return False
-    for stage, keep in stages:
+
+def prctl(option: int, arg2: int = 0, arg3: int = 0) -> int:
+    u = ctypes.c_ulong
+    return libc.prctl(ctypes.c_int(option), u(arg2), u(arg3), u(0), u(0))
+
+
+def fail(step: str) -> None:
+    err = ctypes.get_errno()
+    report.write(json.dumps({"error": f"{step}: {os.strerror(err) if err else 'failed'}"}) + "\n")
+    report.flush()
+    os._exit(125)
+
+
+def boot_error(kind: type, err: BaseException, tb: object) -> None:
+    """Any exception before the untrusted code starts: the run is refused, never half set up."""
+    ctypes.set_errno(0)
+    fail(f"bootstrap {kind.__name__}: {err}")
+
+
+def check(rc: int, step: str) -> None:
+    if rc != 0:
+        fail(step)
+
+
+def mount(src: str, dst: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    check(libc.mount(src.encode(), dst.encode(), fstype and fstype.encode(), ctypes.c_ulong(flags),
+                     data and data.encode()),
+          f"mount {fstype or src} on {dst}")
+
+
+def seccomp_filter() -> bytes:
+    """The BPF program described in the module docstring, as `struct sock_filter[]` bytes."""
+    arch, sock, clone, unshare, clone3, uring = ARCHES[os.uname().machine]
+    allow, eperm, enosys, kill = 0x7FFF0000, 0x50000 | 1, 0x50000 | 38, 0x80000000
+    ns_flags = NEWNS | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET | NEWCGROUP | NEWTIME
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    prog: list = [  # (code, jump-if-true label, jump-if-false label, k); labels resolve to offsets below
+        (ld, 0, 0, 4), (jeq, "nr", "kill", arch),
+        ("nr", ld, 0, 0, 0), (jge, "kill", 0, 0x40000000), (jeq, "socket", 0, sock), (jeq, "eperm", 0, unshare),
+        (jeq, "eperm", 0, uring), (jeq, "enosys", 0, clone3), (jeq, "clone", "allow", clone),
+        ("socket", ld, 0, 0, 16), (jeq, "allow", 0, 2), (jeq, "allow", "eperm", 10),
+        ("clone", ld, 0, 0, 16), (jset, "eperm", "allow", ns_flags),
+        ("allow", ret, 0, 0, allow), ("eperm", ret, 0, 0, eperm), ("enosys", ret, 0, 0, enosys),
+        ("kill", ret, 0, 0, kill),
+    ]
+    labels = {ins[0]: i for i, ins in enumerate(prog) if isinstance(ins[0], str)}
+    out = b""
+    for i, ins in enumerate(prog):
+        code, jt, jf, k = ins[1:] if isinstance(ins[0], str) else ins
+        jt, jf = (labels[j] - i - 1 if isinstance(j, str) else j for j in (jt, jf))
+        out += struct.pack("=HBBI", code, jt, jf, k)
+    return out
+
+
+def set_up_mounts() -> None:
+    """Run in init (pid 1 of the new pid namespace, inside the new mount namespace)."""
+    mount("none", "/", None, MS_REC | MS_PRIVATE)
+    kept = []
+    for _, keep in cfg["expose"]:  # clone each kept tree before its parent is covered
+        fd = libc.syscall(ctypes.c_long(SYS_OPEN_TREE), ctypes.c_long(-100), keep.encode(),
+                          ctypes.c_ulong(OPEN_TREE_CLONE | AT_RECURSIVE | os.O_CLOEXEC))
+        if fd < 0:
+            fail(f"open_tree {keep}")
+        kept.append((fd, keep))
+    tmp = f"size={cfg['tmp_mb']}m,mode=1777,nr_inodes=16k"
+    for d in cfg["private"]:
+        mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, tmp)
+    for d in cfg["empty"]:
+        mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=16k,mode=755")
+    covered = [*cfg["private"], *cfg["empty"]]
+    for hide in sorted({h for h, _ in cfg["expose"]}):
+        if not any(hide == c or hide.startswith(c + "/") for c in covered):
+            mount("tmpfs", hide, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
+            covered.append(hide)
+    for fd, keep in kept:
         os.makedirs(keep, exist_ok=True)
-        if libc.mount(stage.encode(), keep.encode(), None, MS_MOVE, None) != 0:
-            return False
-        os.rmdir(stage)
-    return True
+        check(libc.syscall(ctypes.c_long(SYS_MOVE_MOUNT), ctypes.c_long(fd), b"", ctypes.c_long(-100), keep.encode(),
+                           ctypes.c_ulong(MOVE_MOUNT_F_EMPTY_PATH)), f"move_mount {keep}")
+        os.close(fd)
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    os.mkdir(cfg["workdir"], 0o700)
+    with open(os.path.join(cfg["workdir"], "main.py"), "w") as f:
+        f.write(code_text)
+    if cfg["uid"] is not None:
+        os.chown(cfg["workdir"], cfg["uid"], cfg["uid"])
 
 
-uid = cfg["uid"]
-if uid is not None and cfg["expose"] and not _expose(cfg["expose"], cfg["workdir"]):
-    uid = None  # the interpreter would be unreadable after the drop: stay root, hooks instead
+def map_own_ids() -> None:
+    """Without root: map our uid/gid to themselves in the new user namespace (no other id exists there)."""
+    uid, gid = cfg["host_ids"]
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+
+
+def drop_capabilities() -> None:
+    """In our own user namespace a non-root process still holds every capability there: clear them all."""
+    header = struct.pack("=Ii", 0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    data = ctypes.create_string_buffer(24)  # two zeroed {effective, permitted, inheritable}
+    check(libc.capset(ctypes.c_char_p(header), data), "capset")
+
+
+def relay(child: int, status_r: int, status_w: int) -> None:
+    """Wait for `child`, then leave the way it left: same exit code, or killed by the same signal.
+    init (pid 1) cannot die by its own signal, so it writes the worker's status to the outer in words."""
+    while True:
+        pid, st = os.waitpid(-1, 0)  # init also reaps orphans of the run
+        if pid == child:
+            break
+    code = os.waitstatus_to_exitcode(st)
+    if status_w >= 0:  # init
+        os.write(status_w, str(code).encode())
+        os._exit(0)
+    if said := os.read(status_r, 16):  # outer; nothing said: init itself was killed, its status stands
+        code = int(said)
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code)
+
+
+sys.excepthook = boot_error
+with open(cfg["main"]) as f:
+    code_text = f.read()
+prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+if os.uname().machine not in ARCHES:
+    fail(f"seccomp filter for {os.uname().machine} (supported: {sorted(ARCHES)})")
+root = os.geteuid() == 0
+check(libc.unshare(NEWNS | NEWNET | NEWPID | NEWIPC | NEWUTS | (0 if root else NEWUSER)), "unshare namespaces")
+if not root:
+    map_own_ids()
+status_r, status_w = os.pipe()
+init = os.fork()
+if init:
+    os.close(status_w)
+    report.close()
+    relay(init, status_r, -1)
+os.close(status_r)
+prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+set_up_mounts()
+worker = os.fork()
+if worker:
+    report.close()
+    try:
+        relay(worker, -1, status_w)
+    finally:  # relay never returns; only an error in it lands here
+        os._exit(125)
+os.close(status_w)
 
 MB = 1 << 20
-limits = [
+for which, soft, hard in [
     (resource.RLIMIT_CPU, cfg["cpu_s"], cfg["cpu_s"] + 1),  # soft: SIGXCPU, hard: SIGKILL
     (resource.RLIMIT_AS, cfg["memory_mb"] * MB, cfg["memory_mb"] * MB),
     (resource.RLIMIT_FSIZE, cfg["file_mb"] * MB, cfg["file_mb"] * MB),
     (resource.RLIMIT_NOFILE, 256, 256),
     (resource.RLIMIT_CORE, 0, 0),
-]
-procs = "audit_hook"
-if uid is not None or os.geteuid() != 0:  # root is exempt from RLIMIT_NPROC
-    limits.append((resource.RLIMIT_NPROC, cfg["nproc"], cfg["nproc"]))
-    procs = "rlimit_nproc"
-for which, soft, hard in limits:
+    (resource.RLIMIT_NPROC, cfg["nproc"], cfg["nproc"]),
+]:
     resource.setrlimit(which, (soft, hard))
-
 os.chdir(cfg["workdir"])
-if uid is not None:
+if root:
     os.setgroups([])
-    os.setgid(uid)
-    os.setuid(uid)
-libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)  # no setuid binaries regain root
-libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # set after setuid, which clears it
-
-_NET_EVENTS = {"socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo",
-               "socket.gethostbyname", "socket.gethostbyaddr", "socket.sendto", "socket.sendmsg"}
-_PROC_EVENTS = {"os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec", "os.system",
-                "subprocess.Popen", "os.startfile"}
-_CTYPES_EVENTS = {"ctypes.dlopen", "ctypes.dlsym", "ctypes.dlsym/handle", "ctypes.cdata"}
-blocked = set(_CTYPES_EVENTS)  # ctypes could call libc directly, around any hook below
-if net == "audit_hook":
-    blocked |= _NET_EVENTS
-if procs == "audit_hook":
-    blocked |= _PROC_EVENTS
-if net == "netns" and procs == "rlimit_nproc":
-    blocked = set()  # the kernel enforces both; keep ctypes usable
-
-
-def _hook(event: str, args: tuple, blocked: frozenset = frozenset(blocked)) -> None:
-    # `blocked` is bound at definition: the code can reach this module's globals through frames
-    if event in blocked:
-        if event == "socket.__new__" and args and args[1] == 1:  # AF_UNIX: local only
-            return
-        kind = "network" if event in _NET_EVENTS else "process creation" if event in _PROC_EVENTS else "ctypes"
-        raise PermissionError(f"sandbox: {kind} is not allowed ({event})")
-
-
-with os.fdopen(cfg["report_fd"], "w") as report:
-    report.write(json.dumps({"net": net, "procs": procs, "uid": os.getuid(),
-                             "hidden": sorted({h for h, _ in cfg["expose"]}) if uid is not None else []}) + "\n")
-sys.addaudithook(_hook)  # cannot be removed from Python code once added
-del cfg, libc, _hook, blocked
+    os.setgid(cfg["uid"])
+    os.setuid(cfg["uid"])
+else:
+    drop_capabilities()
+check(prctl(PR_SET_NO_NEW_PRIVS, 1), "no_new_privs")  # no setuid binary regains root
+prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # set after setuid, which clears it
+bpf = ctypes.create_string_buffer(seccomp_filter())
+prog = SockFprog(len(bpf.raw) // 8, ctypes.cast(bpf, ctypes.c_void_p))
+check(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(prog)), "seccomp filter")
+report.write(json.dumps({"net": "netns", "procs": "rlimit_nproc", "pid": "pidns", "uid": os.getuid(),
+                         "hidden": sorted({h for h, _ in cfg["expose"]}), "private": cfg["private"],
+                         "empty": cfg["empty"], "seccomp": "socket_inet_only"}) + "\n")
+report.close()
+sys.excepthook = sys.__excepthook__
+del cfg, libc, report, code_text, bpf, prog
 sys.argv = ["main.py"]
 sys.path[0] = os.getcwd()
 try:

@@ -3,7 +3,8 @@
 A tool has a `name`, a `description` and a JSON-schema `parameters` object (what a chat
 template shows the model), and `async __call__(**arguments) -> str`. It may raise: the agent
 loop turns any exception or timeout into an error message for the model (`call_tool`),
-so a failing tool never ends a rollout. Tools are chosen by name from config
+so a failing tool never ends a rollout; except `ToolUnavailable` (this host cannot run the tool
+at all, e.g. the sandbox cannot isolate code), which propagates: no model could fix it. Tools are chosen by name from config
 (`get_tool("python", wall_s=5)`) or by import path (`package.module:ClassName`).
 """
 
@@ -13,6 +14,10 @@ import abc
 import asyncio
 import importlib
 from typing import Any, Callable
+
+
+class ToolUnavailable(RuntimeError):
+    """The host cannot run this tool at all (not the model's fault): `call_tool` lets it propagate."""
 
 
 class Tool(abc.ABC):
@@ -81,6 +86,8 @@ async def call_tool(tool: Tool | None, name: str, arguments: dict[str, Any], tim
         return f"Error: unknown tool {name!r}", False
     try:
         out = await asyncio.wait_for(tool(**arguments), timeout_s)
+    except ToolUnavailable:
+        raise
     except asyncio.TimeoutError:
         return f"Error: tool {name!r} timed out after {timeout_s:g}s", False
     except TypeError as e:  # wrong or missing arguments

@@ -1,33 +1,39 @@
 """Sandboxed Python execution: `run_python(code)` in a separate, limited process, and the `python` tool.
 
 Job: run untrusted, model-written code so that an infinite loop, a memory bomb, a fork
-bomb or a network call is stopped and *reported*, never felt by the host. Boundary: one
-`python -I` child per run (bootstrap in `_sandbox_child.py`); no container runtime, no
-seccomp, no chroot: the child can read world-readable files (never write outside its
-working directory and /tmp when it runs as its own uid).
+bomb, a network call, a file left in /dev/shm or a poke at the host's processes, sockets
+and secrets is stopped or confined and *reported*, never felt by the host. Boundary: the
+kernel. One `python -I` child per run (bootstrap and process layout in `_sandbox_child.py`);
+no container runtime and no chroot: the code still reads the host's world-readable files.
 
-Mechanisms (each run reports which ones it got in `SandboxResult.isolation`):
-- CPU time: RLIMIT_CPU (SIGXCPU, then SIGKILL one second later).
-- memory: RLIMIT_AS per process (allocations beyond it raise MemoryError); RLIMIT_FSIZE for files.
-- wall clock: the parent kills the child's process group, and every process of the run's
-  uid (which catches children that left the group), after `wall_s`.
-- processes: as root the child switches to a fresh random uid (no passwd entry) so that
-  RLIMIT_NPROC counts this run's processes alone; as a normal user RLIMIT_NPROC counts the
-  user's processes, so the limit is their current count plus `max_processes`. Root without
-  a uid drop (`drop_privileges="never"`, or a failed mount below) is exempt from
-  RLIMIT_NPROC: then an audit hook refuses fork/exec/spawn/system instead.
-- network: as root (CAP_SYS_ADMIN), a private network namespace: kernel-enforced, no
-  interface up. Otherwise an audit hook refuses inet sockets and DNS lookups, and ctypes
-  (which could call libc around the hook); that hook stops an LLM's casual network use,
-  not a determined adversary inside the process.
-- files: a temporary working directory owned by the run's uid, removed afterwards.
+Mechanisms (each run reports what it got in `SandboxResult.isolation`):
+- uid: as root, the code runs as a fresh random uid (no passwd entry, no groups): it cannot
+  read root-only files (/etc/shadow), write /etc, or signal root's processes. Without root,
+  it keeps the caller's uid inside a user namespace of its own, with every capability cleared.
+- namespaces: private mount, network, pid, ipc and uts namespaces. The pid namespace hides
+  and shields every host process (and init's exit kills whatever the run left behind); the
+  network namespace has no interface up and its own abstract AF_UNIX names.
+- files: /tmp, /var/tmp and /dev/shm are fresh tmpfs mounts of `tmp_mb` each, private to the
+  run and gone with it; /run (host sockets) is covered by an empty tmpfs; the working
+  directory is `/tmp/asyncrl-sandbox-*` inside the private /tmp.
+- seccomp: socket() only for AF_INET/AF_INET6 (so no AF_UNIX connect to any host socket path,
+  no vsock), no unshare / namespace clone flags / io_uring.
+- CPU time: RLIMIT_CPU (SIGXCPU, then SIGKILL one second later); memory: RLIMIT_AS per process;
+  RLIMIT_FSIZE for files; processes: RLIMIT_NPROC (the fresh uid's processes; without root, the
+  caller's current count plus `max_processes`).
+- wall clock: the parent kills the child's process group, and every process of the run's uid,
+  after `wall_s`; the bootstrap chain dies with its parent (PR_SET_PDEATHSIG).
+- environment: only PATH, HOME, LANG and the thread-count variables; nothing of the parent's.
 - output: stdout and stderr each truncated to `max_output_chars`.
 
-The interpreter starts as root and drops privileges itself, so a root-only interpreter
-path still starts. When the interpreter's files sit under a directory other users cannot
-enter (e.g. pyenv under /root, mode 700), the child first makes a private mount namespace
-in which that directory is an empty tmpfs with only the interpreter's prefix mounted back:
-imports keep working after the drop and the rest of /root is invisible to the code.
+No audit hook: it could be disarmed from inside the process, so nothing relies on one. A host
+where a namespace, a mount or the seccomp filter cannot be set up gets `SandboxUnavailable` and
+the code is not run; there is no weaker fallback mode.
+
+The interpreter starts as root and drops privileges itself, so a root-only interpreter path
+still starts. The directories it imports from that the fresh uid could not enter (pyenv under
+/root, mode 700; a venv inside a 0700 `mktemp -d`) are mounted back over an empty tmpfs that
+covers the rest of the root-only directory: imports keep working, the rest stays invisible.
 """
 
 from __future__ import annotations
@@ -44,8 +50,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from agents.tools.base import Tool, register_tool
+from agents.tools.base import Tool, ToolUnavailable, register_tool
 from agents.tools.sandbox_host import exposures, kill_tree, pick_uid, processes_of, release_uid
+
+_PRIVATE_DIRS = ["/tmp", "/var/tmp", "/dev/shm"]
+"""Fresh tmpfs per run."""
+_EMPTY_DIRS = ["/run"]
+"""Covered by an empty tmpfs (host sockets live there; /var/run links to it)."""
 
 _CHILD = (Path(__file__).parent / "_sandbox_child.py").read_text()
 
@@ -61,26 +72,34 @@ class SandboxLimits:
     memory_mb: int = 1024
     """Address space per process (RLIMIT_AS); Python itself needs ~50 MB, numpy ~300 MB."""
     max_processes: int = 8
-    """Processes (threads count too) the run may have at once: RLIMIT_NPROC; as root without a uid drop, no children."""
+    """Processes (threads count too) the run may have at once: RLIMIT_NPROC."""
     file_mb: int = 64
     """Largest file the run may write (RLIMIT_FSIZE)."""
     max_output_chars: int = 8000
     """stdout and stderr are each cut to this many characters."""
+    tmp_mb: int = 64
+    """Size of each private tmpfs (/tmp, /var/tmp, /dev/shm); counts against host memory while the run lives."""
     network_namespace: bool = True
-    """Try a private network namespace (root only); False leaves only the audit hook."""
-    drop_privileges: Literal["auto", "never"] = "auto"
-    """As root, run as a fresh uid (`auto`) or stay root (`never`: process creation refused by the hook)."""
+    """Kept for old configs: must be True (a private network namespace is part of the boundary)."""
+    drop_privileges: Literal["auto"] = "auto"
+    """As root, run as a fresh uid. `never` (stay root) is refused: it ran untrusted code as root."""
     python: str = sys.executable
     """Interpreter for the child (the same minor version keeps this environment's site-packages)."""
 
     def __post_init__(self) -> None:
-        for key in ("wall_s", "cpu_s", "max_processes", "file_mb", "max_output_chars"):
+        for key in ("wall_s", "cpu_s", "max_processes", "file_mb", "max_output_chars", "tmp_mb"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"sandbox.{key} must be > 0, got {getattr(self, key)}")
         if self.memory_mb < 64:
             raise ValueError(f"sandbox.memory_mb must be >= 64 (Python alone needs ~50 MB), got {self.memory_mb}")
-        if self.drop_privileges not in ("auto", "never"):
-            raise ValueError(f"sandbox.drop_privileges must be 'auto' or 'never', got {self.drop_privileges!r}")
+        if self.drop_privileges == "never":
+            raise ValueError("sandbox.drop_privileges='never' is refused: it ran model-written code as root with only "
+                             "an audit hook in the way; use 'auto' (a fresh uid in private namespaces)")
+        if self.drop_privileges != "auto":
+            raise ValueError(f"sandbox.drop_privileges must be 'auto', got {self.drop_privileges!r}")
+        if self.network_namespace is not True:
+            raise ValueError("sandbox.network_namespace=False is refused: without a private network namespace the "
+                             "code reaches the host's network and abstract sockets; leave it True")
 
 
 @dataclass
@@ -93,7 +112,8 @@ class SandboxResult:
     truncated: bool
     seconds: float
     isolation: dict[str, Any] = field(default_factory=dict)
-    """What the child achieved: `net` (netns | audit_hook), `procs` (rlimit_nproc | audit_hook), `uid`, `hidden` dirs."""
+    """What the child achieved: `net` (netns), `pid` (pidns), `procs` (rlimit_nproc), `uid`, `seccomp`,
+    `private` and `empty` tmpfs dirs, and the root-only dirs `hidden` around the interpreter."""
 
     @property
     def ok(self) -> bool:
@@ -111,6 +131,10 @@ class SandboxResult:
         if "MemoryError" in self.stderr:
             return "memory limit exceeded (MemoryError)"
         return f"exit code {self.exit_code}" if self.exit_code else ""
+
+
+class SandboxUnavailable(ToolUnavailable):
+    """This host cannot isolate the code (a namespace, mount or seccomp step failed); the code did not run."""
 
 
 async def _reap(proc: asyncio.subprocess.Process) -> None:
@@ -156,30 +180,31 @@ async def _read_capped(stream: asyncio.StreamReader, cap: int) -> tuple[bytes, b
 
 
 async def run_python(code: str, limits: SandboxLimits = SandboxLimits(), stdin: str = "") -> SandboxResult:
-    """Run `code` as `main.py` in a fresh sandbox; never raises for anything the code does."""
+    """Run `code` as `main.py` in a fresh sandbox; never raises for anything the code does.
+
+    Raises `SandboxUnavailable` when this host cannot set up the isolation (the code did not run)."""
     t0 = time.monotonic()
     root = os.geteuid() == 0
-    uid = pick_uid() if root and limits.drop_privileges == "auto" else None
-    expose = exposures(limits.python) if uid is not None else []
+    uid = pick_uid() if root else None
+    expose = exposures(limits.python) if root else []  # without root the caller's uid reads what it reads now
     nproc = limits.max_processes + (0 if root else len(processes_of(os.getuid())))
-    workdir = tempfile.mkdtemp(prefix="asyncrl-sandbox-")
+    hostdir = tempfile.mkdtemp(prefix="asyncrl-sandbox-")  # root-only; the bootstrap reads main.py before the drop
     proc: asyncio.subprocess.Process | None = None
     readers: list[asyncio.Future] = []
     report_r, report_w = os.pipe()
     try:
-        Path(workdir, "main.py").write_text(code)
-        if uid is not None:
-            for p in (workdir, os.path.join(workdir, "main.py")):
-                os.chown(p, uid, uid)
-        cfg = {"netns": limits.network_namespace, "cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb,
-               "file_mb": limits.file_mb, "nproc": nproc, "uid": uid, "workdir": workdir, "report_fd": report_w,
-               "expose": expose}
+        Path(hostdir, "main.py").write_text(code)
+        workdir = "/tmp/" + os.path.basename(hostdir)  # inside the run's private /tmp
+        cfg = {"cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb, "file_mb": limits.file_mb, "nproc": nproc,
+               "tmp_mb": limits.tmp_mb, "uid": uid, "host_ids": [os.getuid(), os.getgid()], "workdir": workdir,
+               "main": os.path.join(hostdir, "main.py"), "report_fd": report_w, "expose": expose,
+               "private": _PRIVATE_DIRS, "empty": _EMPTY_DIRS}
         env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
                "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         proc = await asyncio.create_subprocess_exec(
             limits.python, "-I", "-c", _CHILD, json.dumps(cfg),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env=env, cwd=workdir, start_new_session=True, pass_fds=(report_w,),
+            env=env, cwd="/", start_new_session=True, pass_fds=(report_w,),
         )
         os.close(report_w)
         report_w = -1
@@ -195,6 +220,9 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits(), stdin: 
         (out, cut_o), (err, cut_e) = [t.result() if t in done else (b"", True) for t in readers]
         exit_code = await proc.wait()
         isolation = _read_report(report_r)
+        if "error" in isolation:
+            raise SandboxUnavailable(f"the python sandbox cannot isolate code on this host ({isolation['error']}); "
+                                     "model-written code is not run without it (see agents/tools/python_sandbox.py)")
         stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
         n = limits.max_output_chars
         truncated = cut_o or cut_e or len(stdout) > n or len(stderr) > n
@@ -209,7 +237,7 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits(), stdin: 
         if report_w >= 0:
             os.close(report_w)
         os.close(report_r)
-        shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(hostdir, ignore_errors=True)
         release_uid(uid)
 
 

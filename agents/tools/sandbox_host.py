@@ -3,16 +3,19 @@
 Job: the parent's bookkeeping around one sandboxed child (`python_sandbox.run_python`):
 pick a fresh uid per run, find and SIGKILL every live process of that uid (a fork bomb's
 children may have left the process group), and find the directories an interpreter
-needs that a fresh uid could not enter (the child re-mounts them; see `_sandbox_child`).
+imports from that a fresh uid could not enter (the child mounts them back over an empty
+tmpfs; see `_sandbox_child`), wherever the interpreter, its venv or the checkout live.
 Linux only (reads /proc).
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import random
 import signal
-import sys
+import subprocess
 import time
 from pathlib import Path
 
@@ -29,15 +32,24 @@ def first_unreachable(path: str) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=8)
+def import_roots(python: str) -> tuple[str, ...]:
+    """The directories `python -I` imports from (its sys.path, .pth entries included), asked of it once.
+    Not the parent's own sys.path: that holds the caller's checkout, which the sandboxed code never imports."""
+    out = subprocess.run([python, "-I", "-c", "import json, sys; print(json.dumps(sys.path))"],
+                         capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
+    if out.returncode != 0:
+        raise RuntimeError(f"sandbox.python={python!r} does not start: {out.stderr.strip()[-300:]}")
+    return tuple(p for p in json.loads(out.stdout) if p and os.path.isdir(p))
+
+
 def exposures(python: str) -> list[tuple[str, str]]:
-    """(hide, keep) pairs: directories the interpreter reads from that a fresh uid could not reach."""
-    if os.path.realpath(python) == os.path.realpath(sys.executable):
-        keeps = {sys.base_prefix, sys.prefix, *(p for p in sys.path if p and os.path.isdir(p))}
-    else:  # another interpreter: its installation prefix
-        keeps = {str(Path(os.path.realpath(python)).parent.parent)}
+    """(hide, keep) pairs: directories the interpreter imports from that a fresh uid could not reach
+    (`hide`, e.g. /root or a 0700 `mktemp -d` above a checkout's venv) and what to mount back (`keep`)."""
+    keeps = {*import_roots(python), str(Path(os.path.realpath(python)).parent.parent)}
     pairs: list[tuple[str, str]] = []
     for keep in sorted(os.path.realpath(k) for k in keeps):
-        if any(keep.startswith(k + "/") for _, k in pairs):
+        if any(keep == k or keep.startswith(k + "/") for _, k in pairs):
             continue  # inside a directory already kept
         hide = first_unreachable(keep)
         if hide is not None and hide != keep:

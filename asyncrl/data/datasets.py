@@ -1,9 +1,17 @@
 """Prompt files: jsonl or parquet rows -> `Prompt` records, and the demo task's generator.
 
 A `Prompt` carries the text, its token ids, the reference answer and its index in the
-data set (the data-loader position saved with checkpoints). Rows without the prompt or
-answer column, or whose prompt is longer than `max_prompt_tokens`, are skipped and
-counted in `PromptSet.skipped` (never silently).
+data set (its row in the file). Rows that cannot be used are skipped and counted by
+reason in `PromptSet.skipped`, never silently and never fatally one by one:
+
+    bad_json       a jsonl line that is not valid JSON (or not UTF-8)
+    not_object     a row that is valid JSON but not an object (`[1, 2]`, `"text"`)
+    missing_field  the prompt or answer column is absent or null
+    invalid_field  the prompt is not a non-empty string, or the answer not a string or number
+    too_long       the templated prompt is longer than `max_prompt_tokens`
+
+Whether a set with no row left is an error (and which config key to name) is the caller's
+call (`asyncrl.data.tasks`). This module knows no config.
 """
 
 from __future__ import annotations
@@ -13,6 +21,8 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
+
+SKIP_REASONS = ("bad_json", "not_object", "missing_field", "invalid_field", "too_long")
 
 
 @dataclass
@@ -29,37 +39,65 @@ class Prompt:
 class PromptSet:
     prompts: list[Prompt]
     skipped: dict[str, int] = field(default_factory=dict)
-    """Rows skipped when loading, by cause."""
+    """Rows skipped when loading, by reason (`SKIP_REASONS`); only reasons that occurred."""
 
     def __len__(self) -> int:
         return len(self.prompts)
 
 
-def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a `.jsonl` (one JSON object per line) or `.parquet` file."""
+@dataclass(frozen=True)
+class BadLine:
+    """A jsonl line that did not parse; kept in place so row indices stay line positions."""
+
+    line: int
+    error: str
+
+
+def read_rows(path: str | Path) -> list[Any]:
+    """Rows of a `.jsonl` (one JSON value per line; blank lines ignored) or `.parquet` file.
+
+    A jsonl line that does not parse comes back as a `BadLine` (counted `bad_json` by
+    `build_prompts`); a missing file is `FileNotFoundError`, an unreadable parquet file `ValueError`.
+    """
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"prompt file {str(p)!r} not found")
     if p.suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        return pq.read_table(p).to_pylist()
-    rows = []
-    with p.open() as f:
+        try:
+            return pq.read_table(p).to_pylist()
+        except (pa.ArrowException, OSError) as e:
+            raise ValueError(f"{p}: not a readable parquet file ({e})") from None
+    rows: list[Any] = []
+    with p.open("rb") as f:
         for n, line in enumerate(f, 1):
             if line.strip():
                 try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{p}:{n}: not a JSON object ({e.msg})") from None
-                if not isinstance(row, dict):
-                    raise ValueError(f"{p}:{n}: expected a JSON object, got {type(row).__name__}")
-                rows.append(row)
+                    rows.append(json.loads(line))
+                except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+                    rows.append(BadLine(n, getattr(e, "msg", None) or str(e)))
     return rows
 
 
+def _skip_reason(row: Any, prompt_key: str, answer_key: str) -> str | None:
+    if isinstance(row, BadLine):
+        return "bad_json"
+    if not isinstance(row, dict):
+        return "not_object"
+    prompt, answer = row.get(prompt_key), row.get(answer_key)
+    if prompt is None or answer is None:
+        return "missing_field"
+    if not isinstance(prompt, str) or not prompt.strip():
+        return "invalid_field"
+    if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+        return "invalid_field"
+    return None
+
+
 def build_prompts(
-    rows: list[dict[str, Any]],
+    rows: list[Any],
     encode: Callable[[str], list[int]],
     *,
     prompt_key: str,
@@ -67,17 +105,19 @@ def build_prompts(
     template: str,
     max_prompt_tokens: int,
 ) -> PromptSet:
-    out, skipped = [], {"missing_field": 0, "too_long": 0}
+    """The usable rows as `Prompt`s (index: position in `rows`), the others counted by reason."""
+    out, skipped = [], dict.fromkeys(SKIP_REASONS, 0)
     for i, row in enumerate(rows):
-        if not isinstance(row.get(prompt_key), str) or row.get(answer_key) is None:
-            skipped["missing_field"] += 1
-            continue
-        text = template.format(prompt=row[prompt_key])
-        ids = encode(text)
-        if len(ids) > max_prompt_tokens:
-            skipped["too_long"] += 1
-            continue
-        out.append(Prompt(index=i, text=text, prompt_ids=ids, answer=str(row[answer_key])))
+        reason = _skip_reason(row, prompt_key, answer_key)
+        if reason is None:
+            text = template.format(prompt=row[prompt_key])
+            ids = encode(text)
+            if len(ids) > max_prompt_tokens:
+                reason = "too_long"
+            else:
+                out.append(Prompt(index=i, text=text, prompt_ids=ids, answer=str(row[answer_key])))
+        if reason is not None:
+            skipped[reason] += 1
     return PromptSet(out, {k: v for k, v in skipped.items() if v})
 
 

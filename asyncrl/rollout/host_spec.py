@@ -27,7 +27,7 @@ from transfer_queue import SampleMeta
 @dataclass
 class HostSpec:
     agent: dict[str, Any]
-    """`AgentConfig` as a dict (name, reward_kwargs, reward_timeout_s, kwargs)."""
+    """`AgentConfig` as a dict (name, reward_kwargs, reward_timeout_s, reward_workers, max_reward_failures, kwargs)."""
     reward: str
     """The reward function by name or `module:attr` (the agent's, else the task's)."""
     sampling: dict[str, Any]
@@ -40,9 +40,10 @@ class HostSpec:
 
 
 def make_agent(agent: dict[str, Any], reward: str, encode: Callable, decode: Callable, sampling: Any) -> AgentLoop:
-    """The configured AgentLoop; `encode` is passed to agents that take it (multi-turn ones).
-    Errors name the config key (`agent.name`, `agent.reward`, `agent.kwargs`)."""
-    from agents.registry import AGENTS, build_agent, resolve
+    """The configured AgentLoop; `encode`, `agent.reward_workers` and `agent.max_reward_failures` are
+    passed to agents that take them (the built-in ones do). Errors name the config key (`agent.name`,
+    `agent.reward`, `agent.kwargs`)."""
+    from agents.registry import AGENTS, accepts, build_agent, resolve
     from agents.rewards import get_reward
     from asyncrl.config import ConfigError
 
@@ -58,6 +59,9 @@ def make_agent(agent: dict[str, Any], reward: str, encode: Callable, decode: Cal
         raise ConfigError(f"agent.reward: {e}") from None
     if "encode" in inspect.signature(factory).parameters:
         kw["encode"] = encode
+    for key in ("reward_workers", "max_reward_failures"):
+        if key in agent and key not in kw and accepts(factory, key):
+            kw[key] = agent[key]
     try:
         return build_agent(agent["name"], **kw)
     except TypeError as e:

@@ -8,7 +8,7 @@ from agents.base import score
 from agents.rewards import get_reward
 from agents.rewards.math import extract_answer, math_answer
 from agents.rewards.reverse import reverse_digits
-from asyncrl.data.datasets import build_prompts, read_rows
+from asyncrl.data.datasets import BadLine, build_prompts, read_rows
 from asyncrl.config import DataConfig
 from asyncrl.data.tasks import build_task
 
@@ -62,11 +62,11 @@ def test_jsonl_and_parquet_loader_with_math_reward(tmp_path):
     assert fn("#### " + p.answer.split("####")[1].strip(), p.answer)[0] == 1.0
 
 
-def test_bad_jsonl_line_names_the_line(tmp_path):
+def test_bad_jsonl_line_is_kept_in_place_with_its_line(tmp_path):
     p = tmp_path / "bad.jsonl"
     p.write_text('{"question": "a", "answer": "1"}\nnot json\n')
-    with pytest.raises(ValueError, match="bad.jsonl:2"):
-        read_rows(p)
+    rows = read_rows(p)
+    assert rows[0] == {"question": "a", "answer": "1"} and isinstance(rows[1], BadLine) and rows[1].line == 2
 
 
 def test_reward_failures_are_counted_not_raised():
@@ -79,7 +79,7 @@ def test_reward_failures_are_counted_not_raised():
 
     assert asyncio.run(score(boom, "x", "y", 1.0)) == (0.0, {"failed": "RuntimeError: bad reward"})
     assert asyncio.run(score(hang, "x", "y", 0.2)) == (0.0, {"failed": "timeout"})
-    assert asyncio.run(score(lambda r, a: float("nan"), "x", "y", 1.0)) == (0.0, {"failed": "nan"})
+    assert asyncio.run(score(lambda r, a: float("nan"), "x", "y", 1.0)) == (0.0, {"failed": "not finite: nan"})
     assert asyncio.run(score(lambda r, a: 0.5, "x", "y", 1.0)) == (0.5, {})
 
 
