@@ -35,7 +35,9 @@ class WeightSyncConfig:
     sender evicts it from the update in progress."""
 
     host: str = "127.0.0.1"
-    """Address the sender binds its control socket (and gloo/nccl store) to."""
+    """Address the sender binds its control socket, the gloo/nccl TCP store and its gloo pair
+    listener to (never every interface); receivers' gloo listeners bind the local address that
+    routes to it."""
 
     port: int = 0
     """Control socket port (ZeroMQ ROUTER); 0 picks a free port (read `Sender.endpoint`)."""
@@ -50,6 +52,18 @@ class WeightSyncConfig:
     nixl_backend: str = "UCX"
     """NIXL transport plugin used by the `nixl` backend."""
 
+    max_message_bytes: int = 4 << 20
+    """Largest control frame (ZMQ_MAXMSGSIZE on every socket of the weight plane): ZeroMQ drops a
+    peer whose frame is larger before buffering it. Bucket metadata is the largest frame (about
+    150 bytes per tensor in the bucket, so 4 MiB holds ~25k tensors); a receiver's frames (Join, Ack,
+    Nack) are far smaller, and the sender refuses any over 64 KiB as `oversized`."""
+
+    secret: str = ""
+    """Per-run secret. Set: the sender's socket is a ZeroMQ CURVE server whose only admitted
+    client key is derived from it (`checkpoint_engine.auth`), and receivers connect with CURVE;
+    a peer without it cannot join. Empty: no authentication (standalone use on a trusted host).
+    The asyncrl launcher always sets one."""
+
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"weights.backend must be one of {BACKENDS}, got {self.backend!r}")
@@ -61,8 +75,12 @@ class WeightSyncConfig:
             value = getattr(self, key)
             if not 0 <= value < 65536:
                 raise ValueError(f"weights.{key} must be in [0, 65535], got {value}")
+        if not 4096 <= self.max_message_bytes < (1 << 31):
+            raise ValueError(f"weights.max_message_bytes must be in [4096, 2**31), got {self.max_message_bytes}")
         if not self.host:
             raise ValueError("weights.host must be a non-empty address")
+        if not isinstance(self.secret, str):
+            raise ValueError("weights.secret must be a string")
         if self.backend in ("nccl", "cuda_ipc") and not self.device.startswith("cuda"):
             raise ValueError(f"weights.device must be cuda[:N] with backend {self.backend}, got {self.device!r}")
         if self.backend in ("local", "shm", "gloo") and self.device != "cpu":

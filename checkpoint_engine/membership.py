@@ -7,7 +7,10 @@ Rules it owns (and nothing else decides them):
   an update waits for the next publish or `Sender.sync()` (late join);
 - eviction: a receiver that does not acknowledge a bucket within `timeout_s`, or refuses
   one (checksum), leaves the update in progress; the others go on. It stays known as
-  *behind* and is re-synced by the next publish / `sync()` once it joins again.
+  *behind* and is re-synced by the next publish / `sync()` once it joins again;
+- liveness: a receiver evicted for a *timeout* is a *suspect*; a Join from it is not enough
+  to take part again: it must answer a probe first (`Sender._admit`: Join -> Probe -> Pong), so a
+  peer that joins and then stays silent costs one timeout in all, not one per publish.
 
 Example trace (timeout 2 s):
 
@@ -18,6 +21,14 @@ Example trace (timeout 2 s):
     t=5.0  r1' joins again (v=-1)               pending, behind
     t=5.1  sync() -> update {r1'} at v=1        r0@1, r1'@1
     t=6.0  publish v=1 again -> ValueError (versions only grow)
+
+Liveness trace (timeout 2 s; r2's process is up but its engine thread is stuck, so it reads nothing):
+
+    t=0.0  publish v=2 -> update {r0,r1',r2}; r2 never acks ready
+    t=2.0  r2 evicted (timeout) -> suspect       r0@2, r1'@2; publish returns after one timeout
+    t=3.0  r2 joins again (say, a watchdog rebuilt its Receiver) -> sender sends Probe(n); no Pong
+    t=4.0  publish v=3 -> update {r0,r1'}        r2 is not waited for: 0 s lost
+    t=9.0  r2's loop reads again, answers Pong(n) -> live, behind; sync() brings it to v=3
 """
 
 from __future__ import annotations
@@ -32,6 +43,8 @@ class ReceiverState:
     """Last version this receiver acknowledged in full (-1: none)."""
     alive: bool = True
     """False once evicted, until it joins again."""
+    suspect: bool = False
+    """Evicted for a timeout: a Join must be followed by an answered probe to make it live."""
 
 
 @dataclass
@@ -76,14 +89,23 @@ class Membership:
         """Live receivers that do not hold the current version."""
         return [r for r in self.live() if self.receivers[r].version < self.version]
 
-    def evict(self, receiver_id: str) -> None:
-        self.receivers[receiver_id].alive = False
+    def evict(self, receiver_id: str, reason: str = "") -> None:
+        state = self.receivers[receiver_id]
+        state.alive = False
+        state.suspect = state.suspect or reason == "timeout"
+
+    def is_suspect(self, receiver_id: str) -> bool:
+        state = self.receivers.get(receiver_id)
+        return state is not None and state.suspect
 
     def complete(self, receiver_id: str, version: int) -> None:
         self.receivers[receiver_id].version = version
 
     def commit(self, version: int) -> None:
         self.version = max(self.version, version)
+
+    def suspects(self) -> list[str]:
+        return sorted(r for r, s in self.receivers.items() if s.suspect)
 
     def evicted(self) -> list[str]:
         return sorted(r for r, s in self.receivers.items() if not s.alive)

@@ -25,6 +25,9 @@ ready message, not for a bucket. An update must be consumed to the end; a consum
 stalls is evicted by the sender after `timeout_s`. A bucket whose checksum does not match is refused (the sender is told,
 the iterator raises `ChecksumError`) and the receiver stays at its old version until the
 next publish / sync re-sends everything.
+A frame from the sender's socket that is not a valid record is counted (`malformed`) and
+dropped; a liveness `Probe` (sent when this receiver re-joins after a timeout) is answered
+whenever the receiver reads its socket.
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ from checkpoint_engine.backends import make_receiver_transport
 from checkpoint_engine.backends.base import ReceiverTransport
 from checkpoint_engine.buckets import TensorAssembler, crc32
 from checkpoint_engine.config import WeightSyncConfig
-from checkpoint_engine.wire import Abort, Ack, Begin, Bucket, End, Group, Join, Nack, decode, encode
+from checkpoint_engine.auth import curve_client
+from checkpoint_engine.wire import (MAX_REASON, Abort, Ack, Begin, Bucket, End, Group, Join, Malformed, Nack, Pong, Probe,
+                                    decode, encode)
 
 READY = -1
 GROUP = -2
@@ -72,6 +77,11 @@ class Receiver:
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.IDENTITY, receiver_id.encode())
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.maxmsgsize = config.max_message_bytes
+        if config.secret:
+            curve_client(self._sock, config.secret)
+        self.malformed = 0
+        """Frames from the sender's socket that were not a valid record (dropped)."""
         self._sock.connect(endpoint or f"tcp://{config.host}:{config.port}")
         self._send(self._join())
         self._inbox: deque = deque()
@@ -85,19 +95,38 @@ class Receiver:
     def _send(self, msg) -> None:
         self._sock.send(encode(msg))
 
+    def _read(self) -> object | None:
+        """One frame off the socket as a record; a liveness probe is answered here and a malformed
+        frame counted and dropped (both give None)."""
+        try:
+            msg = decode(self._sock.recv())
+        except Malformed:
+            self.malformed += 1
+            return None
+        if isinstance(msg, Probe):
+            self._send(Pong(msg.nonce))
+            return None
+        return msg
+
     def _recv(self, timeout_s: float | None):
         if self._inbox:
             return self._inbox.popleft()
-        ms = -1 if timeout_s is None else max(0, int(timeout_s * 1000))
-        if not self._sock.poll(ms):
-            raise TimeoutError(f"receiver {self.receiver_id}: no message from the sender in {timeout_s} s")
-        return decode(self._sock.recv())
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+            if not self._sock.poll(ms):
+                raise TimeoutError(f"receiver {self.receiver_id}: no message from the sender in {timeout_s} s")
+            msg = self._read()
+            if msg is not None:
+                return msg
 
     def _evicted(self, update_id: int) -> bool:
         """Whether an Abort for `update_id` is already queued. Checked after reading a slot:
         once the sender evicted us it refills slots, so those bytes must not be used."""
         while self._sock.poll(0):
-            self._inbox.append(decode(self._sock.recv()))
+            msg = self._read()
+            if msg is not None:
+                self._inbox.append(msg)
         return any(isinstance(m, Abort) and m.update_id == update_id for m in self._inbox)
 
     def next_update(self, timeout_s: float | None = None, borrow: bool = False) -> "Update":
@@ -175,7 +204,7 @@ class Update:
         rx = self.receiver
         if not self._answered:
             self._answered = True
-            rx._send(Nack(self.update_id, LOADED, reason))
+            rx._send(Nack(self.update_id, LOADED, reason[:MAX_REASON]))
         rx._rejoin = True
         if self.complete:
             rx.version = self._before

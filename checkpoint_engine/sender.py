@@ -17,23 +17,36 @@ does with them. Versions and eviction are decided by `Membership`. With FSDP2 on
 builds a Sender; the other ranks iterate the same full-tensor gather in lockstep (the
 iterator is consumed on the producer thread). Joins are processed whenever the sender
 runs (`publish`, `sync`, `poll`, `wait_for`): it has no background thread.
+
+Nothing a peer sends can raise out of it: malformed frames (`control.py`) are counted in
+`stats()["malformed"]` and dropped, and only a joined member's acks count for an update.
+
+Liveness: a receiver evicted for a timeout is a suspect; when it joins again it is sent a
+`Probe` and takes part only once it answers (`Pong`), so a peer that keeps joining but never
+reads stalls one publish (one `timeout_s`), not every one:
+
+    publish v=4 {r0, r1}: r1 silent -> evicted after timeout_s (suspect)
+    r1 -> Join             sender -> Probe(n) to r1; r1 stays out
+    publish v=5 {r0}       returns without waiting for r1
+    r1 -> Pong(n)          r1 live, behind -> sync() / publish v=6 bring it current
 """
 
 from __future__ import annotations
 
 import queue
+import secrets
 import threading
 import time
 from typing import Callable, Iterable
 
 import torch
-import zmq
 
 from checkpoint_engine.backends import make_sender_transport
 from checkpoint_engine.buckets import BucketPacker
 from checkpoint_engine.config import WeightSyncConfig
+from checkpoint_engine.control import SenderSocket
 from checkpoint_engine.membership import Membership, UpdateOutcome
-from checkpoint_engine.wire import Abort, Ack, Begin, Bucket, BucketMeta, End, Group, Join, Nack, decode, encode
+from checkpoint_engine.wire import Abort, Ack, Begin, Bucket, BucketMeta, End, Group, Join, Nack, Pong, Probe
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
 READY = -1
@@ -57,15 +70,8 @@ class Sender:
         self.state_fn = state_fn
         self.membership = Membership()
         self.transport = make_sender_transport(config)
-        self._ctx = zmq.Context.instance()
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted receiver takes over its identity
-        if config.port:
-            self._sock.bind(f"tcp://{config.host}:{config.port}")
-            self.port = config.port
-        else:
-            self.port = self._sock.bind_to_random_port(f"tcp://{config.host}")
+        self._ctl = SenderSocket(config)
+        self.port = self._ctl.port
         self._update_id = 0
         self._epoch = 0
         self._rejoined: set[str] = set()
@@ -75,6 +81,12 @@ class Sender:
         self._width: dict[str, int] = {}
         """Ranks each receiver takes in a group (its `Join.width`)."""
         self.last: UpdateOutcome | None = None
+        self._shipped = -1
+        """Highest bucket index announced in the update in progress (acks beyond it are malformed)."""
+        self._probes: dict[str, tuple[list[int], Join]] = {}
+        """Suspects that joined again: the nonces of the probes they were sent, and their Join."""
+        self.stale = 0
+        """Well-formed acks / pongs that came too late to matter (an update already left)."""
 
     @property
     def endpoint(self) -> str:
@@ -83,21 +95,55 @@ class Sender:
 
     # ---- control plane -------------------------------------------------------------
     def _send(self, rid: str, msg) -> None:
-        self._sock.send_multipart([rid.encode(), encode(msg)])
+        self._ctl.send(rid, msg)
 
     def _recv(self, timeout_s: float) -> tuple[str, object] | None:
-        if not self._sock.poll(max(0, int(timeout_s * 1000))):
-            return None
-        ident, data = self._sock.recv_multipart()
-        rid = ident.decode()
-        msg = decode(data)
+        """Next admitted message, or None after `timeout_s`; malformed frames are counted, never raised."""
+        return self._ctl.recv(timeout_s, self._admit)
+
+    def _admit(self, rid: str, msg: object) -> str | None:
+        """The sender's checks of a well-formed record from `rid` (None: accepted, else the reason
+        it is malformed), and the joins and probes it causes."""
         if isinstance(msg, Join):
-            self.membership.join(rid, msg.version)
-            self._width[rid] = max(1, int(msg.width))
-            self._rejoined.add(rid)
-            if self._group is not None and rid in self._group:
-                self._group = None  # a restarted process is not in the old group
-        return rid, msg
+            if msg.receiver_id != rid:
+                return "identity"
+            if self.membership.is_suspect(rid):  # timed out before: prove you read, then join
+                nonces = self._probes.get(rid, ([], msg))[0][-3:]
+                nonces.append(secrets.randbits(62))
+                self._probes[rid] = (nonces, msg)
+                self._send(rid, Probe(nonces[-1]))
+            else:
+                self._accept(rid, msg)
+            return None
+        known = rid in self.membership.receivers or rid in self._probes
+        if isinstance(msg, Pong):
+            if not known:
+                return "member"
+            probe = self._probes.get(rid)
+            if probe is None:
+                self.stale += 1
+            elif msg.nonce not in probe[0]:
+                return "probe"
+            else:
+                del self._probes[rid]
+                self._accept(rid, probe[1])
+            return None
+        if isinstance(msg, (Ack, Nack)):
+            if not known:
+                return "member"
+            if not 1 <= msg.update_id <= self._update_id:
+                return "update"
+            if msg.update_id == self._update_id and msg.index > self._shipped:
+                return "index"
+            return None
+        return "direction"  # Begin, Group, Bucket, End, Abort, Probe: only a sender sends those
+
+    def _accept(self, rid: str, join: Join) -> None:
+        self.membership.join(rid, join.version)
+        self._width[rid] = join.width
+        self._rejoined.add(rid)
+        if self._group is not None and rid in self._group:
+            self._group = None  # a restarted process is not in the old group
 
     def poll(self, timeout_s: float = 0.0) -> list[str]:
         """Process pending joins; returns the live receivers."""
@@ -140,7 +186,7 @@ class Sender:
             rid, msg = got
             if rid in self._rejoined and rid in members:
                 self._evict(rid, "rejoined", members, outcome, tell=False)
-            elif isinstance(msg, Ack) and msg.update_id == uid and msg.index == index:
+            elif isinstance(msg, Ack) and rid in members and msg.update_id == uid and msg.index == index:
                 acked.add(rid)
             elif isinstance(msg, Nack) and msg.update_id == uid and rid in members:
                 if msg.reason == "transport":
@@ -157,7 +203,7 @@ class Sender:
         outcome.evicted[rid] = reason
         if tell:
             self._send(rid, Abort(self._update_id, reason))
-            self.membership.evict(rid)
+            self.membership.evict(rid, reason)
 
     def _form_group(self, uid: int, members: list[str], outcome: UpdateOutcome) -> None:
         """gloo/nccl: (re)build the group sender + `members`; retried when one is missing. A
@@ -223,6 +269,7 @@ class Sender:
         self._update_id += 1
         uid = self._update_id
         self._rejoined = set()
+        self._shipped = -1
         members = list(members)
         outcome = UpdateOutcome(version)
         begin = Begin(uid, version, self.transport.begin_info())
@@ -281,6 +328,7 @@ class Sender:
 
     def _ship(self, uid: int, meta: BucketMeta, members: list[str], outcome: UpdateOutcome) -> None:
         """Deliver one bucket to every member, regrouping collectives after an eviction."""
+        self._shipped = max(self._shipped, meta.index)
         while members:
             for rid in members:
                 self._send(rid, Bucket(uid, meta))
@@ -300,11 +348,15 @@ class Sender:
             self._form_group(uid, members, outcome)
 
     def stats(self) -> dict[str, object]:
+        """Versions and membership, plus what was refused: `malformed` (frames dropped, by reason:
+        parts, identity, oversized, msgpack, kind, fields, direction, member, update, index, probe),
+        `stale` and, with a secret, `auth` (`refused` client keys, `handshake_failed`)."""
         return {"version": self.membership.version, "live": self.membership.live(),
-                "behind": self.membership.behind(), "evicted": self.membership.evicted()}
+                "behind": self.membership.behind(), "evicted": self.membership.evicted(),
+                "suspect": self.membership.suspects(), "stale": self.stale, **self._ctl.stats()}
 
     def close(self) -> None:
         for rid in self.membership.live():
             self._send(rid, Abort(self._update_id, "sender closed"))
-        self._sock.close(0)
+        self._ctl.close()
         self.transport.close()

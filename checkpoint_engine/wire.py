@@ -16,11 +16,19 @@ Flow of one update (S = sender, R = receiver):
     S -> R  End(update_id, version) | Abort(update_id, reason)
     R -> S  Ack(update_id, -3) | Nack(update_id, -3, reason)   loaded: the engine serves the new weights
                                                    (or could not load them); the publish returns after these
+
+Liveness (a receiver evicted for a timeout re-joins; `Sender` docstring has the trace):
+
+    R -> S  Join(...)          S -> R  Probe(nonce)          R -> S  Pong(nonce)   -> a member again
+
+`decode` is strict: a frame that is not one of these records, field by field with its exact
+types and bounds, raises `Malformed(reason)` (a `ValueError`), never anything else, so an
+endpoint can count and drop what a stranger or a broken peer sends.
 """
 
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass, field
+from dataclasses import astuple, dataclass, field, fields
 from typing import Any
 
 import msgpack
@@ -109,6 +117,20 @@ class Nack:
 
 
 @dataclass
+class Probe:
+    """S -> R: prove you read your socket (sent to a timed-out receiver that joins again)."""
+
+    nonce: int
+
+
+@dataclass
+class Pong:
+    """R -> S: answer to `Probe` with its nonce."""
+
+    nonce: int
+
+
+@dataclass
 class End:
     update_id: int
     version: int
@@ -121,9 +143,57 @@ class Abort:
 
 
 _KINDS: dict[str, type] = {
-    c.__name__: c for c in (Join, Begin, Group, Bucket, Ack, Nack, End, Abort)
+    c.__name__: c for c in (Join, Begin, Group, Bucket, Ack, Nack, End, Abort, Probe, Pong)
 }
-Message = Join | Begin | Group | Bucket | Ack | Nack | End | Abort
+Message = Join | Begin | Group | Bucket | Ack | Nack | End | Abort | Probe | Pong
+
+MAX_ID = 255
+"""Longest receiver id (a ZeroMQ routing identity is at most 255 bytes)."""
+MAX_REASON = 1024
+MAX_WIDTH = 4096
+_I64 = (-(1 << 63), (1 << 63) - 1)
+
+
+class Malformed(ValueError):
+    """A frame that is not a valid weight-plane record; `reason` names what was wrong
+    (`msgpack`, `kind`, `fields`)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+def _int(v: Any, lo: int = _I64[0], hi: int = _I64[1]) -> bool:
+    return type(v) is int and lo <= v <= hi
+
+
+def _str(v: Any, limit: int) -> bool:
+    return type(v) is str and len(v) <= limit
+
+
+_CHECKS: dict[type, Any] = {
+    Join: lambda b: _str(b[0], MAX_ID) and bool(b[0]) and _int(b[1], -1) and _int(b[2], 1, MAX_WIDTH),
+    Begin: lambda b: _int(b[0], 1) and _int(b[1], 0) and type(b[2]) is dict and all(type(k) is str for k in b[2]),
+    Group: lambda b: _int(b[0], 1) and _int(b[1], 1) and _int(b[3], 2) and _int(b[2], 1, b[3] - 1),
+    Ack: lambda b: _int(b[0], 1) and _int(b[1], -3),
+    Nack: lambda b: _int(b[0], 1) and _int(b[1], -3) and _str(b[2], MAX_REASON),
+    End: lambda b: _int(b[0], 1) and _int(b[1], 0),
+    Abort: lambda b: _int(b[0], 0) and _str(b[1], MAX_REASON),
+    Probe: lambda b: _int(b[0]),
+    Pong: lambda b: _int(b[0]),
+}
+_ARITY = {Join: (2, 3), Bucket: (2,)}
+
+
+def _entry_ok(e: Any) -> bool:
+    return (type(e) is list and len(e) == 6 and _str(e[0], 4096) and _str(e[1], 64)
+            and type(e[2]) is list and all(_int(d, 0) for d in e[2]) and all(_int(v, 0) for v in e[3:]))
+
+
+def _meta_ok(body: Any) -> bool:
+    return (type(body) is list and len(body) == 5 and _int(body[0], 0) and _int(body[1], 0, 1)
+            and _int(body[2], 0) and (body[3] is None or _int(body[3], 0, 0xFFFFFFFF))
+            and type(body[4]) is list and all(_entry_ok(e) for e in body[4]))
 
 
 def _meta_body(m: BucketMeta) -> list[Any]:
@@ -143,14 +213,33 @@ def encode(msg: Message) -> bytes:
     return msgpack.packb([type(msg).__name__, *body], use_bin_type=True)
 
 
+def _unpack(data: bytes) -> Any:
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as e:  # translated: msgpack raises many types (ExtraData, FormatError, TypeError ...)
+        raise Malformed("msgpack", f"not msgpack: {type(e).__name__}") from None
+
+
 def decode(data: bytes) -> Message:
-    kind, *body = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    """The record in `data`; `Malformed` when it is not exactly one of the records above."""
+    obj = _unpack(data)
+    if type(obj) is not list or not obj or type(obj[0]) is not str:
+        raise Malformed("kind", "not a [kind, *fields] list")
+    kind, *body = obj
     cls = _KINDS.get(kind)
     if cls is None:
-        raise ValueError(f"unknown weight-plane message kind {kind!r}")
+        raise Malformed("kind", f"unknown weight-plane message kind {kind[:64]!r}")
+    arity = _ARITY.get(cls, (len(fields(cls)),))
+    if len(body) not in arity:
+        raise Malformed("fields", f"{kind}: {len(body)} fields")
     if cls is Bucket:
-        update_id, meta = body
-        return Bucket(update_id, _meta_of(meta))
+        if not (_int(body[0], 1) and _meta_ok(body[1])):
+            raise Malformed("fields", "Bucket: bad field")
+        return Bucket(body[0], _meta_of(body[1]))
+    if cls is Join and len(body) == 2:
+        body.append(1)
+    if not _CHECKS[cls](body):
+        raise Malformed("fields", f"{kind}: bad field")
     return cls(*body)
 
 
@@ -160,4 +249,7 @@ def encode_meta(meta: BucketMeta) -> bytes:
 
 
 def decode_meta(data: bytes) -> BucketMeta:
-    return _meta_of(msgpack.unpackb(data, raw=False, strict_map_key=False))
+    body = _unpack(data)
+    if not _meta_ok(body):
+        raise Malformed("fields", "bucket metadata: bad field")
+    return _meta_of(body)

@@ -5,11 +5,17 @@ the sender hosts, never through `init_process_group`, so it cannot collide with 
 trainer's own default group and can be rebuilt at will: each membership *epoch* gets
 its own store prefix. The sender is rank 0 and the broadcast root. With `nccl` the slots
 and the receive buffers live on `config.device`; the code path is otherwise identical.
+
+Listeners bind `config.host` only: the store's socket is bound here and handed to the TCPStore
+(`master_listen_fd`; TCPStore itself would listen on every interface), and gloo's pair
+listener binds `config.host` on the sender and, on a receiver, the local address that routes
+to it. NCCL's own bootstrap listener follows `NCCL_SOCKET_IFNAME` (process-wide; not set here).
 """
 
 from __future__ import annotations
 
 import datetime
+import socket
 from typing import Any
 
 import torch
@@ -20,7 +26,30 @@ from checkpoint_engine.config import WeightSyncConfig
 from checkpoint_engine.wire import BucketMeta
 
 
-def _new_group(config: WeightSyncConfig, store: dist.Store, epoch: int, rank: int, world: int):
+def _listen(host: str, port: int) -> tuple[int, int]:
+    """A listening TCP socket on `host:port` only: (file descriptor the TCPStore takes over, port)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(512)
+    except OSError as e:
+        sock.close()
+        raise OSError(f"weights.host / weights.store_port: cannot listen on {host}:{port}: {e}") from e
+    bound = sock.getsockname()[1]
+    return sock.detach(), bound
+
+
+def local_address(peer: str) -> str:
+    """The local address this host uses to reach `peer` (no packet is sent)."""
+    family = socket.AF_INET6 if ":" in peer else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect((peer, 9))
+        return s.getsockname()[0]
+
+
+def _new_group(config: WeightSyncConfig, store: dist.Store, epoch: int, rank: int, world: int, bind: str):
     prefixed = dist.PrefixStore(f"weights/epoch{epoch}", store)
     timeout = datetime.timedelta(seconds=config.timeout_s)
     if config.backend == "nccl":
@@ -28,7 +57,10 @@ def _new_group(config: WeightSyncConfig, store: dist.Store, epoch: int, rank: in
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
         return dist.ProcessGroupNCCL(prefixed, rank, world, opts)
-    return dist.ProcessGroupGloo(prefixed, rank, world, timeout)
+    gloo_opts = dist.ProcessGroupGloo._Options()
+    gloo_opts._timeout = timeout
+    gloo_opts._devices = [dist.ProcessGroupGloo.create_device(hostname=bind)]
+    return dist.ProcessGroupGloo(prefixed, rank, world, gloo_opts)
 
 
 def _broadcast(pg, tensor: torch.Tensor, timeout_s: float) -> None:
@@ -46,9 +78,10 @@ class CollectiveSenderTransport(SenderTransport):
 
     def __init__(self, config: WeightSyncConfig):
         super().__init__(config)
+        fd, port = _listen(config.host, config.store_port)
         self.store = dist.TCPStore(
-            config.host, config.store_port, is_master=True, wait_for_workers=False,
-            timeout=datetime.timedelta(seconds=config.timeout_s))
+            config.host, port, is_master=True, wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=config.timeout_s), master_listen_fd=fd)
         self.slots = [torch.empty(config.bucket_bytes, dtype=torch.uint8, device=config.device)
                       for _ in range(2)]
         self.pg = None
@@ -58,7 +91,7 @@ class CollectiveSenderTransport(SenderTransport):
 
     def form_group(self, epoch: int, world_size: int) -> None:
         self.pg = None
-        self.pg = _new_group(self.config, self.store, epoch, 0, world_size)
+        self.pg = _new_group(self.config, self.store, epoch, 0, world_size, self.config.host)
 
     def send(self, meta: BucketMeta) -> None:
         assert self.pg is not None, "form_group before send"
@@ -90,7 +123,7 @@ class CollectiveReceiverTransport(ReceiverTransport):
     def form_group(self, epoch: int, rank: int, world_size: int) -> None:
         assert self.store is not None, "attach before form_group"
         self.pg = None
-        self.pg = _new_group(self.config, self.store, epoch, rank, world_size)
+        self.pg = _new_group(self.config, self.store, epoch, rank, world_size, local_address(self.addr[0]))
 
     def recv(self, meta: BucketMeta) -> torch.Tensor:
         assert self.pg is not None, "form_group before recv"

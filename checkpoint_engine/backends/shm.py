@@ -1,8 +1,11 @@
 """`shm`: same-host transfer through two files in /dev/shm that the sender fills once.
 
 The sender creates and maps the two slots when it starts (removing the slot files of senders
-that were killed before closing theirs); a receiver maps them on `Begin` and copies each bucket
-out (one memcpy per receiver, all receivers in parallel).
+that were killed before closing theirs: `sweep_dead`); a receiver maps them on `Begin` and copies
+each bucket out (one memcpy per receiver, all receivers in parallel). The files are removed by
+`close`, or when the transport is collected, or at interpreter exit (`weakref.finalize`), so only
+a process killed outright (SIGKILL) leaves them, for the next sender's sweep. A receiver maps only
+files of this naming scheme (`Begin.info` cannot point it elsewhere).
 Plain `mmap` of a /dev/shm file is used instead of `multiprocessing.shared_memory`
 because the latter's resource tracker unlinks segments when an *attaching* process
 exits (Python < 3.13), which would break the sender whenever a receiver dies.
@@ -12,7 +15,9 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 import uuid
+import weakref
 from typing import Any
 
 import numpy as np
@@ -23,6 +28,8 @@ from checkpoint_engine.config import WeightSyncConfig
 from checkpoint_engine.wire import BucketMeta
 
 SHM_DIR = "/dev/shm"
+PREFIX = "asyncrl-weights-"
+_NAME = re.compile(PREFIX + r"\d+-[0-9a-f]{8}-[01]")
 
 
 def _map(path: str, size: int, create: bool) -> mmap.mmap:
@@ -36,7 +43,15 @@ def _map(path: str, size: int, create: bool) -> mmap.mmap:
         os.close(fd)
 
 
-def sweep_dead(prefix: str = "asyncrl-weights-") -> int:
+def _unlink(paths: list[str]) -> None:
+    for p in paths:
+        try:
+            os.unlink(p)
+        except FileNotFoundError:
+            pass
+
+
+def sweep_dead(prefix: str = PREFIX) -> int:
     """Remove slot files left by senders whose process is gone (killed before `close`); returns how
     many. Receivers that mapped one keep their mapping; nobody can open it again."""
     removed = 0
@@ -66,8 +81,9 @@ class ShmSenderTransport(SenderTransport):
         super().__init__(config)
         sweep_dead()  # what killed senders left behind
         size = config.bucket_bytes
-        tag = f"asyncrl-weights-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tag = f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.paths = [os.path.join(SHM_DIR, f"{tag}-{i}") for i in range(2)]
+        self._cleanup = weakref.finalize(self, _unlink, list(self.paths))  # also runs at exit
         self._maps = [_map(p, size, create=True) for p in self.paths]
         self.slots = [torch.from_numpy(np.frombuffer(m, dtype=np.uint8)) for m in self._maps]
 
@@ -82,9 +98,7 @@ class ShmSenderTransport(SenderTransport):
         for m in self._maps:
             m.close()
         self._maps = []
-        for p in self.paths:
-            if os.path.exists(p):
-                os.unlink(p)
+        self._cleanup()
 
 
 class ShmReceiverTransport(ReceiverTransport):
@@ -99,6 +113,9 @@ class ShmReceiverTransport(ReceiverTransport):
     def attach(self, info: dict[str, Any]) -> None:
         if info["paths"] == self.paths:
             return
+        for p in info["paths"]:
+            if os.path.dirname(p) != SHM_DIR or not _NAME.fullmatch(os.path.basename(p)):
+                raise RuntimeError(f"weights.backend=shm: refusing to map {p!r} (not a sender slot)")
         self.close()
         self.paths = list(info["paths"])
         self._maps = [_map(p, info["size"], create=False) for p in self.paths]

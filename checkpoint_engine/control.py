@@ -1,0 +1,107 @@
+"""The sender's control socket: a ZeroMQ ROUTER that only ever hands on well-formed records.
+
+Every frame a peer sends is checked before the sender sees it: exactly two parts (routing id,
+payload), a routing id that is a receiver id (UTF-8, not ZeroMQ's generated `\\0...` one), at most
+`MAX_INBOUND` bytes, a strict `wire.decode`, and the sender's own checks (`admit`: is this peer a
+member, does this update / bucket exist). A frame that fails is counted by reason in `malformed`
+and dropped: nothing a stranger sends raises out of `recv`. Frames over
+`WeightSyncConfig.max_message_bytes` never reach it (ZeroMQ drops that peer, ZMQ_MAXMSGSIZE).
+
+The socket binds `config.host` only, on a context of its own (one ZAP handler per context), and
+is a CURVE server when `config.secret` is set (`auth.py`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Callable
+
+import zmq
+
+from checkpoint_engine.auth import CurveServer
+from checkpoint_engine.config import WeightSyncConfig
+from checkpoint_engine.wire import MAX_ID, Malformed, Message, decode, encode
+
+MAX_INBOUND = 64 << 10
+"""Largest frame a receiver sends (Join, Ack, Nack are < 2 KiB); bigger ones are `oversized`."""
+LATE_BURST = 1000
+"""Frames still read after a deadline passed, so a flood cannot hold the sender past it."""
+
+Admit = Callable[[str, Message], "str | None"]
+
+
+def receiver_id(ident: bytes) -> str | None:
+    """The receiver id in a routing id, or None (ZeroMQ's generated ids start with a zero byte)."""
+    if not ident or ident[0] == 0 or len(ident) > MAX_ID:
+        return None
+    try:
+        return ident.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+class SenderSocket:
+    def __init__(self, config: WeightSyncConfig) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.linger = 0
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted receiver takes over its identity
+        self.sock.maxmsgsize = config.max_message_bytes
+        self.auth = CurveServer(self.ctx, self.sock, config.secret) if config.secret else None
+        if config.port:
+            self.sock.bind(f"tcp://{config.host}:{config.port}")
+            self.port = config.port
+        else:
+            self.port = self.sock.bind_to_random_port(f"tcp://{config.host}")
+        self.malformed: Counter[str] = Counter()
+
+    def send(self, rid: str, msg: Message) -> None:
+        self.sock.send_multipart([rid.encode(), encode(msg)])
+
+    def recv(self, timeout_s: float, admit: Admit) -> tuple[str, Message] | None:
+        """The next admitted (receiver id, record), or None once `timeout_s` passed without one."""
+        deadline = time.monotonic() + timeout_s
+        late = 0
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                late += 1
+                if late > LATE_BURST:
+                    return None
+            if not self.sock.poll(max(0, int(left * 1000))):
+                return None
+            got = self._check(self.sock.recv_multipart(), admit)
+            if isinstance(got, str):
+                self.malformed[got] += 1
+            else:
+                return got
+
+    @staticmethod
+    def _check(frames: list[bytes], admit: Admit) -> tuple[str, Message] | str:
+        if len(frames) != 2:
+            return "parts"
+        ident, data = frames
+        rid = receiver_id(ident)
+        if rid is None:
+            return "identity"
+        if len(data) > MAX_INBOUND:
+            return "oversized"
+        try:
+            msg = decode(data)
+        except Malformed as e:
+            return e.reason
+        reason = admit(rid, msg)
+        return (rid, msg) if reason is None else reason
+
+    def stats(self) -> dict[str, object]:
+        out: dict[str, object] = {"malformed": dict(self.malformed), "malformed_total": sum(self.malformed.values())}
+        if self.auth is not None:
+            out["auth"] = self.auth.counts()
+        return out
+
+    def close(self) -> None:
+        if self.auth is not None:
+            self.auth.close()
+        self.sock.close(0)
+        self.ctx.term()
