@@ -44,7 +44,7 @@ def make_metadata(config: TransferQueueConfig, on_free: FreeHook | None = None) 
     if config.controller_address:
         from transfer_queue.service import RemoteController
 
-        return RemoteController(config.controller_address)
+        return RemoteController(config.controller_address, secret=config.secret, max_frame_bytes=config.max_frame_bytes)
     from transfer_queue.metadata.memory import MemoryController
 
     return MemoryController(config.capacity, config.consumer_groups, config.lease_timeout_s, on_free=on_free)
@@ -87,7 +87,7 @@ class TransferQueueClient:
         """Add records whose tensors are already in a plane (`write_record`, any process);
         waits while the queue is full. On failure their tensors are freed."""
         try:
-            self.metadata.put(samples, self.config.put_timeout_s if timeout is None else timeout)
+            self.metadata.put(samples, self.config.put_timeout_s if timeout is None else timeout, self.consumer_id)
         except BaseException:
             self.discard(samples)
             raise
@@ -101,7 +101,7 @@ class TransferQueueClient:
         """Add fields to a record already put (e.g. the reward after the response)."""
         handles = self.storage.write(uid, tensors or {})
         try:
-            self.metadata.update(uid, handles, meta, seal)
+            self.metadata.update(uid, handles, meta, seal, self.consumer_id)
         except BaseException:
             self.storage.free(list(handles.values()))
             raise
@@ -127,19 +127,19 @@ class TransferQueueClient:
 
     def ack(self, batch: Batch) -> int:
         """Finish `batch` for its consumer group; freed once every group is done with it."""
-        return self.metadata.ack(batch.consumer, batch.uids)
+        return self.metadata.ack(batch.consumer, batch.uids, self.consumer_id)
 
     def nack(self, batch: Batch) -> int:
         """Give `batch` back now: its groups go to the next `get` of the same consumer group."""
-        return self.metadata.nack(batch.consumer, batch.lease_id, batch.uids)
+        return self.metadata.nack(batch.consumer, batch.lease_id, batch.uids, self.consumer_id)
 
     def drop(self, batch: Batch, cause: str = "filtered") -> int:
         """Finish `batch` without training on it, counted under `cause` (`failed`, `filtered`, `stale`)."""
-        return self.metadata.drop(batch.consumer, batch.uids, cause)
+        return self.metadata.drop(batch.consumer, batch.uids, cause, self.consumer_id)
 
     def renew(self, batch: Batch) -> bool:
         """Extend the lease of a batch still being worked on."""
-        return self.metadata.renew(batch.consumer, batch.lease_id, batch.uids)
+        return self.metadata.renew(batch.consumer, batch.lease_id, batch.uids, self.consumer_id)
 
     def stats(self) -> QueueStats:
         return self.metadata.stats()

@@ -59,6 +59,33 @@ def expect_map(obj: Any, keys: dict[str, type | tuple[type, ...]], what: str) ->
     return obj
 
 
+MAX_INT = 1 << 62
+"""Bound of every integer a peer may send (versions, sizes, offsets): far beyond any real value."""
+MAX_COUNT = 1 << 20
+"""Bound of every count a peer may send (records per call, batch sizes, group sizes)."""
+MAX_SECONDS = 7 * 24 * 3600.0
+"""Bound of every timeout a peer may send (None means forever where a call allows it)."""
+
+
+def check_int(v: Any, what: str, lo: int = 0, hi: int = MAX_INT, none_ok: bool = False) -> int | None:
+    """`v` if it is an int (not a bool) in [lo, hi] (or None when `none_ok`); else WireError."""
+    if v is None and none_ok:
+        return None
+    if type(v) is not int or not lo <= v <= hi:
+        raise WireError(f"{what} must be an integer in [{lo}, {hi}]{' or nil' if none_ok else ''}, got {v!r}")
+    return v
+
+
+def check_seconds(v: Any, what: str, none_ok: bool = True) -> float | None:
+    """`v` if it is a finite number of seconds in [0, MAX_SECONDS] (or None when `none_ok`): NaN,
+    inf, negatives and absurd values are a WireError."""
+    if v is None and none_ok:
+        return None
+    if type(v) not in (int, float) or not 0 <= v <= MAX_SECONDS:  # NaN fails both comparisons
+        raise WireError(f"{what} must be a number of seconds in [0, {MAX_SECONDS:g}]{' or nil' if none_ok else ''}, got {v!r}")
+    return float(v)
+
+
 def _as_tuple(t: type | tuple[type, ...]) -> tuple[type, ...]:
     return t if isinstance(t, tuple) else (t,)
 

@@ -76,6 +76,24 @@ class TransferQueueConfig:
     max_tensor_bytes: int = 4 << 30
     """Largest single tensor a storage unit accepts."""
 
+    max_frame_bytes: int = 64 << 20
+    """ZMQ_MAXMSGSIZE of every control socket of the package (controller service and its clients,
+    arena free endpoints): a frame over it closes the peer's connection before it is buffered.
+    Must be >= `max_message_bytes`; `get` replies of big batches need the headroom."""
+
+    data_max_frame_bytes: int = (4 << 30) + (1 << 20)
+    """ZMQ_MAXMSGSIZE of the `zmq` storage unit's sockets (one frame per tensor; >= `max_tensor_bytes`)."""
+
+    secret: str = ""
+    """Per-run secret. Set: every listening socket of the package is a ZeroMQ CURVE server that admits
+    only clients holding the same secret (keys derived in `transfer_queue/auth.py`). Empty: no
+    authentication, for standalone use on a trusted host."""
+
+    max_blocking_ops: int = 32
+    """Controller service: `get`s (and `put`s) that may wait (timeout > 0 or None) in flight at once,
+    each kind its own pool; one more is refused at once with a counted `busy` error. Other ops run
+    on a separate pool, so waiting calls never starve `stats`, `ack` or a `put` that fits."""
+
     inline_max_bytes: int = 1024
     """Tensors of at most this many bytes travel inside their handle, i.e. with the metadata,
     instead of in the data plane (no segment, round trip or registration for tiny fields);
@@ -112,3 +130,11 @@ class TransferQueueConfig:
             raise ValueError(f"queue.inline_max_bytes={self.inline_max_bytes}: must be >= 0")
         if self.max_tensor_bytes < 1:
             raise ValueError(f"queue.max_tensor_bytes={self.max_tensor_bytes}: must be >= 1")
+        if self.max_frame_bytes < self.max_message_bytes:
+            raise ValueError(f"queue.max_frame_bytes={self.max_frame_bytes}: must be >= queue.max_message_bytes")
+        if self.data_max_frame_bytes < self.max_tensor_bytes:
+            raise ValueError(f"queue.data_max_frame_bytes={self.data_max_frame_bytes}: must be >= queue.max_tensor_bytes")
+        if not isinstance(self.secret, str):
+            raise ValueError("queue.secret: must be a string ('' for none)")
+        if not 1 <= self.max_blocking_ops <= 4096:
+            raise ValueError(f"queue.max_blocking_ops={self.max_blocking_ops}: must be in [1, 4096]")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from transfer_queue.codec import WireError, expect_map
+from transfer_queue.codec import MAX_COUNT, MAX_INT, WireError, check_int, expect_map
 
 
 @dataclass
@@ -71,8 +71,14 @@ class SampleMeta:
     def from_wire(cls, d: Any) -> "SampleMeta":
         expect_map(d, {"uid": str, "group_id": str, "group_size": int, "version": int,
                        "meta": dict, "handles": dict, "sealed": bool}, "sample")
-        if not d["uid"] or not d["group_id"] or d["group_size"] < 1:
-            raise WireError(f"sample {d['uid']!r}: empty id or group_size < 1")
+        if not 0 < len(d["uid"]) <= 1024 or not 0 < len(d["group_id"]) <= 1024:
+            raise WireError("sample: uid and group_id must be 1..1024 characters")
+        check_int(d["group_size"], f"sample {d['uid']!r}: group_size", 1, MAX_COUNT)
+        check_int(d["version"], f"sample {d['uid']!r}: version", 0, MAX_INT)
+        if set(d) != {"uid", "group_id", "group_size", "version", "meta", "handles", "sealed"}:
+            raise WireError(f"sample {d['uid']!r}: unknown fields {sorted(set(d))}")
+        if not all(isinstance(k, str) for k in d["meta"]):
+            raise WireError(f"sample {d['uid']!r}: meta keys must be strings")
         for name, h in d["handles"].items():
             if not isinstance(name, str) or not isinstance(h, dict) or not isinstance(h.get("plane"), str):
                 raise WireError(f"sample {d['uid']!r}: bad handle for field {name!r}")
@@ -132,7 +138,16 @@ class QueueStats:
     staleness: dict[str, dict[int, int]]
     """Per consumer group: histogram of staleness at delivery."""
     rejected: int = 0
-    """Malformed, truncated or oversized messages refused by the service."""
+    """Malformed, truncated or oversized messages refused by the service (bad fields, numbers,
+    handles; unknown ops): every request answered with an error because of what it said."""
+    busy: int = 0
+    """Waiting calls refused at once because `queue.max_blocking_ops` were already in flight."""
+    not_owner: int = 0
+    """Updates and acks refused: the caller is neither the record's producer nor its lease holder."""
+    auth_refused: int = 0
+    """Peers refused by the service's CURVE handler (no or wrong `queue.secret`)."""
+    handshake_failed: int = 0
+    """Connections whose handshake failed (peers without CURVE, or with a wrong key)."""
     rates: dict[str, float] = field(default_factory=dict)
     """`put_per_s`, `ack_per_s` since the controller started."""
 

@@ -1,8 +1,10 @@
-"""The two asynchronous rules of the in-memory controller, one owner class each.
+"""The rules of the in-memory controller, one owner each.
 
 `BackPressure` bounds the records resident in the queue: producers wait, nothing is
 dropped. `LeaseTable` owns redelivery: a batch handed to a consumer is leased; a lease
 that expires (the consumer died) or is released by `nack` returns its records.
+`may_act` is the ownership rule every backend applies: only a record's producer or its
+lease holder may change it (`update`) or finish it (`ack`, `drop`, `nack`, `renew`).
 
 Both are plain objects driven under the controller's lock; neither knows about
 storage, groups or wires.
@@ -50,6 +52,16 @@ class BackPressure:
         self._cond.notify_all()
 
 
+def may_act(client_id: str, producer: str, holder: str | None) -> bool:
+    """Ownership: `client_id` may update or finish a record it produced, or one it holds (or held
+    last, for a late ack after its lease expired and before anyone else took it).
+
+    Trace: put by P; get by C (lease) -> ack by C ok, by P ok, by X refused (counted `not_owner`);
+    lease expires, get by D -> ack by C refused, by D ok.
+    """
+    return client_id == producer or (holder is not None and client_id == holder)
+
+
 @dataclass
 class Lease:
     lease_id: str
@@ -76,6 +88,7 @@ class LeaseTable:
         self.timeout_s = timeout_s
         self._leases: dict[str, Lease] = {}
         self._holder: dict[tuple[str, str], str] = {}  # (consumer, uid) -> lease id
+        self._last: dict[tuple[str, str], str] = {}  # (consumer, uid) -> consumer id of its latest lease
         self._ids = itertools.count()
 
     def grant(self, consumer: str, consumer_id: str, uids: list[str], now: float) -> Lease:
@@ -83,7 +96,19 @@ class LeaseTable:
         self._leases[lease.lease_id] = lease
         for u in uids:
             self._holder[(consumer, u)] = lease.lease_id
+            self._last[(consumer, u)] = consumer_id
         return lease
+
+    def holder_id(self, consumer: str, uid: str) -> str | None:
+        """Consumer id of the latest lease of `uid` for `consumer` (current or expired), if any."""
+        return self._last.get((consumer, uid))
+
+    def lease(self, lease_id: str) -> Lease | None:
+        return self._leases.get(lease_id)
+
+    def forget(self, consumer: str, uid: str) -> None:
+        """The record is finished for `consumer`: drop its holder history."""
+        self._last.pop((consumer, uid), None)
 
     def renew(self, lease_id: str, now: float) -> bool:
         lease = self._leases.get(lease_id)

@@ -22,7 +22,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from transfer_queue.codec import WireError, expect_map
+from transfer_queue.codec import MAX_COUNT, MAX_INT, WireError, check_int, check_seconds, expect_map
 from transfer_queue.records import Batch, QueueStats, SampleMeta
 
 DROP_CAUSES = ("stale", "failed", "filtered")
@@ -68,15 +68,18 @@ class GetRequest:
             else:
                 raise ValueError("get: give num_groups or num_samples, not both")
         n = self.num_groups if self.num_groups is not None else self.num_samples
-        if not isinstance(n, int) or n < 1:
-            raise ValueError(f"get: batch size must be >= 1, got {n!r}")
-        if self.fields is not None and (not isinstance(self.fields, list) or not all(isinstance(f, str) for f in self.fields)):
+        check_int(n, "get: batch size", 1, MAX_COUNT)
+        if not isinstance(self.consumer, str) or not isinstance(self.consumer_id, str) or len(self.consumer_id) > 1024:
+            raise ValueError("get: consumer and consumer_id must be strings")
+        if self.fields is not None and (not isinstance(self.fields, list) or len(self.fields) > MAX_COUNT
+                                        or not all(isinstance(f, str) for f in self.fields)):
             raise ValueError(f"get: fields must be a list of names, got {self.fields!r}")
-        for k in ("group_size", "max_staleness", "current_version", "max_version"):
-            if getattr(self, k) is not None and not isinstance(getattr(self, k), int):
-                raise ValueError(f"get: {k} must be an int")
-        if self.timeout is not None and (not isinstance(self.timeout, (int, float)) or self.timeout < 0):
-            raise ValueError(f"get: timeout must be >= 0 or None, got {self.timeout!r}")
+        check_int(self.group_size, "get: group_size", 1, MAX_COUNT, none_ok=True)
+        for k in ("max_staleness", "current_version", "max_version"):
+            check_int(getattr(self, k), f"get: {k}", 0, MAX_INT, none_ok=True)
+        check_seconds(self.timeout, "get: timeout")
+        if not isinstance(self.allow_partial, bool):
+            raise ValueError("get: allow_partial must be a bool")
         if self.max_staleness is not None and self.current_version is None:
             raise ValueError("get: max_staleness needs current_version")
 
@@ -103,32 +106,35 @@ class MetadataStore(ABC):
     consumer_groups: list[str]
 
     @abstractmethod
-    def put(self, samples: list[SampleMeta], timeout: float | None = None) -> None:
-        """Add records; waits while the queue is full; TimeoutError after `timeout`."""
+    def put(self, samples: list[SampleMeta], timeout: float | None = None, client_id: str = "") -> None:
+        """Add records produced by `client_id` (empty: host:pid); waits while the queue is full;
+        TimeoutError after `timeout`."""
 
     @abstractmethod
     def update(self, uid: str, handles: dict[str, dict[str, Any]], meta: dict[str, Any] | None = None,
-               seal: bool = True) -> None:
-        """Add fields (their handles) and metadata to a record already put."""
+               seal: bool = True, client_id: str = "") -> None:
+        """Add fields (their handles) and metadata to a record already put (by its producer or
+        lease holder only: `rules.may_act`; else PermissionError)."""
 
     @abstractmethod
     def get(self, req: GetRequest) -> Batch:
         """A leased batch of whole groups; empty when nothing fitted before the timeout."""
 
     @abstractmethod
-    def ack(self, consumer: str, uids: list[str]) -> int:
-        """Finish records for a consumer group; returns how many were newly acked."""
+    def ack(self, consumer: str, uids: list[str], client_id: str = "") -> int:
+        """Finish records for a consumer group; returns how many were newly acked. Only by the
+        producer or lease holder (`client_id`, empty: host:pid); else PermissionError."""
 
     @abstractmethod
-    def nack(self, consumer: str, lease_id: str, uids: list[str]) -> int:
+    def nack(self, consumer: str, lease_id: str, uids: list[str], client_id: str = "") -> int:
         """Give records back for redelivery now; returns how many were returned."""
 
     @abstractmethod
-    def drop(self, consumer: str, uids: list[str], cause: str) -> int:
+    def drop(self, consumer: str, uids: list[str], cause: str, client_id: str = "") -> int:
         """Finish records without training on them, counted under `cause`."""
 
     @abstractmethod
-    def renew(self, consumer: str, lease_id: str, uids: list[str]) -> bool:
+    def renew(self, consumer: str, lease_id: str, uids: list[str], client_id: str = "") -> bool:
         """Extend a lease (a consumer still working on a batch)."""
 
     @abstractmethod

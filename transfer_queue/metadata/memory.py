@@ -10,6 +10,13 @@ Per consumer group a record is in exactly one state:
                                                      ^----------'  (nack, lease expiry)
 so `put == acked + dropped + in flight` holds for every consumer group at any time.
 Ready groups are delivered oldest version first (ties: redeliveries, then arrival order).
+
+Ownership (`rules.may_act`): a record is updated or finished only by its producer (the
+`client_id` of its `put`) or its lease holder; anything else raises `PermissionError`,
+counted in `stats().not_owner`. Two live records never refer to the same memory
+(`storage.handles.identity`): a `put` or `update` whose handle points at memory a live
+record already holds is refused, so a forged or replayed handle cannot free another
+record's slot.
 """
 
 from __future__ import annotations
@@ -20,9 +27,10 @@ from collections import Counter, OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from transfer_queue.metadata.base import DROP_CAUSES, FreeHook, GetRequest, MetadataStore
+from transfer_queue.metadata.base import DROP_CAUSES, FreeHook, GetRequest, MetadataStore, default_consumer_id
 from transfer_queue.records import Batch, QueueStats, SampleMeta
-from transfer_queue.rules import BackPressure, LeaseTable
+from transfer_queue.rules import BackPressure, LeaseTable, may_act
+from transfer_queue.storage.handles import identity
 
 
 def _copy(s: SampleMeta) -> SampleMeta:
@@ -32,6 +40,8 @@ def _copy(s: SampleMeta) -> SampleMeta:
 @dataclass
 class _Entry:
     sample: SampleMeta
+    producer: str = ""
+    """Client id of the `put` (see `rules.may_act`)."""
     done: set[str] = field(default_factory=set)
     """Consumer groups that acked or dropped this record."""
 
@@ -60,10 +70,13 @@ class MemoryController(MetadataStore):
         self._dropped = {c: Counter({k: 0 for k in DROP_CAUSES}) for c in self.consumer_groups}
         self._redelivered = Counter({c: 0 for c in self.consumer_groups})
         self._staleness: dict[str, Counter] = {c: Counter() for c in self.consumer_groups}
+        self._memory: dict[tuple, str] = {}  # handle identity -> uid of the live record holding it
+        self._not_owner = 0
         self._t0 = time.monotonic()
 
     # ---- producers -------------------------------------------------------
-    def put(self, samples: list[SampleMeta], timeout: float | None = None) -> None:
+    def put(self, samples: list[SampleMeta], timeout: float | None = None, client_id: str = "") -> None:
+        producer = client_id or default_consumer_id()
         with self._cond:
             self._check_new(samples)
             self._space.reserve(len(samples), timeout)
@@ -73,7 +86,8 @@ class MemoryController(MetadataStore):
                 self._space.release(len(samples))
                 raise
             for s in samples:
-                self._records[s.uid] = _Entry(s)
+                self._hold(s.uid, s.handles.values())
+                self._records[s.uid] = _Entry(s, producer)
                 members = self._groups.setdefault(s.group_id, [])
                 members.append(s.uid)
                 if len(members) == s.group_size:
@@ -98,14 +112,41 @@ class MemoryController(MetadataStore):
                 raise ValueError(f"put: group {s.group_id!r} already has {size} records")
         if len({s.uid for s in samples}) != len(samples):
             raise ValueError("put: duplicate uids in one call")
+        self._check_memory([h for s in samples for h in s.handles.values()])
 
+    def _check_memory(self, handles: list[dict[str, Any]]) -> None:
+        ids = [i for i in map(identity, handles) if i is not None]
+        if len(set(ids)) != len(ids) or any(i in self._memory for i in ids):
+            raise ValueError("put: a handle refers to memory that another live record (or field) already holds")
+
+    def _hold(self, uid: str, handles: Any) -> None:
+        for h in handles:
+            i = identity(h)
+            if i is not None:
+                self._memory[i] = uid
+
+    def _release_memory(self, handles: Any) -> None:
+        for h in handles:
+            i = identity(h)
+            if i is not None:
+                self._memory.pop(i, None)
+
+    def _refuse(self, what: str, client_id: str) -> None:
+        self._not_owner += 1
+        raise PermissionError(f"{what}: client {client_id!r} is neither the producer nor the lease holder")
     def update(self, uid: str, handles: dict[str, dict[str, Any]], meta: dict[str, Any] | None = None,
-               seal: bool = True) -> None:
+               seal: bool = True, client_id: str = "") -> None:
+        client_id = client_id or default_consumer_id()
         with self._cond:
             entry = self._records.get(uid)
             if entry is None:
                 raise KeyError(f"update: no record {uid!r} in the queue")
+            if not any(may_act(client_id, entry.producer, self._leases.holder_id(c, uid)) for c in self.consumer_groups):
+                self._refuse(f"update of {uid!r}", client_id)
+            self._check_memory(list(handles.values()))
             old = [entry.sample.handles[k] for k in handles if k in entry.sample.handles]
+            self._release_memory(old)
+            self._hold(uid, handles.values())
             entry.sample.handles.update(handles)
             entry.sample.meta.update(meta or {})
             entry.sample.sealed = entry.sample.sealed or seal
@@ -203,18 +244,26 @@ class MemoryController(MetadataStore):
             avail.move_to_end(gid, last=False)  # redeliveries go first
         self._cond.notify_all()
 
-    def ack(self, consumer: str, uids: list[str]) -> int:
-        return self._settle(consumer, uids, None)
+    def ack(self, consumer: str, uids: list[str], client_id: str = "") -> int:
+        return self._settle(consumer, uids, None, client_id)
 
-    def drop(self, consumer: str, uids: list[str], cause: str) -> int:
+    def drop(self, consumer: str, uids: list[str], cause: str, client_id: str = "") -> int:
         if cause not in DROP_CAUSES:
             raise ValueError(f"drop: cause {cause!r} is not one of {DROP_CAUSES}")
-        return self._settle(consumer, uids, cause)
+        return self._settle(consumer, uids, cause, client_id)
 
-    def _settle(self, consumer: str, uids: list[str], cause: str | None) -> int:
+    def _owned(self, consumer: str, uids: Any, client_id: str, what: str) -> None:
+        """Raise (counted) unless `client_id` may act on every one of `uids` (call with the lock held)."""
+        for u in uids:
+            if not may_act(client_id, self._records[u].producer, self._leases.holder_id(consumer, u)):
+                self._refuse(f"{what} of {u!r} for {consumer!r}", client_id)
+
+    def _settle(self, consumer: str, uids: list[str], cause: str | None, client_id: str = "") -> int:
         self._check_consumer(consumer)
+        client_id = client_id or default_consumer_id()
         with self._cond:
             todo = [u for u in dict.fromkeys(uids) if u in self._records and consumer not in self._records[u].done]
+            self._owned(consumer, todo, client_id, "ack" if cause is None else "drop")
             if cause is None:
                 self._acked[consumer] += len(todo)
             else:
@@ -232,8 +281,10 @@ class MemoryController(MetadataStore):
         for u in uids:
             entry = self._records[u]
             entry.done.add(consumer)
+            self._leases.forget(consumer, u)
             if len(entry.done) == len(self.consumer_groups):
                 del self._records[u]
+                self._release_memory(entry.sample.handles.values())
                 gid = entry.sample.group_id
                 members = self._groups[gid]
                 members.remove(u)
@@ -246,15 +297,22 @@ class MemoryController(MetadataStore):
             self._space.release(n)
         return freed
 
-    def nack(self, consumer: str, lease_id: str, uids: list[str]) -> int:
+    def nack(self, consumer: str, lease_id: str, uids: list[str], client_id: str = "") -> int:
         self._check_consumer(consumer)
+        client_id = client_id or default_consumer_id()
         with self._cond:
+            self._owned(consumer, [u for u in dict.fromkeys(uids) if u in self._records and self._leases.holds(consumer, u)],
+                        client_id, "nack")
             back = self._leases.settle(consumer, uids)
             self._make_available(consumer, back)
             return len(back)
 
-    def renew(self, consumer: str, lease_id: str, uids: list[str]) -> bool:
+    def renew(self, consumer: str, lease_id: str, uids: list[str], client_id: str = "") -> bool:
+        client_id = client_id or default_consumer_id()
         with self._cond:
+            lease = self._leases.lease(lease_id)
+            if lease is not None and (lease.consumer != consumer or lease.consumer_id != client_id):
+                self._refuse(f"renew of lease {lease_id!r}", client_id)
             return self._leases.renew(lease_id, time.monotonic())
 
     def _check_consumer(self, consumer: str) -> None:
@@ -283,6 +341,6 @@ class MemoryController(MetadataStore):
                 capacity=self._space.capacity, resident=self._space.resident, put=self._put,
                 complete_groups=complete, depth={c: dict(depth[c]) for c in self.consumer_groups},
                 acked=dict(self._acked), dropped={c: dict(v) for c, v in self._dropped.items()},
-                redelivered=dict(self._redelivered),
+                redelivered=dict(self._redelivered), not_owner=self._not_owner,
                 staleness={c: dict(h) for c, h in self._staleness.items()},
                 rates={"put_per_s": self._put / up, "ack_per_s": sum(self._acked.values()) / up})

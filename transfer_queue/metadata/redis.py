@@ -20,7 +20,9 @@ and drops apply to whole groups. Oldest first and `max_version` apply to the ent
 client has read: an entry it read but did not deliver (newer than `max_version`, or a
 batch that did not fill before its timeout) stays leased to it ("parked", counted as
 leased in `stats`) and is offered first, oldest version first, at its next `get`; another
-consumer gets it only once that lease expires. Scripts touch keys they compute, so a single Redis
+consumer gets it only once that lease expires. Ownership (`client_id` of
+update/ack/drop/nack/renew) is not enforced by this backend yet: Redis itself must be
+reachable only by the run. Scripts touch keys they compute, so a single Redis
 (not Redis Cluster) is assumed. Back-pressure polls: `put` retries every few ms while full.
 """
 
@@ -193,7 +195,7 @@ class RedisController(MetadataStore):
         self.r.setnx(self.p + "t0", time.time())
 
     # ---- producers -------------------------------------------------------
-    def put(self, samples: list[SampleMeta], timeout: float | None = None) -> None:
+    def put(self, samples: list[SampleMeta], timeout: float | None = None, client_id: str = "") -> None:
         if len(samples) > self.config.capacity:
             raise ValueError(f"put of {len(samples)} records exceeds queue.capacity={self.config.capacity}")
         args: list[Any] = [self.p, self.config.capacity, len(samples)]
@@ -208,7 +210,7 @@ class RedisController(MetadataStore):
             pause = min(pause * 2, 0.02)
 
     def update(self, uid: str, handles: dict[str, dict[str, Any]], meta: dict[str, Any] | None = None,
-               seal: bool = True) -> None:
+               seal: bool = True, client_id: str = "") -> None:
         for _ in range(100):  # optimistic: retry if another writer changed the record meanwhile
             gid = self.r.get(self.p + f"idx:{uid}")
             blob, version = self.r.hmget(self.p + f"grp:{gid.decode()}", f"r:{uid}", f"v:{uid}") if gid else (None, None)
@@ -309,10 +311,10 @@ class RedisController(MetadataStore):
         groups = self._load_script(args=[self.p, *[fields[b"gid"] for _, fields in entries]])
         return [[_sample(b) for b in blobs] for blobs in groups]
 
-    def ack(self, consumer: str, uids: list[str]) -> int:
+    def ack(self, consumer: str, uids: list[str], client_id: str = "") -> int:
         return self._settle(consumer, uids, "")
 
-    def drop(self, consumer: str, uids: list[str], cause: str) -> int:
+    def drop(self, consumer: str, uids: list[str], cause: str, client_id: str = "") -> int:
         if cause not in DROP_CAUSES:
             raise ValueError(f"drop: cause {cause!r} is not one of {DROP_CAUSES}")
         return self._settle(consumer, uids, cause)
@@ -325,14 +327,14 @@ class RedisController(MetadataStore):
             self.on_free([h for b in out[1:] for h in _sample(b).handles.values()])
         return int(out[0])
 
-    def nack(self, consumer: str, lease_id: str, uids: list[str]) -> int:
+    def nack(self, consumer: str, lease_id: str, uids: list[str], client_id: str = "") -> int:
         me, _, ids = lease_id.partition("|")
         if not ids:
             return 0
         claimed = self.r.xclaim(self.p + "stream", consumer, me, 0, ids.split(","), idle=self._lease_ms + 1, justid=True)
         return len(claimed)
 
-    def renew(self, consumer: str, lease_id: str, uids: list[str]) -> bool:
+    def renew(self, consumer: str, lease_id: str, uids: list[str], client_id: str = "") -> bool:
         me, _, ids = lease_id.partition("|")
         parked = list(self._parked.get(consumer, {}))
         if parked:

@@ -8,7 +8,8 @@ from transfer_queue.storage.base import Handle, StoragePlane, inline_bytes
 
 def make_storage(config: TransferQueueConfig, storage_address: str | None = None) -> StoragePlane:
     """The plane named by `config.storage`; heavy imports (zmq, nixl) only for the chosen one."""
-    kw = {"max_tensor_bytes": config.max_tensor_bytes, "inline_max_bytes": config.inline_max_bytes}
+    kw = {"max_tensor_bytes": config.max_tensor_bytes, "inline_max_bytes": config.inline_max_bytes,
+          "secret": config.secret, "max_frame_bytes": config.max_frame_bytes}
     if config.storage == "local":
         from transfer_queue.storage.local import LocalStorage
 
@@ -22,7 +23,7 @@ def make_storage(config: TransferQueueConfig, storage_address: str | None = None
         from transfer_queue.storage.zmq import ZmqStorage
 
         address = config.storage_address if storage_address is None else storage_address
-        return ZmqStorage(address=address, bind_host=config.bind_host, **kw)
+        return ZmqStorage(address=address, bind_host=config.bind_host, data_max_frame_bytes=config.data_max_frame_bytes, **kw)
     if config.storage == "nixl":
         from transfer_queue.storage.nixl import NixlStorage
 

@@ -4,16 +4,21 @@ Planes whose memory is expensive to obtain per tensor (tmpfs page faults for `sh
 NIXL registration for `nixl`) copy each tensor into a slot of an arena that lives in the
 producer. A slot is freed when the controller says every consumer group acked its
 record: the controller's process sends the slot offsets to the producer's `FreeEndpoint`
-(a ZeroMQ PULL socket), and `Arena.release` makes them reusable.
+(a ZeroMQ PULL socket), and `Arena.release` makes them reusable. An arena releases only
+what it allocated: the exact offset, its length and the allocation's random `slot` number
+(carried by the handle); anything else (a forged or replayed free) is counted in
+`rejected` and frees nothing.
 
 Trace (arena of 1 MiB, 256-byte alignment):
-    alloc(300 KiB) -> 0          alloc(600 KiB) -> 307200
+    alloc(300 KiB) -> (0, s1)    alloc(600 KiB) -> (307200, s2)
     alloc(200 KiB) -> waits      (only 124 KiB left)
-    release(0)     -> the waiter gets offset 0
+    release(0, 300 KiB, s2) -> refused, counted (not that allocation)
+    release(0, 300 KiB, s1) -> the waiter gets offset 0
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Callable
@@ -21,6 +26,7 @@ from typing import Callable
 import numpy as np
 import zmq
 
+from transfer_queue import auth
 from transfer_queue.codec import WireError, pack, unpack
 
 ALIGN = 256
@@ -37,10 +43,13 @@ class Arena:
         self.buf = buf
         self.what = what
         self._free: list[tuple[int, int]] = [(0, len(buf))]  # sorted (offset, length)
-        self._used: dict[int, int] = {}
+        self._used: dict[int, tuple[int, int]] = {}  # offset -> (aligned length, slot number)
         self._cond = threading.Condition()
+        self.rejected = 0
+        """Releases that matched no live allocation exactly (refused, nothing freed)."""
 
-    def alloc(self, n: int, timeout: float) -> int:
+    def alloc(self, n: int, timeout: float) -> tuple[int, int]:
+        """(offset, slot number) of `n` bytes; the slot number must come back with the release."""
         n = aligned(n)
         if n > len(self.buf):
             raise ValueError(f"tensor of {n} bytes exceeds {self.what}={len(self.buf)}")
@@ -50,16 +59,19 @@ class Arena:
                 for i, (off, length) in enumerate(self._free):
                     if length >= n:
                         self._free[i:i + 1] = [(off + n, length - n)] if length > n else []
-                        self._used[off] = n
-                        return off
+                        slot = int.from_bytes(os.urandom(8), "little") >> 1
+                        self._used[off] = (n, slot)
+                        return off, slot
                 if not self._cond.wait(max(deadline - time.monotonic(), 0)):
                     raise TimeoutError(f"arena full ({self.used} of {len(self.buf)} bytes, {self.what}) for {timeout}s")
 
-    def release(self, off: int) -> None:
+    def release(self, off: int, nbytes: int, slot: int) -> bool:
+        """Free the allocation at `off` if it is exactly (`nbytes`, `slot`); else count and refuse."""
         with self._cond:
-            n = self._used.pop(off, None)
-            if n is None:
-                return  # freed twice (a late duplicate): nothing left to do
+            if self._used.get(off) != (aligned(nbytes), slot):
+                self.rejected += 1
+                return False
+            n, _ = self._used.pop(off)
             self._free.append((off, n))
             self._free.sort()
             merged = [self._free[0]]
@@ -70,21 +82,23 @@ class Arena:
                     merged.append((o, length))
             self._free = merged
             self._cond.notify_all()
+            return True
 
     @property
     def used(self) -> int:
         with self._cond:
-            return sum(self._used.values())
+            return sum(n for n, _ in self._used.values())
 
 
 class FreeEndpoint:
-    """PULL socket on a thread: each message is a msgpack list of offsets to release.
-    Malformed messages are counted in `rejected` and ignored."""
+    """PULL socket on a thread: each message is a msgpack list of [offset, nbytes, slot] to release.
+    Malformed messages are counted in `rejected` and ignored (refused releases: `Arena.rejected`)."""
 
-    def __init__(self, release: Callable[[int], None], bind_host: str) -> None:
+    def __init__(self, release: Callable[[int, int, int], bool], bind_host: str, secret: str = "",
+                 max_frame_bytes: int = 1 << 24) -> None:
         self._ctx = zmq.Context()
-        sock = self._ctx.socket(zmq.PULL)
-        sock.setsockopt(zmq.LINGER, 0)
+        self.gate = auth.Gate(self._ctx, secret)
+        sock = self.gate.server(self._ctx.socket(zmq.PULL), max_frame_bytes)
         self.address = f"tcp://{bind_host}:{sock.bind_to_random_port(f'tcp://{bind_host}')}"
         self.rejected = 0
         self._release = release
@@ -98,18 +112,20 @@ class FreeEndpoint:
                 continue
             try:
                 msg = unpack(sock.recv(), 1 << 24)
-                if not isinstance(msg, list) or not all(isinstance(o, int) and not isinstance(o, bool) for o in msg):
-                    raise WireError("free: expected a list of offsets")
+                if not isinstance(msg, list) or not all(
+                        isinstance(e, list) and len(e) == 3 and all(type(x) is int and x >= 0 for x in e) for e in msg):
+                    raise WireError("free: expected a list of [offset, nbytes, slot]")
             except WireError:
                 self.rejected += 1
                 continue
-            for off in msg:
-                self._release(off)
+            for off, n, slot in msg:
+                self._release(off, n, slot)
         sock.close(0)
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
+        self.gate.close()
         self._ctx.term()
 
 
@@ -120,17 +136,19 @@ class FreeSender:
     slots anyway, so once its socket's queue is full further frees to it are dropped and
     counted in `undelivered`."""
 
-    def __init__(self) -> None:
+    def __init__(self, secret: str = "", max_frame_bytes: int = 1 << 24) -> None:
         self._ctx = zmq.Context()
+        self._secret, self._max_frame = secret, max_frame_bytes
         self._socks: dict[str, zmq.Socket] = {}
         self._lock = threading.Lock()
         self.undelivered = 0
 
-    def send(self, by_endpoint: dict[str, list[int]]) -> None:
+    def send(self, by_endpoint: dict[str, list[list[int]]]) -> None:
+        """`by_endpoint`: free address -> [[offset, nbytes, slot], ...]."""
         with self._lock:
             for addr, offs in by_endpoint.items():
                 if addr not in self._socks:
-                    s = self._ctx.socket(zmq.PUSH)
+                    s = auth.client(self._ctx.socket(zmq.PUSH), self._secret, self._max_frame)
                     s.setsockopt(zmq.LINGER, 2000)
                     s.connect(addr)
                     self._socks[addr] = s

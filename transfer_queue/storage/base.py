@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from transfer_queue.codec import WireError, check_header, from_buffer, tensor_header, to_numpy
+from transfer_queue.storage.handles import check_handle
 
 Handle = dict[str, Any]
 
@@ -32,9 +33,23 @@ class StoragePlane(ABC):
     """Tensor bytes that `read` delivered in this process, every plane together (inline ones
     included): what a process that must never receive trajectory tensors checks."""
 
-    def __init__(self, inline_max_bytes: int = 1024, max_tensor_bytes: int = 4 << 30) -> None:
+    def __init__(self, inline_max_bytes: int = 1024, max_tensor_bytes: int = 4 << 30, secret: str = "",
+                 max_frame_bytes: int = 64 << 20) -> None:
         self.inline_max_bytes = inline_max_bytes
         self.max_tensor_bytes = max_tensor_bytes
+        self.secret = secret
+        """`queue.secret`: CURVE keys of every socket this plane opens ('' for none)."""
+        self.max_frame_bytes = max_frame_bytes
+        """`queue.max_frame_bytes`: limit of this plane's control sockets (free endpoints)."""
+
+    def check(self, h: Any) -> Handle:
+        """`h` if it is a well-formed handle of this plane (or inline) that `verify` accepts; else WireError."""
+        self.verify(check_handle(h, self.kind, self.max_tensor_bytes))
+        return h
+
+    def verify(self, h: Handle) -> None:
+        """Plane-specific check that a well-formed handle refers to memory this plane's producers
+        allocated, as far as this process can see (default: nothing more to see)."""
 
     def write(self, uid: str, tensors: dict[str, Any]) -> dict[str, Handle]:
         """Store every field of one record; returns field -> handle."""
@@ -55,12 +70,10 @@ class StoragePlane(ABC):
         out: list[np.ndarray | None] = [None] * len(handles)
         remote = []
         for i, h in enumerate(handles):
-            if h.get("plane") == "inline":
+            check_handle(h, self.kind, self.max_tensor_bytes)
+            if h["plane"] == "inline":
                 out[i] = from_buffer(h, h["data"], self.max_tensor_bytes)
-            elif h.get("plane") != self.kind:
-                raise WireError(f"handle of plane {h.get('plane')!r} given to the {self.kind!r} plane")
             else:
-                check_header(h, self.max_tensor_bytes)
                 remote.append(i)
         if remote:
             for i, arr in zip(remote, self._read([handles[i] for i in remote])):

@@ -53,7 +53,7 @@ class NixlStorage(StoragePlane):
         self._meta = b""
         self._peers: set[str] = set()
         self._endpoint: FreeEndpoint | None = None
-        self._sender = FreeSender()
+        self._sender = FreeSender(self.secret, self.max_frame_bytes)
 
     def _agent_(self) -> Any:
         if self._agent is None:
@@ -68,7 +68,7 @@ class NixlStorage(StoragePlane):
             agent = self._agent_()
             agent.register_memory(agent.get_reg_descs([(arena.buf.ctypes.data, len(arena.buf), 0, "")], "DRAM"))
             self._meta = agent.get_agent_metadata()
-            self._endpoint = FreeEndpoint(arena.release, self.bind_host)
+            self._endpoint = FreeEndpoint(arena.release, self.bind_host, self.secret, self.max_frame_bytes)
             self._arena = arena
         return self._arena
 
@@ -77,13 +77,13 @@ class NixlStorage(StoragePlane):
             arena = self._producer()
         out = {}
         for name, (arr, tag) in arrays.items():
-            off = arena.alloc(arr.nbytes, self.timeout_s)
+            off, slot = arena.alloc(arr.nbytes, self.timeout_s)
             np.copyto(arena.buf[off:off + arr.nbytes], arr.reshape(-1).view(np.uint8))
             addr = arena.buf.ctypes.data + off
             with self._lock:
                 descs = self._agent.get_serialized_descs(self._agent.get_xfer_descs([(addr, arr.nbytes, 0)], "DRAM"))
             out[name] = handle_of(self.kind, arr, tag, agent=self.name, md=self._meta, descs=descs, addr=addr,
-                                  offset=off, free=self._endpoint.address)  # type: ignore[union-attr]
+                                  offset=off, slot=slot, free=self._endpoint.address)  # type: ignore[union-attr]
         return out
 
     def _read(self, handles: list[Handle]) -> list[np.ndarray]:
@@ -122,9 +122,9 @@ class NixlStorage(StoragePlane):
         return out
 
     def _free(self, handles: list[Handle]) -> None:
-        slots: dict[str, list[int]] = {}
+        slots: dict[str, list[list[int]]] = {}
         for h in handles:
-            slots.setdefault(str(h.get("free")), []).append(int(h["offset"]))
+            slots.setdefault(str(h.get("free")), []).append([int(h["offset"]), int(h["nbytes"]), int(h["slot"])])
         self._sender.send(slots)
 
     def arena_used(self) -> int:

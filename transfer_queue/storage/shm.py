@@ -13,6 +13,12 @@ arena layout a slot is reused once its record is acked by every consumer group, 
 view is valid until the batch is acked; copy what you keep longer. It does not use
 `multiprocessing.shared_memory`, whose resource tracker unlinks segments when the
 creating process exits.
+
+Cleanup: a producer's arena file is removed when the producer closes its plane or exits
+(`weakref.finalize`, which also runs at interpreter exit), and a producer that creates its
+arena first removes this run's arena files whose owner pid (in the name
+`tq-<run>-<pid>-<rand>-arena`) is dead. One-file-per-tensor segments are meant to outlive
+their producer; `sweep()` removes those when asked.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ from __future__ import annotations
 import itertools
 import mmap
 import os
+import stat
 import threading
+import weakref
 
 import numpy as np
 
@@ -44,16 +52,18 @@ class ShmStorage(StoragePlane):
         self._arena: Arena | None = None
         self._arena_path = ""
         self._endpoint: FreeEndpoint | None = None
-        self._sender = FreeSender()
+        self._sender = FreeSender(self.secret, self.max_frame_bytes)
         self._maps: dict[str, mmap.mmap] = {}
 
     def _producer_arena(self) -> Arena:
         with self._lock:
             if self._arena is None:
+                self.sweep(arenas_only=True)
                 self._arena_path = os.path.join(self.dir, f"{self.prefix}arena")
                 mm = self._create(self._arena_path, self.arena_bytes)
+                self._finalizer = weakref.finalize(self, _unlink, self._arena_path)
                 arena = Arena(np.frombuffer(mm, dtype=np.uint8), "queue.shm_arena_bytes")
-                self._endpoint = FreeEndpoint(arena.release, self.bind_host)
+                self._endpoint = FreeEndpoint(arena.release, self.bind_host, self.secret, self.max_frame_bytes)
                 self._arena = arena
             return self._arena
 
@@ -72,9 +82,9 @@ class ShmStorage(StoragePlane):
             src = arr.reshape(-1).view(np.uint8)
             if self.arena_bytes:
                 arena = self._producer_arena()
-                off = arena.alloc(arr.nbytes, self.timeout_s)
+                off, slot = arena.alloc(arr.nbytes, self.timeout_s)
                 np.copyto(arena.buf[off:off + arr.nbytes], src)
-                out[name] = handle_of(self.kind, arr, tag, path=self._arena_path, offset=off,
+                out[name] = handle_of(self.kind, arr, tag, path=self._arena_path, offset=off, slot=slot,
                                       free=self._endpoint.address)  # type: ignore[union-attr]
                 continue
             path = os.path.join(self.dir, f"{self.prefix}{next(self._ids)}")
@@ -114,12 +124,34 @@ class ShmStorage(StoragePlane):
         finally:
             os.close(fd)
 
+    def verify(self, h: Handle) -> None:
+        """The file exists under `shm_dir` with this run's prefix, is a regular file of ours, and
+        holds the bytes the handle names (the whole file, or the slot inside the arena)."""
+        if h["plane"] == "inline":
+            return
+        path = self._path(h)
+        if not os.path.basename(path).startswith(self.run_prefix):
+            raise WireError(f"shm handle path {path!r} is not a file of run prefix {self.run_prefix!r}")
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            raise WireError(f"shm handle path {path!r} does not exist") from None
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            raise WireError(f"shm handle path {path!r} is not a regular file of this user")
+        if "offset" in h:
+            if not path.endswith("-arena") or h["offset"] + h["nbytes"] > st.st_size:
+                raise WireError(f"shm handle: slot {h['offset']}+{h['nbytes']} is outside arena {path!r}")
+        elif path.endswith("-arena") or st.st_size != h["nbytes"]:
+            raise WireError(f"shm handle: {path!r} has {st.st_size} bytes, handle says {h['nbytes']}")
+
     def _free(self, handles: list[Handle]) -> None:
-        slots: dict[str, list[int]] = {}
+        slots: dict[str, list[list[int]]] = {}
         for h in handles:
             if "offset" in h:
-                slots.setdefault(str(h.get("free")), []).append(int(h["offset"]))
+                slots.setdefault(str(h.get("free")), []).append([int(h["offset"]), int(h["nbytes"]), int(h["slot"])])
                 continue
+            if self._path(h).endswith("-arena"):
+                continue  # an arena is removed by its producer only
             try:
                 os.unlink(self._path(h))
             except FileNotFoundError:  # freed twice (a late duplicate): nothing left to do
@@ -141,12 +173,13 @@ class ShmStorage(StoragePlane):
         """Bytes of tmpfs held by this run's files (every producer), for the benchmark."""
         return sum(e.stat().st_blocks * 512 for e in os.scandir(self.dir) if e.name.startswith(self.run_prefix))
 
-    def sweep(self) -> int:
+    def sweep(self, arenas_only: bool = False) -> int:
         """Remove this run's files left by producers that are gone (a killed process cannot unlink
-        its arena); returns how many. Call it when nothing of the run's queue will be read again."""
+        its arena); returns how many. Call it when nothing of the run's queue will be read again
+        (`arenas_only`: only arenas, whose slots can never be freed once their producer is gone)."""
         removed = 0
         for e in os.scandir(self.dir):
-            if not e.name.startswith(self.run_prefix):
+            if not e.name.startswith(self.run_prefix) or (arenas_only and not e.name.endswith("-arena")):
                 continue
             pid = e.name[len(self.run_prefix):].split("-", 1)[0]
             if pid.isdigit() and not _alive(int(pid)):
@@ -161,8 +194,22 @@ class ShmStorage(StoragePlane):
         """Stop serving frees and remove this producer's arena file (consumers keep what they mapped)."""
         if self._endpoint is not None:
             self._endpoint.close()
-            os.unlink(self._arena_path)
+            self._finalizer()
         self._sender.close()
+
+    @property
+    def rejected_frees(self) -> int:
+        """Frees of this producer's arena refused: malformed, or not an allocation it made."""
+        if self._endpoint is None or self._arena is None:
+            return 0
+        return self._endpoint.rejected + self._arena.rejected
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _alive(pid: int) -> bool:

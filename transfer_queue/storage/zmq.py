@@ -10,6 +10,10 @@ received frames.
 Wire (after the ROUTER identity): [msgpack header, data frame, ...]; header
 `{"op": "put"|"get"|"free"|"stats", "keys": [...]}`. Anything else (garbage, truncated,
 too many or too big frames) is rejected, counted in `rejected`, and answered with an error.
+The unit holds each key once: a `put` under a key it already holds is refused (nobody
+overwrites a record's bytes), and a `free` of a key it does not hold frees nothing and is
+counted. Frames over `queue.data_max_frame_bytes` close the sender's connection before they
+are buffered; with `queue.secret` the unit is a CURVE server (see `transfer_queue/auth.py`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 import numpy as np
 import zmq
 
+from transfer_queue import auth
 from transfer_queue.codec import WireError, from_buffer, pack, unpack
 from transfer_queue.storage.base import Handle, StoragePlane, handle_of
 
@@ -32,11 +37,13 @@ class ZmqStorageUnit:
     """Example: `unit = ZmqStorageUnit(); plane = ZmqStorage(address=unit.address)`."""
 
     def __init__(self, bind_host: str = "127.0.0.1", port: int = 0, max_message_bytes: int = 16 << 20,
-                 max_tensor_bytes: int = 4 << 30) -> None:
+                 max_tensor_bytes: int = 4 << 30, secret: str = "", max_frame_bytes: int = (4 << 30) + (1 << 20),
+                 max_keys: int = 1 << 16) -> None:
         self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, max_tensor_bytes)
+        self.gate = auth.Gate(self._ctx, secret)
+        self._sock = self.gate.server(self._ctx.socket(zmq.ROUTER), max_frame_bytes)
+        self.max_keys = max_keys
+        """Keys (frames) of one request at most."""
         if port:
             self._sock.bind(f"tcp://{bind_host}:{port}")
         else:
@@ -69,6 +76,7 @@ class ZmqStorageUnit:
             if reply is not None:
                 self._sock.send_multipart([ident, *reply], copy=False)
         self._sock.close(0)
+        self.gate.close()
         self._ctx.term()
 
     def _handle(self, frames: list[zmq.Frame]) -> list[Any] | None:
@@ -77,13 +85,23 @@ class ZmqStorageUnit:
         req = unpack(frames[0].buffer, self.max_message_bytes)
         if not isinstance(req, dict) or req.get("op") not in _OPS:
             raise WireError("header must be a map with op in put/get/free/stats")
+        if set(req) - {"op", "keys"}:
+            raise WireError(f"header: unknown fields {sorted(set(req) - {'op', 'keys'})}")
         keys = req.get("keys", [])
-        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
-            raise WireError("keys must be a list of strings")
+        if not isinstance(keys, list) or len(keys) > self.max_keys or not all(
+                isinstance(k, str) and 0 < len(k) <= 256 for k in keys):
+            raise WireError(f"keys must be a list of at most {self.max_keys} non-empty strings of <= 256 chars")
+        if len(set(keys)) != len(keys):
+            raise WireError("keys: duplicates in one request")
         op, data = req["op"], frames[1:]
+        if op != "put" and data:
+            raise WireError(f"{op}: {len(data)} unexpected data frames")
         if op == "put":
             if len(data) != len(keys):
                 raise WireError(f"put: {len(keys)} keys but {len(data)} data frames")
+            taken = [k for k in keys if k in self._frames]
+            if taken:
+                raise WireError(f"put: keys {taken[:3]} are already held (a key is written once)")
             self._frames.update(zip(keys, data))
             return [pack({"ok": True})]
         if op == "get":
@@ -92,10 +110,14 @@ class ZmqStorageUnit:
                 raise WireError(f"get: unknown keys {missing[:3]}")
             return [pack({"ok": True}), *[self._frames[k] for k in keys]]
         if op == "free":
+            unknown = [k for k in keys if k not in self._frames]
             for k in keys:
                 self._frames.pop(k, None)
+            if unknown:  # counted, never answered: frees are one-way
+                self.rejected += 1
             return None
-        return [pack({"ok": True, "count": len(self._frames), "nbytes": self.nbytes, "rejected": self.rejected})]
+        return [pack({"ok": True, "count": len(self._frames), "nbytes": self.nbytes, "rejected": self.rejected,
+                      "auth_refused": self.gate.refused, "handshake_failed": self.gate.handshake_failed})]
 
     def close(self) -> None:
         self._stop.set()
@@ -105,8 +127,10 @@ class ZmqStorageUnit:
 class ZmqStorage(StoragePlane):
     kind = "zmq"
 
-    def __init__(self, address: str = "", bind_host: str = "127.0.0.1", timeout_s: float = 120.0, **kw) -> None:
+    def __init__(self, address: str = "", bind_host: str = "127.0.0.1", timeout_s: float = 120.0,
+                 data_max_frame_bytes: int = (4 << 30) + (1 << 20), **kw) -> None:
         super().__init__(**kw)
+        self.data_max_frame_bytes = data_max_frame_bytes
         self._unit: ZmqStorageUnit | None = None
         self._address = address
         """The unit this plane writes to: `address`, or (empty) its own, started on first write or `address()`,
@@ -123,14 +147,15 @@ class ZmqStorage(StoragePlane):
     def address(self) -> str:
         with self._unit_lock:
             if not self._address:
-                self._unit = ZmqStorageUnit(self._bind_host, max_tensor_bytes=self.max_tensor_bytes)
+                self._unit = ZmqStorageUnit(self._bind_host, max_tensor_bytes=self.max_tensor_bytes, secret=self.secret,
+                                            max_frame_bytes=self.data_max_frame_bytes)
                 self._address = self._unit.address
         return self._address
 
     def _sock(self, address: str) -> zmq.Socket:
         socks = self._local.__dict__.setdefault("socks", {})
         if address not in socks:
-            s = self._ctx.socket(zmq.DEALER)
+            s = auth.client(self._ctx.socket(zmq.DEALER), self.secret, self.data_max_frame_bytes)
             s.setsockopt(zmq.LINGER, 1000)
             s.connect(address)
             socks[address] = s
