@@ -63,6 +63,7 @@ def train(args: list[str]) -> int:
     from asyncrl.controller import Pipeline
     from asyncrl.launch import build
     from asyncrl.metrics import MetricsLogger
+    from asyncrl.trainer.handle import TrainerDied
 
     try:
         parts = build(cfg)
@@ -71,20 +72,35 @@ def train(args: list[str]) -> int:
         raise
     metrics = MetricsLogger(cfg.logging, run_dir, to_dict(cfg))
     metrics.artifact(run_dir / "config.yaml")
-    pipeline = Pipeline(cfg, parts, run_dir, metrics)
+    restarts = 0
+    while True:
+        pipeline = Pipeline(cfg, parts, run_dir, metrics)
 
-    async def go() -> dict:
+        async def go() -> dict:
+            try:
+                return await pipeline.run()
+            finally:
+                await parts.close()
+
         try:
-            return await pipeline.run()
-        finally:
-            await parts.close()
-
-    try:
-        summary = asyncio.run(go())
-    except BaseException as e:
-        write_status(run_dir, state="failed", step=pipeline.step, error=f"{type(e).__name__}: {e}"[:500])
-        metrics.close("FAILED" if not isinstance(e, KeyboardInterrupt) else "KILLED")
-        raise
+            summary = asyncio.run(go())
+            break
+        except TrainerDied as e:  # restart every process of the run from its last checkpoint, as resume=true
+            if restarts < cfg.trainer.max_restarts:
+                restarts += 1
+                print(f"asyncrl: {e}; restarting from the last checkpoint ({restarts} of trainer.max_restarts="
+                      f"{cfg.trainer.max_restarts})", file=sys.stderr, flush=True)
+                cfg.resume = True
+                parts = build(cfg)
+                continue
+            write_status(run_dir, state="failed", step=pipeline.step, error=f"{type(e).__name__}: {e}"[:500])
+            metrics.close("FAILED")
+            raise
+        except BaseException as e:
+            write_status(run_dir, state="failed", step=pipeline.step, error=f"{type(e).__name__}: {e}"[:500])
+            metrics.close("FAILED" if not isinstance(e, KeyboardInterrupt) else "KILLED")
+            raise
+    summary["trainer_restarts"] = restarts
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     metrics.artifact(run_dir / "summary.json")
     metrics.artifact(run_dir / "reward_curve.png")

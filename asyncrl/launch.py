@@ -12,6 +12,8 @@ process then holds metadata only: it never reads a trajectory tensor and holds n
 from __future__ import annotations
 
 import dataclasses
+import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -175,12 +177,22 @@ def local_fleets(cfg: Config, model_path: str, spec: HostSpec, tokenizer: Any, s
     return spawn
 
 
+def share_run_secret(cfg: Config) -> None:
+    """One secret per run on every socket the planes open (queue controller, storage units, weight
+    senders): `queue.secret` or `weights.secret` if set (either names it for both), else
+    `ASYNCRL_SECRET`, else a fresh random one. It travels to the run's processes inside their
+    configs and is never written to the run directory (the resolved config is saved before)."""
+    secret = cfg.queue.secret or cfg.weights.secret or os.environ.get("ASYNCRL_SECRET", "") or secrets.token_hex(16)
+    cfg.queue.secret = cfg.weights.secret = secret
+
+
 def build(cfg: Config) -> Components:
     from transformers import AutoTokenizer
     from transfer_queue import make_storage
 
     from asyncrl.batching import PlanBuilder
 
+    share_run_secret(cfg)
     model_path = resolve_model_path(cfg)
     tok = AutoTokenizer.from_pretrained(model_path)
     if tok.eos_token_id is None:

@@ -14,7 +14,9 @@ that imports ray.
     outcome = group.publish(1, ["main-0"])                # the ranks stream to the servers' receivers
     group.close()
 
-Not here yet: restarting a dead rank (a failure raises in the caller).
+A rank that dies fails the verb in flight with `TrainerDied` (the other ranks are killed: they
+would wait for it in a collective); `asyncrl train` then restarts the run's processes from the last
+checkpoint (`trainer.max_restarts`).
 """
 
 from __future__ import annotations
@@ -24,15 +26,17 @@ import os
 from typing import Any
 
 import ray
+from ray.exceptions import RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from asyncrl.config import AlgorithmConfig, TrainerConfig
+from asyncrl.trainer.handle import TrainerDied
 from asyncrl.trainer.plan import BatchPlan
 from asyncrl.trainer.rank import merge_outcomes
 
 
-class _Worker:
+class TrainerRankShell:
     """One rank. Built empty; `setup` joins the process group, loads the model, opens the planes."""
 
     def __init__(self, rank: int, world_size: int) -> None:
@@ -84,7 +88,7 @@ class _Worker:
             self.trainer = None
 
 
-TrainerWorker = ray.remote(_Worker)
+TrainerWorker = ray.remote(TrainerRankShell)
 """The Ray actor class of one rank."""
 
 
@@ -132,7 +136,26 @@ class TrainerGroup:
         """Where servers join the weight plane: rank 0's sender, or every rank's (sharded publish)."""
 
     def _all(self, verb: str, *args: Any) -> list[Any]:
-        return ray.get([getattr(w, verb).remote(*args) for w in self.workers])
+        """`verb` on every rank; results in rank order. A rank that dies fails the verb at once:
+        its peers would wait in a collective for it (gloo's timeout is 30 min), so every rank is
+        killed and `TrainerDied` raised (the run restarts from its last checkpoint)."""
+        refs = [getattr(w, verb).remote(*args) for w in self.workers]
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(ready[0])
+            except RayActorError as exc:
+                rank = refs.index(ready[0])
+                self._kill()
+                raise TrainerDied(f"trainer rank {rank} died during {verb}: {type(exc).__name__}") from exc
+        return ray.get(refs)
+
+    def _kill(self) -> None:
+        for w in self.workers:
+            ray.kill(w, no_restart=True)
+        self.workers = []
+        remove_placement_group(self.placement)
 
     def train(self, plan: BatchPlan | bytes) -> dict[str, float]:
         data = plan.to_bytes() if isinstance(plan, BatchPlan) else plan
@@ -161,8 +184,6 @@ class TrainerGroup:
             return
         try:
             self._all("close")
-        finally:
-            for w in self.workers:
-                ray.kill(w)
-            self.workers = []
-            remove_placement_group(self.placement)
+        except TrainerDied:  # deliberate: a dead group is closed (`_all` killed the rest)
+            return
+        self._kill()

@@ -17,6 +17,11 @@ import asyncio
 from typing import Any
 
 
+class TrainerDied(RuntimeError):
+    """A trainer rank's process is gone (or the group was torn down because one was): the run
+    restarts its processes from the last checkpoint (`trainer.max_restarts`)."""
+
+
 class TrainerHandle:
     def __init__(self, impl: Any) -> None:
         self.impl = impl
