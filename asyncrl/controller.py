@@ -240,8 +240,7 @@ class Pipeline:
         self._tokens_at_start = self.trained_tokens
         await self.publish()  # servers start from the trainer's exact weights at this version
         if not resumed:
-            skipped = {f"data/skipped_{split}_{why}": n for split, ps in (("train", self.parts.task.train), ("eval", self.parts.task.eval))
-                       for why, n in ps.skipped.items()}
+            skipped = {f"data/skipped_{split}_{why}": n for split, rows in self._skipped_rows().items() for why, n in rows.items()}
             self.metrics.log(0, {**await self.evaluate(), **skipped})
         progress = Progress(self.cfg.trainer.total_steps, start=self.step, enabled=self.cfg.logging.progress)
         progress.update(self.step, {"eval/reward": self.curve[-1][1]} if self.curve else {})
@@ -264,6 +263,11 @@ class Pipeline:
             self._audit.close()
         return self.summary(resumed)
 
+    def _skipped_rows(self) -> dict[str, dict[str, int]]:
+        """Data rows skipped at load, by split and reason (none for a pipeline built without a task: benchmarks)."""
+        task = self.parts.task
+        return {} if task is None else {"train": dict(task.train.skipped), "eval": dict(task.eval.skipped)}
+
     def summary(self, resumed: bool) -> dict[str, Any]:
         plot_curve(self.run_dir, self.curve, f"{self.cfg.trainer.mode}: held-out reward")
         pm = self._pipeline_metrics()
@@ -279,7 +283,7 @@ class Pipeline:
             "drops": dict(self.staleness.dropped),
             "reward_failures": self.rollouter.reward_failures,
             "bad_steps": self.bad_steps,
-            "skipped_rows": {"train": dict(self.parts.task.train.skipped), "eval": dict(self.parts.task.eval.skipped)},
+            "skipped_rows": self._skipped_rows(),
             "staleness_hist": {str(k): v for k, v in sorted(self.staleness_hist.items())},
             "trainer_idle_ratio": round(pm["trainer/idle_ratio"], 3),
             "rollout_idle_ratio": round(pm["rollout/idle_ratio"], 3),
