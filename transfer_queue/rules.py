@@ -4,7 +4,8 @@
 dropped. `LeaseTable` owns redelivery: a batch handed to a consumer is leased; a lease
 that expires (the consumer died) or is released by `nack` returns its records.
 `may_act` is the ownership rule every backend applies: only a record's producer or its
-lease holder may change it (`update`) or finish it (`ack`, `drop`, `nack`, `renew`).
+lease holder may change it (`update`) or finish it (`ack`, `drop`, `nack`, `renew`); `MAY_ACT_LUA`
+is the same rule for the `redis` backend's scripts.
 
 Both are plain objects driven under the controller's lock; neither knows about
 storage, groups or wires.
@@ -60,6 +61,17 @@ def may_act(client_id: str, producer: str, holder: str | None) -> bool:
     lease expires, get by D -> ack by C refused, by D ok.
     """
     return client_id == producer or (holder is not None and client_id == holder)
+
+
+MAY_ACT_LUA = """
+local function may_act(client, producer, holder)
+  return client == producer or (holder ~= nil and holder ~= false and client == holder)
+end
+"""
+"""`may_act` for backends that decide inside their store (the `redis` backend's Lua scripts decide
+atomically, in the same call that changes the record): the same rule, kept next to the Python one
+so both change together; `tests/faults/test_queue_redis_trust.py` checks they agree on every case.
+In Lua a missing producer or holder is `nil` or `false` (a missing hash field); `client` is never empty."""
 
 
 @dataclass

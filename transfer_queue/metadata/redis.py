@@ -9,8 +9,12 @@ entries: a resumed run gets what it had leased before it died, before anything n
 
 Layout (P = `tq:<run_id>:`):
     P grp:<gid>   hash   size, n (records put), sealed, eid (stream entry once published), done,
-                         and per record r:<uid> (msgpack SampleMeta), s:<uid> (sealed), v:<uid> (updates)
+                         d:<cg> (finished for that consumer group, while others are not), pr (producer
+                         of its first put), pm (set: records of several producers), and per record
+                         r:<uid> (msgpack SampleMeta), s:<uid> (sealed), v:<uid> (updates), p:<uid>
+                         (producer, only where it is not pr), m:<uid> (memory ids, where it has any)
     P idx:<uid>   string the record's group id (uid uniqueness, update and ack by uid)
+    P mem         hash   memory id (a digest of `storage.handles.identity`) -> uid of the live record
     P stream      stream one entry per complete, sealed group; consumer group per queue consumer group
     P resident    int    records held (back-pressure); P stats hash of counters; P hist:<cg> staleness
 
@@ -20,14 +24,26 @@ and drops apply to whole groups. Oldest first and `max_version` apply to the ent
 client has read: an entry it read but did not deliver (newer than `max_version`, or a
 batch that did not fill before its timeout) stays leased to it ("parked", counted as
 leased in `stats`) and is offered first, oldest version first, at its next `get`; another
-consumer gets it only once that lease expires. Ownership (`client_id` of
-update/ack/drop/nack/renew) is not enforced by this backend yet: Redis itself must be
-reachable only by the run. Scripts touch keys they compute, so a single Redis
+consumer gets it only once that lease expires. Scripts touch keys they compute, so a single Redis
 (not Redis Cluster) is assumed. Back-pressure polls: `put` retries every few ms while full.
+
+Ownership, as in memory (`rules.may_act`; its Lua twin `rules.MAY_ACT_LUA` runs inside the
+scripts, so the check and the change are one atomic call, no extra round trip): the producer is
+the `client_id` of the `put` (pr per group, p:<uid> for a record of another producer, which
+also sets pm: then no producer owns the group as a whole); the lease holder is the consumer that owns the group's entry in the stream's pending
+entries list (XPENDING), which stays the last holder after its lease expired until another
+consumer claims it: a late ack by the previous holder passes until then, as in memory. Groups
+finish whole, so an `ack`/`drop` is allowed when the client holds the group's entry or produced
+all of its records; `update` when it produced the record or holds it in any consumer group;
+`nack` as ack; `renew` only by the holder. Anything else raises `PermissionError`, counted in
+`stats().not_owner`, and changes nothing. Two live records never point at the same memory (`P mem`,
+as memory's `identity` table): a `put` or `update` whose handle names memory held is refused.
+Redis itself must still be reachable only by the run: whoever can talk to it can rewrite it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import Counter
 from typing import Any
@@ -37,8 +53,23 @@ import redis
 
 from transfer_queue.codec import pack
 from transfer_queue.config import TransferQueueConfig
-from transfer_queue.metadata.base import DROP_CAUSES, FreeHook, GetRequest, MetadataStore
+from transfer_queue.metadata.base import DROP_CAUSES, FreeHook, GetRequest, MetadataStore, default_consumer_id
 from transfer_queue.records import Batch, QueueStats, SampleMeta
+from transfer_queue.rules import MAY_ACT_LUA
+from transfer_queue.storage.handles import identity
+
+# The owner helpers of every script that checks ownership (the rule itself: `rules.MAY_ACT_LUA`).
+_OWNER = MAY_ACT_LUA + """
+local function holder(p, cg, eid)
+  if not eid then return nil end
+  local pe = redis.call('XPENDING', p..'stream', cg, eid, eid, 1)
+  if pe[1] then return pe[1][2] end
+  return nil
+end
+local function refuse(p)
+  redis.call('HINCRBY', p..'stats', 'not_owner', 1)
+end
+"""
 
 _PUBLISH = """
 local function publish(p, gid)
@@ -51,19 +82,36 @@ local function publish(p, gid)
 end
 """
 
-# ARGV: prefix, capacity, n, then per record: uid, gid, size, sealed, blob (msgpack SampleMeta)
-_PUT = _PUBLISH + """
-local p, cap, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+_CHUNKED = """
+local function chunked(cmd, key, args)  -- one call per 2000 arguments (Lua's stack is bounded)
+  for i = 1, #args, 2000 do redis.call(cmd, key, unpack(args, i, math.min(i + 1999, #args))) end
+end
+"""
+
+# ARGV: prefix, capacity, n, producer, then per record: uid, gid, size, sealed, blob (msgpack SampleMeta),
+# memory ids (comma-joined, '' for none)
+_PUT = _PUBLISH + _CHUNKED + """
+local p, cap, n, producer = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 if tonumber(redis.call('GET', p..'resident') or '0') + n > cap then return -1 end
-local groups, order = {}, {}
-for i = 4, 3 + 5 * n, 5 do
+local held = 'put: a handle of %s refers to memory that another live record (or field) already holds'
+local groups, order, uids, ids, mem = {}, {}, {}, {}, {}
+for i = 5, 4 + 6 * n, 6 do
   local uid, gid, size = ARGV[i], ARGV[i+1], ARGV[i+2]
-  if redis.call('EXISTS', p..'idx:'..uid) == 1 then return redis.error_reply('uid '..uid..' is already in the queue') end
+  if uids[uid] or redis.call('EXISTS', p..'idx:'..uid) == 1 then return redis.error_reply('uid '..uid..' is already in the queue') end
+  uids[uid] = true
+  for id in string.gmatch(ARGV[i+5], '[^,]+') do
+    if ids[id] then return redis.error_reply(string.format(held, uid)) end
+    ids[id] = uid
+    table.insert(mem, id)
+    table.insert(mem, uid)
+  end
   local g = groups[gid]
   if not g then
-    local cur = redis.call('HMGET', p..'grp:'..gid, 'size', 'n')
+    local cur = redis.call('HMGET', p..'grp:'..gid, 'size', 'n', 'pr')
     if cur[1] and cur[1] ~= size then return redis.error_reply('group '..gid..' has group_size '..cur[1]) end
-    g = {n = tonumber(cur[2] or '0'), add = 0, sealed = 0, size = size}
+    -- its producer: this put's for a new group (none for a group stored without one)
+    g = {n = tonumber(cur[2] or '0'), add = 0, sealed = 0, size = size, new = not cur[1],
+         pr = cur[3] or (not cur[1] and producer) or false}
     groups[gid] = g
     table.insert(order, gid)
   end
@@ -71,16 +119,40 @@ for i = 4, 3 + 5 * n, 5 do
   g.sealed = g.sealed + tonumber(ARGV[i+3])
   if g.n + g.add > tonumber(size) then return redis.error_reply('group '..gid..' already has '..size..' records') end
 end
-for i = 4, 3 + 5 * n, 5 do
-  local uid, gid = ARGV[i], ARGV[i+1]
-  redis.call('SET', p..'idx:'..uid, gid)
-  redis.call('HSET', p..'grp:'..gid, 'r:'..uid, ARGV[i+4], 's:'..uid, ARGV[i+3], 'v:'..uid, 0)
+for j = 1, #mem, 2000 do  -- one HMGET per 1000 memory ids
+  local chunk = {}
+  for k = j, math.min(j + 1999, #mem), 2 do table.insert(chunk, mem[k]) end
+  local owner = redis.call('HMGET', p..'mem', unpack(chunk))
+  for k = 1, #chunk do
+    if owner[k] then return redis.error_reply(string.format(held, ids[chunk[k]])) end
+  end
 end
+for i = 5, 4 + 6 * n, 6 do
+  local uid, gid = ARGV[i], ARGV[i+1]
+  local g = groups[gid]
+  redis.call('SET', p..'idx:'..uid, gid)
+  local f = {p..'grp:'..gid, 'r:'..uid, ARGV[i+4], 's:'..uid, ARGV[i+3], 'v:'..uid, 0}
+  if g.pr ~= producer then  -- a record of another producer says whose it is
+    table.insert(f, 'p:'..uid)
+    table.insert(f, producer)
+    g.mixed = true
+  end
+  if ARGV[i+5] ~= '' then
+    table.insert(f, 'm:'..uid)
+    table.insert(f, ARGV[i+5])
+  end
+  redis.call('HSET', unpack(f))
+end
+chunked('HSET', p..'mem', mem)
 for _, gid in ipairs(order) do
   local g, key = groups[gid], p..'grp:'..gid
-  redis.call('HSETNX', key, 'size', g.size)
-  redis.call('HINCRBY', key, 'n', g.add)
-  redis.call('HINCRBY', key, 'sealed', g.sealed)
+  if g.new then
+    redis.call('HSET', key, 'size', g.size, 'pr', producer, 'n', g.add, 'sealed', g.sealed)
+  else
+    redis.call('HINCRBY', key, 'n', g.add)
+    redis.call('HINCRBY', key, 'sealed', g.sealed)
+    if g.mixed then redis.call('HSET', key, 'pm', 1) end
+  end
   publish(p, gid)
 end
 redis.call('INCRBY', p..'resident', n)
@@ -88,15 +160,33 @@ redis.call('HINCRBY', p..'stats', 'put', n)
 return n
 """
 
-# ARGV: prefix, uid, version read by the caller, new blob, seal; -1: changed meanwhile (retry), -2: gone
-_UPDATE = _PUBLISH + """
-local p, uid = ARGV[1], ARGV[2]
+# ARGV: prefix, uid, version read by the caller, new blob, seal, client, memory ids released (of the fields
+# replaced), memory ids added, memory ids of the new record, consumer groups...
+# -1: changed meanwhile (retry), -2: gone, -3: not the producer or a lease holder (counted)
+_UPDATE = _PUBLISH + _OWNER + """
+local p, uid, client = ARGV[1], ARGV[2], ARGV[6]
 local gid = redis.call('GET', p..'idx:'..uid)
 if not gid then return -2 end
 local g = p..'grp:'..gid
-local v = redis.call('HGET', g, 'v:'..uid)
+local info = redis.call('HMGET', g, 'v:'..uid, 'p:'..uid, 'pr', 'eid')
+local v, producer = info[1], info[2] or info[3]
 if v ~= ARGV[3] then return -1 end
-redis.call('HSET', g, 'r:'..uid, ARGV[4], 'v:'..uid, tonumber(v) + 1)
+local ok = may_act(client, producer, nil)
+for j = 10, #ARGV do
+  if ok then break end
+  ok = may_act(client, producer, holder(p, ARGV[j], info[4]))
+end
+if not ok then refuse(p) return -3 end
+local new = {}
+for id in string.gmatch(ARGV[8], '[^,]+') do
+  if new[id] or redis.call('HEXISTS', p..'mem', id) == 1 then
+    return redis.error_reply('update: a handle of '..uid..' refers to memory that another live record (or field) already holds')
+  end
+  new[id] = true
+end
+for id in string.gmatch(ARGV[7], '[^,]+') do redis.call('HDEL', p..'mem', id) end
+for id in string.gmatch(ARGV[8], '[^,]+') do redis.call('HSET', p..'mem', id, uid) end
+redis.call('HSET', g, 'r:'..uid, ARGV[4], 'v:'..uid, tonumber(v) + 1, 'm:'..uid, ARGV[9])
 if ARGV[5] == '1' and redis.call('HGET', g, 's:'..uid) == '0' then
   redis.call('HSET', g, 's:'..uid, '1')
   redis.call('HINCRBY', g, 'sealed', 1)
@@ -122,41 +212,124 @@ for i = 2, #ARGV do table.insert(out, blobs(p..'grp:'..ARGV[i])) end
 return out
 """
 
-# ARGV: prefix, consumer group, number of consumer groups, cause ('' = ack), uids...
-# returns {records finished, blobs of the records freed...}
-_FINISH = _BLOBS + """
-local p, cg, ncg, cause = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
-local out, seen = {0}, {}
-for i = 5, #ARGV do
+# ARGV: prefix, consumer group, number of consumer groups, cause ('' = ack), client ('' = the controller's
+# own rule, e.g. a stale drop: no ownership check), uids...
+# returns {records finished, blobs of the records freed...}, or {-1, uid} when the client may not (counted)
+_FINISH = _BLOBS + _OWNER + _CHUNKED + """
+local p, cg, ncg, cause, client = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local out, seen, todo, freed = {0}, {}, {}, {}
+for i = 6, #ARGV do
   local gid = redis.call('GET', p..'idx:'..ARGV[i])
   if gid and not seen[gid] then
     seen[gid] = true
     local g = p..'grp:'..gid
-    local info = redis.call('HMGET', g, 'eid', 'n')
-    if info[1] and redis.call('XACK', p..'stream', cg, info[1]) == 1 then
-      local n = tonumber(info[2])
-      out[1] = out[1] + n
-      local key = cause == '' and ('acked:'..cg) or ('dropped:'..cg..':'..cause)
-      redis.call('HINCRBY', p..'stats', key, n)
-      if redis.call('HINCRBY', g, 'done', 1) == ncg then
-        local kv = redis.call('HGETALL', g)
-        for j = 1, #kv, 2 do
-          local f = kv[j]
-          if string.sub(f, 1, 2) == 'r:' then
-            table.insert(out, kv[j+1])
-            redis.call('DEL', p..'idx:'..string.sub(f, 3))
-          end
+    local info = redis.call('HMGET', g, 'eid', 'n', 'd:'..cg, 'pr', 'pm')
+    if not info[3] then  -- not finished for this consumer group yet (else: idempotent, nobody's business)
+      if client ~= '' then
+        local producer = info[4]
+        if info[5] then producer = nil end  -- records of several producers: none of them owns the group
+        if not may_act(client, producer, nil) and not may_act(client, producer, holder(p, cg, info[1])) then
+          refuse(p)
+          return {-1, ARGV[i]}
         end
-        redis.call('DEL', g)
-        redis.call('XDEL', p..'stream', info[1])
-        redis.call('DECRBY', p..'resident', n)
-        redis.call('HINCRBY', p..'stats', 'published', -n)
       end
+      if info[1] then table.insert(todo, {g, info}) end
     end
   end
 end
+for _, t in ipairs(todo) do  -- a group never delivered to this consumer group is not finished (XACK 0)
+  local g, info = t[1], t[2]
+  if redis.call('XACK', p..'stream', cg, info[1]) == 1 then
+    local n = tonumber(info[2])
+    out[1] = out[1] + n
+    local key = cause == '' and ('acked:'..cg) or ('dropped:'..cg..':'..cause)
+    redis.call('HINCRBY', p..'stats', key, n)
+    if redis.call('HINCRBY', g, 'done', 1) < ncg then
+      redis.call('HSET', g, 'd:'..cg, 1)
+    else
+      local kv = redis.call('HGETALL', g)
+      for j = 1, #kv, 2 do
+        local f = kv[j]
+        local kind = string.sub(f, 1, 2)
+        if kind == 'r:' then
+          table.insert(out, kv[j+1])
+          redis.call('DEL', p..'idx:'..string.sub(f, 3))
+        elseif kind == 'm:' then
+          for id in string.gmatch(kv[j+1], '[^,]+') do table.insert(freed, id) end
+        end
+      end
+      redis.call('DEL', g)
+      redis.call('XDEL', p..'stream', info[1])
+      redis.call('DECRBY', p..'resident', n)
+      redis.call('HINCRBY', p..'stats', 'published', -n)
+    end
+  end
+end
+chunked('HDEL', p..'mem', freed)
 return out
 """
+
+# ARGV: prefix, consumer group, client, idle ms to set, entry ids...
+# returns entries given back, or -1 when the client is neither the producer nor the holder (counted)
+_NACK = _OWNER + """
+local p, cg, client = ARGV[1], ARGV[2], ARGV[3]
+local todo = {}
+for i = 5, #ARGV do
+  local eid = ARGV[i]
+  local h = holder(p, cg, eid)
+  if h then
+    if not may_act(client, nil, h) then
+      local e, producer = redis.call('XRANGE', p..'stream', eid, eid), nil
+      if e[1] then
+        local pr = redis.call('HMGET', p..'grp:'..e[1][2][2], 'pr', 'pm')
+        if not pr[2] then producer = pr[1] end
+      end
+      if not may_act(client, producer, h) then refuse(p) return -1 end
+    end
+    table.insert(todo, {eid, h})
+  end
+end
+for _, t in ipairs(todo) do  -- stays with its holder (a late ack still passes), claimable by anyone at once
+  redis.call('XCLAIM', p..'stream', cg, t[2], 0, t[1], 'IDLE', ARGV[4], 'JUSTID')
+end
+return #todo
+"""
+
+# ARGV: prefix, consumer group, client, the lease's consumer id, number of lease entries, lease entry ids...,
+# entry ids parked by this client...; returns lease entries renewed, or -1 when the lease is alive and
+# held by someone else (counted). Only entries still pending under the client are touched: a lease
+# taken over by another consumer is gone, never taken back.
+_RENEW = _OWNER + """
+local p, cg, client, me, nl = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
+local alive, mine = 0, {}
+for i = 6, 5 + nl do
+  if holder(p, cg, ARGV[i]) == me then
+    alive = alive + 1
+    table.insert(mine, ARGV[i])
+  end
+end
+if alive > 0 and client ~= me then refuse(p) return -1 end
+for i = 6 + nl, #ARGV do
+  if holder(p, cg, ARGV[i]) == client then table.insert(mine, ARGV[i]) end
+end
+for i = 1, #mine, 256 do
+  local args = {p..'stream', cg, client, 0}
+  for j = i, math.min(i + 255, #mine) do table.insert(args, mine[j]) end
+  table.insert(args, 'JUSTID')
+  redis.call('XCLAIM', unpack(args))
+end
+return alive
+"""
+
+
+def _memory_ids(handles: Any) -> list[str]:
+    """Digests of the memory `handles` refer to (`storage.handles.identity`; inline handles: none)."""
+    out = []
+    for h in handles:
+        i = identity(h)
+        if i is not None:
+            out.append(hashlib.blake2b(msgpack.packb(list(i)), digest_size=16).hexdigest())
+    return out
 
 
 def _sample(blob: bytes) -> SampleMeta:
@@ -176,8 +349,8 @@ class RedisController(MetadataStore):
         self.on_free = on_free or (lambda handles: None)
         self.p = f"tq:{config.run_id}:"
         self.r = redis.Redis.from_url(config.redis_url)
-        self._put, self._update, self._load_script, self._finish = (
-            self.r.register_script(s) for s in (_PUT, _UPDATE, _LOAD, _FINISH))
+        self._put, self._update, self._load_script, self._finish, self._nack, self._renew = (
+            self.r.register_script(s) for s in (_PUT, _UPDATE, _LOAD, _FINISH, _NACK, _RENEW))
         self._lease_ms = int(config.lease_timeout_s * 1000)
         self._claim_every = min(config.lease_timeout_s / 4, 0.5)
         self._next_claim: dict[str, float] = {}
@@ -198,9 +371,10 @@ class RedisController(MetadataStore):
     def put(self, samples: list[SampleMeta], timeout: float | None = None, client_id: str = "") -> None:
         if len(samples) > self.config.capacity:
             raise ValueError(f"put of {len(samples)} records exceeds queue.capacity={self.config.capacity}")
-        args: list[Any] = [self.p, self.config.capacity, len(samples)]
+        args: list[Any] = [self.p, self.config.capacity, len(samples), client_id or default_consumer_id()]
         for s in samples:
-            args += [s.uid, s.group_id, s.group_size, int(s.sealed), pack(s.to_wire())]
+            args += [s.uid, s.group_id, s.group_size, int(s.sealed), pack(s.to_wire()),
+                     ",".join(_memory_ids(s.handles.values()))]
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = 0.001
         while self._call(self._put, args) == -1:  # full: back-pressure by polling
@@ -211,6 +385,7 @@ class RedisController(MetadataStore):
 
     def update(self, uid: str, handles: dict[str, dict[str, Any]], meta: dict[str, Any] | None = None,
                seal: bool = True, client_id: str = "") -> None:
+        client_id = client_id or default_consumer_id()
         for _ in range(100):  # optimistic: retry if another writer changed the record meanwhile
             gid = self.r.get(self.p + f"idx:{uid}")
             blob, version = self.r.hmget(self.p + f"grp:{gid.decode()}", f"r:{uid}", f"v:{uid}") if gid else (None, None)
@@ -221,9 +396,14 @@ class RedisController(MetadataStore):
             s.handles.update(handles)
             s.meta.update(meta or {})
             s.sealed = s.sealed or seal
-            res = self._call(self._update, [self.p, uid, version, pack(s.to_wire()), int(seal)])
+            res = self._call(self._update, [
+                self.p, uid, version, pack(s.to_wire()), int(seal), client_id, ",".join(_memory_ids(old)),
+                ",".join(_memory_ids(handles.values())), ",".join(_memory_ids(s.handles.values())),
+                *self.consumer_groups])
             if res == -2:
                 raise KeyError(f"update: no record {uid!r} in the queue")
+            if res == -3:
+                raise PermissionError(f"update of {uid!r}: client {client_id!r} is neither the producer nor the lease holder")
             if res == 0:
                 if old:
                     self.on_free(old)
@@ -279,7 +459,7 @@ class RedisController(MetadataStore):
                 version = min(s.version for s in samples)
                 if req.max_staleness is not None and req.current_version - version > req.max_staleness:  # type: ignore[operator]
                     del parked[eid]
-                    self._settle(cg, [samples[0].uid], "stale")
+                    self._settle(cg, [samples[0].uid], "stale", "")
                     continue
                 if (req.max_version is not None and version > req.max_version) or req.enough(len(held), sum(len(g) for _, g in held)):
                     break
@@ -312,34 +492,55 @@ class RedisController(MetadataStore):
         return [[_sample(b) for b in blobs] for blobs in groups]
 
     def ack(self, consumer: str, uids: list[str], client_id: str = "") -> int:
-        return self._settle(consumer, uids, "")
+        return self._settle(consumer, uids, "", client_id or default_consumer_id())
 
     def drop(self, consumer: str, uids: list[str], cause: str, client_id: str = "") -> int:
         if cause not in DROP_CAUSES:
             raise ValueError(f"drop: cause {cause!r} is not one of {DROP_CAUSES}")
-        return self._settle(consumer, uids, cause)
+        return self._settle(consumer, uids, cause, client_id or default_consumer_id())
 
-    def _settle(self, consumer: str, uids: list[str], cause: str) -> int:
+    def _settle(self, consumer: str, uids: list[str], cause: str, client_id: str) -> int:
+        """Finish `uids` for `consumer`; `client_id` "" only for the controller's own rules (stale drops)."""
+        self._check_consumer(consumer)
         if not uids:
             return 0
-        out = self._call(self._finish, [self.p, consumer, len(self.consumer_groups), cause, *uids])
+        out = self._call(self._finish, [self.p, consumer, len(self.consumer_groups), cause, client_id, *uids])
+        if out[0] == -1:
+            what = "ack" if cause == "" else "drop"
+            raise PermissionError(f"{what} of {out[1].decode()!r} for {consumer!r}: client {client_id!r} is neither "
+                                  "the producer nor the lease holder")
         if len(out) > 1:
             self.on_free([h for b in out[1:] for h in _sample(b).handles.values()])
         return int(out[0])
 
     def nack(self, consumer: str, lease_id: str, uids: list[str], client_id: str = "") -> int:
-        me, _, ids = lease_id.partition("|")
+        self._check_consumer(consumer)
+        client_id = client_id or default_consumer_id()
+        _, _, ids = lease_id.partition("|")
         if not ids:
             return 0
-        claimed = self.r.xclaim(self.p + "stream", consumer, me, 0, ids.split(","), idle=self._lease_ms + 1, justid=True)
-        return len(claimed)
+        n = self._call(self._nack, [self.p, consumer, client_id, self._lease_ms + 1, *ids.split(",")])
+        if n == -1:
+            raise PermissionError(f"nack of lease {lease_id!r} for {consumer!r}: client {client_id!r} is neither "
+                                  "the producer nor the lease holder")
+        return int(n)
 
     def renew(self, consumer: str, lease_id: str, uids: list[str], client_id: str = "") -> bool:
+        self._check_consumer(consumer)
+        client_id = client_id or default_consumer_id()
         me, _, ids = lease_id.partition("|")
+        lease = ids.split(",") if ids else []
         parked = list(self._parked.get(consumer, {}))
-        if parked:
-            self.r.xclaim(self.p + "stream", consumer, me, 0, parked, justid=True)
-        return bool(ids) and bool(self.r.xclaim(self.p + "stream", consumer, me, 0, ids.split(","), justid=True))
+        if not lease and not parked:
+            return False
+        n = self._call(self._renew, [self.p, consumer, client_id, me, len(lease), *lease, *parked])
+        if n == -1:
+            raise PermissionError(f"renew of lease {lease_id!r}: client {client_id!r} is not its holder")
+        return n > 0
+
+    def _check_consumer(self, consumer: str) -> None:
+        if consumer not in self.consumer_groups:
+            raise ValueError(f"unknown consumer group {consumer!r}; queue.consumer_groups={self.consumer_groups}")
 
     # ---- observability ---------------------------------------------------
     def stats(self) -> QueueStats:
@@ -365,7 +566,7 @@ class RedisController(MetadataStore):
         return QueueStats(
             capacity=self.config.capacity, resident=resident, put=put,
             complete_groups=int(self.r.xlen(self.p + "stream")), depth=depth, acked=acked, dropped=dropped,
-            redelivered=redelivered, staleness=hist,
+            redelivered=redelivered, not_owner=c.get("not_owner", 0), staleness=hist,
             rates={"put_per_s": put / up, "ack_per_s": sum(acked.values()) / up})
 
     def close(self) -> None:
