@@ -23,6 +23,7 @@ BENCHES = {
     "weights": "asyncrl.bench.weights",
     "pipeline": "asyncrl.bench.pipeline",
     "planes": "asyncrl.bench.planes",
+    "chaos": "asyncrl.bench.chaos",
 }
 
 

@@ -94,8 +94,17 @@ class Fleet:
         await sa.wait_placed(pg, placement_timeout_s)
 
         async def respawn(i: int) -> RolloutServer:
-            server = sa.spawn_server(cfg, model_path, dtype=dtype, seed=seed, index=i, placement=pg, name=f"{name}-{i}", spec=spec)
-            return await server.ready()
+            """A fresh server in bundle i, started; one that dies while starting is replaced, up
+            to `START_ATTEMPTS` times (a crash at load is as likely as one later)."""
+            for attempt in range(START_ATTEMPTS):
+                server = sa.spawn_server(cfg, model_path, dtype=dtype, seed=seed, index=i, placement=pg, name=f"{name}-{i}", spec=spec)
+                try:
+                    return await server.ready()
+                except ServerDied:
+                    await server.close()
+                    if attempt == START_ATTEMPTS - 1:
+                        raise
+            raise AssertionError("unreachable")
 
         servers = await asyncio.gather(*(respawn(i) for i in range(cfg.num_servers)))
         return cls(name, list(servers), respawn, lambda: sa.remove_placement(pg))
@@ -124,6 +133,10 @@ class WeightSource(Protocol):
     async def publish(self, version: int, receivers: list[str]) -> dict[str, Any]: ...
 
     async def sync(self, receivers: list[str]) -> dict[str, Any]: ...
+
+
+START_ATTEMPTS = 3
+"""Starts of one server in a row that may die before it is up (then the fleet fails)."""
 
 
 def server_name(server: RolloutServer) -> str:
@@ -164,6 +177,8 @@ class FleetManager:
         self._weights_cfg: Any = None
         self._pause_mode: PauseMode = "keep"
         self._tasks: set[asyncio.Task] = set()
+        self._membership = asyncio.Lock()
+        """Held by a publish, and by a server's sync-then-route: a server is routed only at the version every routed server holds."""
         self._error: BaseException | None = None
         self.last_publish_time = 0.0
         self.last_publish_s = 0.0
@@ -198,7 +213,13 @@ class FleetManager:
     async def attach_weights(self, source: WeightSource, cfg: Any, pause_mode: PauseMode = "keep") -> None:
         """Every server (now and later) joins `source`'s weight plane and loads what it publishes."""
         self._weights, self._weights_cfg, self._pause_mode = source, cfg, pause_mode
-        await asyncio.gather(*(self._join(s) for s in self.servers))
+        servers = list(self.router.servers)
+        joined = await asyncio.gather(*(self._join(s) for s in servers), return_exceptions=True)
+        for server, res in zip(servers, joined):
+            if isinstance(res, ServerDied):  # died meanwhile: restarted (it joins then) like any dead server
+                self.router.take_out(server, res)
+            elif isinstance(res, BaseException):
+                raise res
 
     async def _join(self, server: RolloutServer) -> None:
         if self._weights is not None and hasattr(server, "join_weights"):
@@ -210,6 +231,10 @@ class FleetManager:
         self._check()
         if self._weights is None:
             raise RuntimeError("publish: no weight source attached (attach_weights)")
+        async with self._membership:
+            return await self._publish(version)
+
+    async def _publish(self, version: int) -> dict[str, float]:
         t0 = time.time()
         live = self.router.servers
         out = await self._weights.publish(version, [server_name(s) for s in live])
@@ -241,13 +266,14 @@ class FleetManager:
     async def _recover(self, server: RolloutServer) -> None:
         """A live server missed a publish: re-sync it and route it again; restart it if that fails."""
         try:
-            await self._bring_current(server)
+            async with self._membership:
+                await self._bring_current(server)
+                if any(server in f.servers for f in self.fleets.values()):
+                    self.router.add(server, self._fleet_of(server).name)
         except (RuntimeError, ServerDied):
             await self.restart(server)
             return
         self.resyncs += 1
-        if any(server in f.servers for f in self.fleets.values()):
-            self.router.add(server, self._fleet_of(server).name)
 
     # ---- membership -----------------------------------------------------------------------
     def _fleet_of(self, server: RolloutServer) -> Fleet:
@@ -259,9 +285,10 @@ class FleetManager:
         if fleet.name in self.fleets:
             raise ValueError(f"fleet {fleet.name!r} already serves this run")
         self.fleets[fleet.name] = fleet
-        await asyncio.gather(*(self._bring_current(s) for s in fleet.servers))
-        for s in fleet.servers:
-            self.router.add(s, fleet.name)
+        async with self._membership:
+            await asyncio.gather(*(self._bring_current(s) for s in fleet.servers))
+            for s in fleet.servers:
+                self.router.add(s, fleet.name)
 
     async def remove_fleet(self, name: str) -> Fleet:
         """Stop routing to the fleet, wait for its requests to finish, close its servers."""
@@ -285,16 +312,26 @@ class FleetManager:
             self._error = task.exception()
 
     async def restart(self, server: RolloutServer) -> RolloutServer:
-        """Start a replacement for a dead server, sync it to the current version, route to it."""
+        """Start a replacement for a dead server, sync it to the current version, route to it; a
+        replacement that dies before it is routed is replaced too (`START_ATTEMPTS` in a row)."""
         fleet = self._fleet_of(server)
-        self.router.remove(server)
-        await server.close()  # first: a hung one is killed, so its samples fail over and its bundle frees
-        fresh = await fleet.restart(server)
-        await self._bring_current(fresh)
-        if fleet.name in self.fleets:  # the fleet may have been removed meanwhile
-            self.router.add(fresh, fleet.name)
-        self.restarts += 1
-        return fresh
+        for attempt in range(START_ATTEMPTS):
+            self.router.remove(server)
+            await server.close()  # first: a hung one is killed, so its samples fail over and its bundle frees
+            fresh = await fleet.restart(server)
+            try:
+                async with self._membership:  # no publish between its sync and its first request
+                    await self._bring_current(fresh)
+                    if fleet.name in self.fleets:  # the fleet may have been removed meanwhile
+                        self.router.add(fresh, fleet.name)
+            except ServerDied:
+                if attempt == START_ATTEMPTS - 1:
+                    raise
+                server = fresh
+                continue
+            self.restarts += 1
+            return fresh
+        raise AssertionError("unreachable")
 
     async def watch(self, interval_s: float) -> None:
         """Probe every routed server each `interval_s` (until cancelled): one that is dead or does

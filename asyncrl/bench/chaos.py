@@ -1,0 +1,233 @@
+"""asyncrl bench chaos: a fully_async run on Ray with a Redis queue while a fault injector kills its parts.
+
+The run: `asyncrl train configs/demo.yaml` with `ray.enabled=true`, 2 trainer ranks, 2 rollout
+servers, a durable queue (a real redis-server started here, per-record shm files, acks at
+checkpoints), for `--steps` steps. The injector touches only processes the run started (the
+descendants of its `asyncrl train` process, found by their Ray process titles):
+- a random rollout server (`ray::ServerActor...`) every `--server-every` seconds: SIGKILL;
+- one trainer rank (`ray::TrainerRankShell...`) once, after the first checkpoint: SIGKILL
+  (`asyncrl train` restarts the run's processes from that checkpoint);
+- the controller once, after a later checkpoint: SIGKILL to the whole `asyncrl train` process
+  group (Ray included), then `asyncrl train ... resume=true`;
+- the reward (`flaky_digits`): 5% of calls raise, 5% hang past `agent.reward_timeout_s`.
+Then the same run without faults (`wall_s_no_faults`, the plain reward).
+
+Accounting, from the Redis queue's counters and the run's audit (`trained_uids.jsonl`, one line
+per trained step; a step trained again after a restart replaces the later ones: the lineage of the
+final model): `trajectories_produced` (records put), `trained` (records in the lineage),
+`trained_twice` (records in two steps of the lineage, target 0), `acked`, `dropped_by_cause`,
+`resident` (still queued at the end), `lost` = produced - trained - dropped - resident (target 0;
+only for a run that finished, which has acked its whole lineage), `queue_consistent` (put = acked
++ dropped + resident),
+`completed` (the final segment finished every step).
+
+    asyncrl bench chaos [--json] [--steps 100] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def flaky_digits(response: str, answer: str) -> float:
+    """The demo's reward, except that 5% of calls raise and 5% hang for 3 s (decided by a hash of the
+    response, so a retried sample meets the same fate)."""
+    from agents.rewards import get_reward
+
+    fate = hashlib.sha256(response.encode()).digest()[0] % 20
+    if fate == 0:
+        raise RuntimeError("flaky reward: injected failure")
+    if fate == 1:
+        time.sleep(3.0)
+    return get_reward("digits")(response, answer)
+
+
+def _cmd(tmp: Path, redis_url: str, steps: int, faults: bool, name: str, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "asyncrl.cli", "train", "configs/demo.yaml",
+        "ray.enabled=true", "ray.num_cpus=5", "trainer.num_ranks=2", "rollout.num_servers=2", "trainer.mode=fully_async",
+        f"trainer.total_steps={steps}", "trainer.save_every=5", "trainer.eval_every=1000",
+        "trainer.prompts_per_step=4", "rollout.group_size=4", "data.eval_size=8",
+        "queue.metadata=redis", f"queue.redis_url={redis_url}", f"queue.run_id={name}", "queue.lease_timeout_s=10",
+        "queue.shm_arena_bytes=0", f"queue.shm_dir={tmp}/shm", "rollout.health_timeout_s=5", "rollout.health_interval_s=2",
+        "weights.timeout_s=10", "agent.reward_timeout_s=1",
+        *(["agent.reward=asyncrl.bench.chaos:flaky_digits"] if faults else []),
+        f"logging.run_root={tmp}/runs", f"logging.run_name={name}", "logging.mlflow=false", "logging.progress=false",
+        f"model.cache_dir={tmp}/models", *extra,
+    ]
+
+
+def _descendants(pid: int, title: str) -> list[Any]:
+    import psutil
+
+    out = []
+    try:
+        procs = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return out
+    for p in procs:
+        try:
+            if p.cmdline() and p.cmdline()[0].startswith(title):
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def _checkpoints(run: Path) -> list[int]:
+    return sorted(int(p.parent.name.split("_")[1]) for p in (run / "checkpoints").glob("step_*/state.json"))
+
+
+def _segment(cmd: list[str], run: Path, faults: dict[str, int], *, kill_trainer: bool, kill_controller_after: int | None,
+             server_every: float, rng: random.Random, log: Any, timeout_s: float) -> tuple[int, str]:
+    """Run one `asyncrl train` process, injecting faults (the trainer rank once, and the controller
+    once, counted in `faults` across segments); returns (exit code, 'killed' or 'exited')."""
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    t0 = last_server = time.time()
+    try:
+        while proc.poll() is None:
+            if time.time() - t0 > timeout_s:
+                raise TimeoutError(f"chaos: a segment ran past {timeout_s} s")
+            time.sleep(0.5)
+            ckpts = _checkpoints(run)
+            if kill_trainer and ckpts and faults["trainer_rank"] == 0:
+                ranks = _descendants(proc.pid, "ray::TrainerRankShell")
+                if len(ranks) >= 2:
+                    rng.choice(ranks).send_signal(signal.SIGKILL)
+                    faults["trainer_rank"] += 1
+                    continue
+            if (kill_controller_after is not None and faults["controller"] == 0 and faults["trainer_rank"] > 0
+                    and ckpts and ckpts[-1] >= kill_controller_after):
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                faults["controller"] += 1
+                return proc.returncode, "killed"
+            if time.time() - last_server >= server_every:
+                servers = _descendants(proc.pid, "ray::ServerActor")
+                if servers:
+                    rng.choice(servers).send_signal(signal.SIGKILL)
+                    faults["server"] += 1
+                last_server = time.time()
+        return proc.returncode, "exited"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def lineage(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The steps of the final model: a step trained again (after a restart from a checkpoint)
+    replaces that step and every later one of the earlier attempt.
+
+    >>> [l["step"] for l in lineage([{"step": 1}, {"step": 2}, {"step": 3}, {"step": 2}, {"step": 3}])]
+    [1, 2, 3]
+    """
+    out: list[dict[str, Any]] = []
+    for line in lines:
+        while out and out[-1]["step"] >= line["step"]:
+            out.pop()
+        out.append(line)
+    return out
+
+
+def run_once(tmp: Path, redis_url: str, steps: int, faults_on: bool, server_every: float, seed: int) -> dict[str, Any]:
+    from transfer_queue import TransferQueueConfig, connect
+
+    name = "chaos" if faults_on else "calm"
+    run = tmp / "runs" / name
+    faults = {"server": 0, "trainer_rank": 0, "controller": 0, "reward": 0}
+    rng = random.Random(seed)
+    t0 = time.time()
+    segments = []
+    with open(tmp / f"{name}.log", "ab") as log:
+        how, code = "", 0
+        while not segments or how == "killed":  # a killed controller is resumed; a failed run is not retried
+            code, how = _segment(_cmd(tmp, redis_url, steps, faults_on, name, *(["resume=true"] if segments else [])), run, faults,
+                                 kill_trainer=faults_on, kill_controller_after=steps // 2 if faults_on else None,
+                                 server_every=server_every if faults_on else 1e9, rng=rng, log=log, timeout_s=1800)
+            segments.append(how)
+    wall = time.time() - t0
+    summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
+    audit = [json.loads(l) for l in (run / "trained_uids.jsonl").read_text().splitlines()] if (run / "trained_uids.jsonl").exists() else []
+    effective = lineage(audit)
+    uids = [u for line in effective for u in line["uids"]]
+    stats = connect(TransferQueueConfig(metadata="redis", redis_url=redis_url, run_id=name, storage="local")).stats()
+    dropped = {c: n for c, n in stats.dropped.get("trainer", {}).items()}
+    resident = sum(stats.depth.get("trainer", {}).values())
+    faults["reward"] = int(summary.get("reward_failures", 0))
+    return {
+        "faults_injected": faults,
+        "segments": segments,
+        "exit_code": code,
+        "trajectories_produced": stats.put,
+        "trained": len(set(uids)),
+        "trained_twice": len(uids) - len(set(uids)),
+        "acked": sum(stats.acked.values()),
+        "dropped_by_cause": dropped,
+        "resident": resident,
+        # a finished run has acked its whole lineage at its last checkpoint, so what is neither
+        # trained, dropped nor still queued is lost; before that the count means nothing
+        "lost": stats.put - len(set(uids)) - sum(dropped.values()) - resident if code == 0 else None,
+        "queue_consistent": stats.put == sum(stats.acked.values()) + sum(dropped.values()) + resident,
+        "completed": code == 0 and summary.get("steps") == steps and bool(effective) and effective[-1]["step"] == steps,
+        "steps": summary.get("steps"),
+        "trainer_restarts": summary.get("trainer_restarts"),
+        "final_eval_reward": summary.get("final_eval_reward"),
+        "wall_s": round(wall, 1),
+    }
+
+
+def run(steps: int, server_every: float, seed: int) -> dict[str, Any]:
+    from asyncrl.bench.queue import _redis_server
+
+    tmp = Path(tempfile.mkdtemp(prefix="asyncrl-chaos-"))
+    (tmp / "shm").mkdir()
+    redis, url = _redis_server(str(tmp))
+    try:
+        chaos = run_once(tmp, url, steps, True, server_every, seed)
+        calm = run_once(tmp, url, steps, False, server_every, seed)
+    finally:
+        redis.kill()
+        redis.wait()
+    res = {**chaos, "wall_s_no_faults": calm["wall_s"], "no_faults": calm, "logs": str(tmp)}
+    res["targets"] = {"lost": {"target": 0, "met": chaos["lost"] == 0}, "trained_twice": {"target": 0, "met": chaos["trained_twice"] == 0},
+                      "completed": {"target": True, "met": chaos["completed"]}}
+    if all(t["met"] for t in res["targets"].values()) and calm["completed"]:
+        shutil.rmtree(tmp / "shm", ignore_errors=True)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="asyncrl bench chaos", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--steps", type=int, default=100, help="trainer steps of the run (default 100)")
+    p.add_argument("--quick", action="store_true", help="30 steps")
+    p.add_argument("--server-every", type=float, default=10.0, help="seconds between server kills (default 10)")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    res = run(30 if a.quick else a.steps, a.server_every, a.seed)
+    if a.json:
+        print(json.dumps(res, indent=1))
+    else:
+        for k in ("faults_injected", "segments", "trajectories_produced", "trained", "trained_twice", "acked", "dropped_by_cause",
+                  "resident", "lost", "completed", "trainer_restarts", "final_eval_reward", "wall_s", "wall_s_no_faults", "logs"):
+            print(f"{k:24} {res[k]}")
+        for name, t in res["targets"].items():
+            print(f"target {name} {t['target']}: {'met' if t['met'] else 'NOT met'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
