@@ -135,6 +135,8 @@ class WeightSource(Protocol):
     async def sync(self, receivers: list[str]) -> dict[str, Any]: ...
 
 
+SERVER_WAIT_S = 600.0
+"""How long a request waits for a server while every server is being restarted (placement, model load, sync)."""
 START_ATTEMPTS = 3
 """Starts of one server in a row that may die before it is up (then the fleet fails)."""
 
@@ -165,6 +167,11 @@ class FleetManager:
     def __init__(self, router: Router | None = None, *, restart_dead: bool = True) -> None:
         self.router = router if router is not None else Router()
         self.router.on_dead = self._on_dead
+        self._restarting: dict[str, int] = {}
+        """Restarts in progress per fleet name."""
+        if restart_dead:  # while every server restarts, requests wait for one
+            self.router.server_wait_s = SERVER_WAIT_S
+            self.router.server_coming = lambda fleet: any(n for f, n in self._restarting.items() if fleet in (None, f))
         self.fleets: dict[str, Fleet] = {}
         self.version = -1
         """The version every server that takes requests holds (-1: nothing published yet)."""
@@ -299,7 +306,7 @@ class FleetManager:
 
     def _on_dead(self, server: RolloutServer, cause: ServerDied) -> None:
         if self.restart_dead:
-            self._background(self.restart(server))
+            self._background(self._begin_restart(server))
 
     def _background(self, work: Awaitable[Any]) -> None:
         task = asyncio.get_running_loop().create_task(work)  # type: ignore[arg-type]
@@ -314,7 +321,22 @@ class FleetManager:
     async def restart(self, server: RolloutServer) -> RolloutServer:
         """Start a replacement for a dead server, sync it to the current version, route to it; a
         replacement that dies before it is routed is replaced too (`START_ATTEMPTS` in a row)."""
+        return await self._begin_restart(server)
+
+    def _begin_restart(self, server: RolloutServer) -> Awaitable[RolloutServer]:
+        """Count the restart at once (a request finding no server waits for it), then run it."""
         fleet = self._fleet_of(server)
+        self._restarting[fleet.name] = self._restarting.get(fleet.name, 0) + 1
+
+        async def run() -> RolloutServer:
+            try:
+                return await self._restart(fleet, server)
+            finally:
+                self._restarting[fleet.name] -= 1
+
+        return run()
+
+    async def _restart(self, fleet: Fleet, server: RolloutServer) -> RolloutServer:
         for attempt in range(START_ATTEMPTS):
             self.router.remove(server)
             await server.close()  # first: a hung one is killed, so its samples fail over and its bundle frees

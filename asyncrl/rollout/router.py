@@ -96,6 +96,11 @@ class Router:
         self.resubmits = 0
         """Aborted segments resubmitted (partial rollouts), since start."""
         self._ids = itertools.count()
+        self.server_wait_s = 0.0
+        """With no active server but one coming (`server_coming(fleet)`: a restart in progress), how
+        long a request waits for it before `NoServerError`; 0 raises at once. Set by the `FleetManager`."""
+        self.server_coming: Callable[[str | None], bool] = lambda fleet: False
+        self._added = asyncio.Event()
         for s in servers:
             self.add(s, fleet)
 
@@ -121,6 +126,7 @@ class Router:
         slot = Slot(server, fleet)
         slot.idle.set()
         self._slots.append(slot)
+        self._added.set()
 
     async def drain(self, server: RolloutServer) -> None:
         """Send `server` no new request, wait until its requests have returned, forget it."""
@@ -175,6 +181,23 @@ class Router:
                 self._sessions.popitem(last=False)
         return slot
 
+    async def _pick(self, session_id: str | None, fleet: str | None) -> Slot:
+        """`pick`, or, while every server is being restarted, wait up to `server_wait_s` for one."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.server_wait_s
+        while True:
+            try:
+                return self.pick(session_id, fleet)
+            except NoServerError:
+                left = deadline - loop.time()
+                if left <= 0 or not self.server_coming(fleet):
+                    raise
+                self._added.clear()
+                try:
+                    await asyncio.wait_for(self._added.wait(), left)
+                except asyncio.TimeoutError:
+                    raise NoServerError(f"router: no active rollout server for {self.server_wait_s} s") from None
+
     def end_session(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
 
@@ -183,7 +206,7 @@ class Router:
         """One whole response: segments cut by `abort` pauses are joined, dead servers failed over."""
         acc = PartialRollout(prompt_ids, sampling, request_id=f"route-{next(self._ids)}")
         failover = Failover(self.max_failovers)
-        slot = self.pick(session_id, fleet)
+        slot = await self._pick(session_id, fleet)
         while True:
             prompt, seg_sampling = acc.request()
             try:
@@ -192,7 +215,7 @@ class Router:
                 self.take_out(slot.server, exc)
                 failover.retry_after(exc)
                 self.failovers += 1
-                slot = self.pick(session_id, fleet)
+                slot = await self._pick(session_id, fleet)
                 continue
             if out.finish_reason == "abort" and not self.partial_rollouts:
                 return out
@@ -201,7 +224,7 @@ class Router:
                 return acc.result()
             self.resubmits += 1
             if slot.state != "active":  # drained or taken out meanwhile: move on
-                slot = self.pick(session_id, fleet)
+                slot = await self._pick(session_id, fleet)
 
     async def call(self, verb: Callable[[RolloutServer], Awaitable[T]], session_id: str | None = None,
                    fleet: str | None = None) -> T:
@@ -209,7 +232,7 @@ class Router:
         host runs); a `ServerDied` moves it to another server, as `generate` does. The work of
         the dead server is redone from the start."""
         failover = Failover(self.max_failovers)
-        slot = self.pick(session_id, fleet)
+        slot = await self._pick(session_id, fleet)
         while True:
             try:
                 return await self._run(slot, verb(slot.server))
@@ -217,7 +240,7 @@ class Router:
                 self.take_out(slot.server, exc)
                 failover.retry_after(exc)
                 self.failovers += 1
-                slot = self.pick(session_id, fleet)
+                slot = await self._pick(session_id, fleet)
 
     async def _call(self, slot: Slot, prompt: list[int], sampling: SamplingParams) -> GenerateOutput:
         return await self._run(slot, slot.server.generate(prompt, sampling))
