@@ -232,6 +232,7 @@ class Pipeline:
                 break
 
     async def run(self) -> dict[str, Any]:
+        _dump_tasks_on_sigusr1()
         self.t_start = time.time()
         self._tokens_at_start = self.trained_tokens
         await self.parts.start()  # the fleets: Ray actors (placed and loaded) or this process's servers
@@ -289,3 +290,16 @@ class Pipeline:
             "rollout_idle_ratio": round(pm["rollout/idle_ratio"], 3),
             "curve": self.curve,
         }
+
+
+def _dump_tasks_on_sigusr1() -> None:
+    """`kill -USR1 <controller pid>` prints the stack of every task of the pipeline to stderr
+    (where a run that seems stuck is waiting). Main thread only; elsewhere nothing is installed."""
+    import signal
+    import sys
+
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(signal.SIGUSR1, lambda: [t.print_stack(limit=12, file=sys.stderr) for t in asyncio.all_tasks(loop)])
+    except (ValueError, RuntimeError, NotImplementedError):  # not the main thread (tests), or no signals here
+        pass

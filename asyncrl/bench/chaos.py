@@ -90,18 +90,28 @@ def _checkpoints(run: Path) -> list[int]:
     return sorted(int(p.parent.name.split("_")[1]) for p in (run / "checkpoints").glob("step_*/state.json"))
 
 
-def _segment(cmd: list[str], run: Path, faults: dict[str, int], *, kill_trainer: bool, kill_controller_after: int | None,
+def _segment(cmd: list[str], run: Path, steps: int, faults: dict[str, int], *, kill_trainer: bool, kill_controller_after: int | None,
              server_every: float, rng: random.Random, log: Any, timeout_s: float) -> tuple[int, str]:
     """Run one `asyncrl train` process, injecting faults (the trainer rank once, and the controller
     once, counted in `faults` across segments); returns (exit code, 'killed' or 'exited')."""
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     t0 = last_server = time.time()
+    ended_at = None  # when the last step's checkpoint appeared: the process should exit soon after
     try:
         while proc.poll() is None:
             if time.time() - t0 > timeout_s:
                 raise TimeoutError(f"chaos: a segment ran past {timeout_s} s")
             time.sleep(0.5)
             ckpts = _checkpoints(run)
+            if ckpts and ckpts[-1] == steps and ended_at is None:
+                ended_at = time.time()
+            if ended_at is not None and time.time() - ended_at > 60:  # stuck after its last step: where?
+                proc.send_signal(signal.SIGUSR1)  # the controller prints every task's stack into the log
+                time.sleep(2)
+                faults["stuck_at_end"] = faults.get("stuck_at_end", 0) + 1
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return proc.returncode, "stuck"
             if kill_trainer and ckpts and faults["trainer_rank"] == 0:
                 ranks = _descendants(proc.pid, "ray::TrainerRankShell")
                 if len(ranks) >= 2:
@@ -154,7 +164,7 @@ def run_once(tmp: Path, redis_url: str, steps: int, faults_on: bool, server_ever
     with open(tmp / f"{name}.log", "ab") as log:
         how, code = "", 0
         while not segments or how == "killed":  # a killed controller is resumed; a failed run is not retried
-            code, how = _segment(_cmd(tmp, redis_url, steps, faults_on, name, *(["resume=true"] if segments else [])), run, faults,
+            code, how = _segment(_cmd(tmp, redis_url, steps, faults_on, name, *(["resume=true"] if segments else [])), run, steps, faults,
                                  kill_trainer=faults_on, kill_controller_after=steps // 2 if faults_on else None,
                                  server_every=server_every if faults_on else 1e9, rng=rng, log=log, timeout_s=1800)
             segments.append(how)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 from asyncrl.config import RolloutConfig
 from asyncrl.rollout.base import PauseMode, RolloutServer
@@ -135,6 +135,7 @@ class WeightSource(Protocol):
     async def sync(self, receivers: list[str]) -> dict[str, Any]: ...
 
 
+T = TypeVar("T")
 SERVER_WAIT_S = 600.0
 """How long a request waits for a server while every server is being restarted (placement, model load, sync)."""
 START_ATTEMPTS = 3
@@ -168,7 +169,7 @@ class FleetManager:
         self.router = router if router is not None else Router()
         self.router.on_dead = self._on_dead
         self._restarting: dict[str, int] = {}
-        """Restarts in progress per fleet name."""
+        """Restarts and re-syncs in progress per fleet name: servers that will take requests again."""
         if restart_dead:  # while every server restarts, requests wait for one
             self.router.server_wait_s = SERVER_WAIT_S
             self.router.server_coming = lambda fleet: any(n for f, n in self._restarting.items() if fleet in (None, f))
@@ -253,7 +254,7 @@ class FleetManager:
             elif s in self.router.servers:  # not taken out meanwhile (a death is the router's)
                 self.evicted[server_name(s)] = out["evicted"].get(server_name(s), "not loaded")
                 self.router.remove(s)
-                self._background(self._recover(s))
+                self._background(self._counted(self._fleet_of(s).name, self._recover(s)))
         self.last_publish_time, self.last_publish_s = time.time(), time.time() - t0
         return {"weights/publish_s": self.last_publish_s, "weights/gbps": float(out.get("gbps", 0.0)),
                 "weights/evicted": float(len(live) - len(done)), "weights/bytes": float(out.get("bytes", 0)),
@@ -324,15 +325,19 @@ class FleetManager:
         return await self._begin_restart(server)
 
     def _begin_restart(self, server: RolloutServer) -> Awaitable[RolloutServer]:
-        """Count the restart at once (a request finding no server waits for it), then run it."""
         fleet = self._fleet_of(server)
-        self._restarting[fleet.name] = self._restarting.get(fleet.name, 0) + 1
+        return self._counted(fleet.name, self._restart(fleet, server))
 
-        async def run() -> RolloutServer:
+    def _counted(self, fleet: str, work: Awaitable[T]) -> Awaitable[T]:
+        """Count a server of `fleet` as coming back at once (a request that finds no server waits
+        for it: `Router.server_coming`), until `work` (a restart or a re-sync) ends."""
+        self._restarting[fleet] = self._restarting.get(fleet, 0) + 1
+
+        async def run() -> T:
             try:
-                return await self._restart(fleet, server)
+                return await work
             finally:
-                self._restarting[fleet.name] -= 1
+                self._restarting[fleet] -= 1
 
         return run()
 
