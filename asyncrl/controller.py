@@ -248,16 +248,17 @@ class Pipeline:
         roll = asyncio.create_task(self.rollouter.run())
         train = asyncio.create_task(self._train_loop(progress))
         health = asyncio.create_task(self.parts.fleets.watch(self.cfg.rollout.health_interval_s))
+        leases = asyncio.create_task(self.queue.keep_leases())
         status = StatusReporter(self)
         reporter = asyncio.create_task(status.run())
         try:
-            done, _ = await asyncio.wait({roll, train, health}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({roll, train, health, leases}, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
                 t.result()  # re-raise the error of a loop that died
         finally:
-            for t in (roll, train, health, reporter):
+            for t in (roll, train, health, leases, reporter):
                 t.cancel()
-            await asyncio.gather(roll, train, health, reporter, return_exceptions=True)
+            await asyncio.gather(roll, train, health, leases, reporter, return_exceptions=True)
             await status.final()  # the end state (finished, or failed with the error in flight)
             progress.close()
             await self.queue.close()

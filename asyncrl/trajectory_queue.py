@@ -24,6 +24,7 @@ batch is acked as soon as it is trained.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import msgspec
@@ -92,6 +93,8 @@ class TrajectoryQueue:
         self.staleness = staleness
         self.consumer = consumer
         self.ack_at_checkpoint = cfg.metadata == "redis"
+        self.lease_timeout_s = cfg.lease_timeout_s
+        self._training: Batch | None = None
         self.pending: list[Batch] = []
         """Trained batches not yet acked (durable queue: until the next checkpoint)."""
         self._stale_seen = 0
@@ -137,6 +140,7 @@ class TrajectoryQueue:
             )
             await self._sync_drops(group_size)
             if batch.samples:
+                self._training = batch
                 break
             if newest is not None:
                 await self.staleness.wait_changed(seen, poll_s)
@@ -155,7 +159,18 @@ class TrajectoryQueue:
             self._stale_seen += groups * group_size
             await self.staleness.drop_accepted("stale", groups)
 
+    async def keep_leases(self) -> None:
+        """Until cancelled, renew every third of `queue.lease_timeout_s` the leases this trainer
+        holds: the batch in training and the trained ones waiting for the checkpoint. A step held
+        up longer than the lease (a publish waiting for a dead server, a restart) must not let its
+        records be redelivered and trained a second time."""
+        while True:
+            await asyncio.sleep(self.lease_timeout_s / 3)
+            for b in [*self.pending, *([self._training] if self._training is not None else [])]:
+                await self.client.renew(b)
+
     async def trained(self, batch: Batch) -> None:
+        self._training = None
         if self.ack_at_checkpoint:
             self.pending.append(batch)
             for b in self.pending:

@@ -185,6 +185,7 @@ def run_once(tmp: Path, redis_url: str, steps: int, faults_on: bool, server_ever
         "trained": len(set(uids)),
         "trained_twice": len(uids) - len(set(uids)),
         "acked": sum(stats.acked.values()),
+        "redelivered": sum(stats.redelivered.values()),
         "dropped_by_cause": dropped,
         "resident": resident,
         # a finished run has acked its whole lineage at its last checkpoint, so what is neither
