@@ -117,7 +117,8 @@ class RewardPool:
         self._jobs.put(job)
         try:
             await asyncio.wrap_future(job.started)
-            return await asyncio.wait_for(asyncio.wrap_future(job.future), timeout_s)
+            async with asyncio.timeout(timeout_s):  # not wait_for: on 3.11 it can swallow a cancel
+                return await asyncio.wrap_future(job.future)
         except asyncio.TimeoutError:
             job.future.cancel()
             if self._abandon(job):
@@ -219,7 +220,8 @@ async def _score(
     """(reward, info, pool exhausted)."""
     try:
         if _is_async(fn):
-            out = await asyncio.wait_for(fn(response, answer), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                out = await fn(response, answer)
         else:
             out = await (pool or reward_pool()).run(fn, (response, answer), timeout_s)
         return *_as_reward(out), False

@@ -52,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -256,9 +257,15 @@ class Pipeline:
             for t in done:
                 t.result()  # re-raise the error of a loop that died
         finally:
-            for t in (roll, train, health, leases, reporter):
-                t.cancel()
-            await asyncio.gather(roll, train, health, leases, reporter, return_exceptions=True)
+            stuck: set[asyncio.Task] = {roll, train, health, leases, reporter}
+            for _ in range(3):  # a cancel can be lost (a wait_for racing it); ask again rather than hang
+                for t in stuck:
+                    t.cancel()
+                _, stuck = await asyncio.wait(stuck, timeout=STOP_TIMEOUT_S / 3)
+                if not stuck:
+                    break
+            for t in stuck:
+                print(f"asyncrl: {t.get_coro()!r} did not stop within {STOP_TIMEOUT_S} s", file=sys.stderr)
             await status.final()  # the end state (finished, or failed with the error in flight)
             progress.close()
             await self.queue.close()
@@ -293,11 +300,14 @@ class Pipeline:
         }
 
 
+STOP_TIMEOUT_S = 30.0
+"""At the end of a run, how long the pipeline's loops get to stop once cancelled."""
+
+
 def _dump_tasks_on_sigusr1() -> None:
     """`kill -USR1 <controller pid>` prints the stack of every task of the pipeline to stderr
     (where a run that seems stuck is waiting). Main thread only; elsewhere nothing is installed."""
     import signal
-    import sys
 
     loop = asyncio.get_running_loop()
     try:

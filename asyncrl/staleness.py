@@ -110,7 +110,8 @@ class StalenessManager:
         group was dropped), or `timeout` seconds."""
         async with self._changed:
             try:
-                await asyncio.wait_for(self._changed.wait_for(lambda: self.changes != seen), timeout)
+                async with asyncio.timeout(timeout):  # not wait_for: on 3.11 it can swallow a cancel
+                    await self._changed.wait_for(lambda: self.changes != seen)
             except asyncio.TimeoutError:
                 pass
 

@@ -85,7 +85,8 @@ async def call_tool(tool: Tool | None, name: str, arguments: dict[str, Any], tim
     if tool is None:
         return f"Error: unknown tool {name!r}", False
     try:
-        out = await asyncio.wait_for(tool(**arguments), timeout_s)
+        async with asyncio.timeout(timeout_s):  # not wait_for: on 3.11 it can swallow a cancel
+            out = await tool(**arguments)
     except ToolUnavailable:
         raise
     except asyncio.TimeoutError:

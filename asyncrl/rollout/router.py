@@ -194,7 +194,8 @@ class Router:
                     raise
                 self._added.clear()
                 try:
-                    await asyncio.wait_for(self._added.wait(), left)
+                    async with asyncio.timeout(left):
+                        await self._added.wait()
                 except asyncio.TimeoutError:
                     raise NoServerError(f"router: no active rollout server for {self.server_wait_s} s") from None
 

@@ -139,7 +139,8 @@ class ActorServer(RolloutServer):
         ref = getattr(self.handle, verb).remote(*args)
         try:
             if verb in _CONTROL_VERBS:
-                return await asyncio.wait_for(ref, self.control_timeout_s)
+                async with asyncio.timeout(self.control_timeout_s):  # not wait_for: on 3.11 it can swallow a cancel
+                    return await ref
             return await ref
         except asyncio.TimeoutError:
             raise ServerDied(f"rollout server {self.name} is hung: no answer to {verb} in {self.control_timeout_s} s "
