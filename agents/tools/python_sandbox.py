@@ -51,12 +51,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agents.tools.base import Tool, ToolUnavailable, register_tool
-from agents.tools.sandbox_host import exposures, kill_tree, pick_uid, processes_of, release_uid
-
-_PRIVATE_DIRS = ["/tmp", "/var/tmp", "/dev/shm"]
-"""Fresh tmpfs per run."""
-_EMPTY_DIRS = ["/run"]
-"""Covered by an empty tmpfs (host sockets live there; /var/run links to it)."""
+from agents.tools.sandbox_host import EMPTY_DIRS, PRIVATE_DIRS, exposures, kill_tree, pick_uid, processes_of, release_uid
 
 _CHILD = (Path(__file__).parent / "_sandbox_child.py").read_text()
 
@@ -198,7 +193,7 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits(), stdin: 
         cfg = {"cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb, "file_mb": limits.file_mb, "nproc": nproc,
                "tmp_mb": limits.tmp_mb, "uid": uid, "host_ids": [os.getuid(), os.getgid()], "workdir": workdir,
                "main": os.path.join(hostdir, "main.py"), "report_fd": report_w, "expose": expose,
-               "private": _PRIVATE_DIRS, "empty": _EMPTY_DIRS}
+               "private": PRIVATE_DIRS, "empty": EMPTY_DIRS}
         env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
                "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         proc = await asyncio.create_subprocess_exec(

@@ -43,15 +43,23 @@ def import_roots(python: str) -> tuple[str, ...]:
     return tuple(p for p in json.loads(out.stdout) if p and os.path.isdir(p))
 
 
+PRIVATE_DIRS = ["/tmp", "/var/tmp", "/dev/shm"]
+"""Fresh tmpfs mounts of every run (what the code writes there is its own and gone after it)."""
+EMPTY_DIRS = ["/run"]
+"""Covered by an empty tmpfs (host sockets live there)."""
+
+
 def exposures(python: str) -> list[tuple[str, str]]:
-    """(hide, keep) pairs: directories the interpreter imports from that a fresh uid could not reach
-    (`hide`, e.g. /root or a 0700 `mktemp -d` above a checkout's venv) and what to mount back (`keep`)."""
+    """(hide, keep) pairs: directories the interpreter imports from that the run would not see, and
+    what to mount back (`keep`): under a dir the run covers (a venv in a checkout under /tmp), or
+    that a fresh uid could not reach (`hide`, e.g. /root or a 0700 `mktemp -d` above the venv)."""
     keeps = {*import_roots(python), str(Path(os.path.realpath(python)).parent.parent)}
+    covered = [os.path.realpath(d) for d in (*PRIVATE_DIRS, *EMPTY_DIRS)]
     pairs: list[tuple[str, str]] = []
     for keep in sorted(os.path.realpath(k) for k in keeps):
         if any(keep == k or keep.startswith(k + "/") for _, k in pairs):
             continue  # inside a directory already kept
-        hide = first_unreachable(keep)
+        hide = next((c for c in covered if keep.startswith(c + "/")), None) or first_unreachable(keep)
         if hide is not None and hide != keep:
             pairs.append((hide, keep))
     return pairs
