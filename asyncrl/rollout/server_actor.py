@@ -53,7 +53,7 @@ class ServerActor:
 
     async def start(self) -> int:
         """Build the engine on the actor's event loop (vLLM's AsyncLLM wants one); returns its version."""
-        from asyncrl.rollout.fleet import build_server
+        from asyncrl.rollout.fleet_build import build_server
 
         cfg, model_path, dtype, seed, index = self._args
         self.server = build_server(cfg, model_path, dtype=dtype, seed=seed, index=index)

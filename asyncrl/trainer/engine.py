@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import socket
 from functools import partial
 from typing import Iterator
 
@@ -37,6 +35,7 @@ from asyncrl.config import AlgorithmConfig, TrainerConfig
 from asyncrl.trainer.batch import TrainBatch
 from asyncrl.trainer.corrections import Corrector, stat_max, stat_metrics, stat_sums
 from asyncrl.trainer.losses import POLICY_LOSSES, agg_loss, entropy_from_logits, kl_penalty, token_logprobs
+from asyncrl.trainer.setup import ensure_process_group, free_port, load_sharded_model, lr_factor, pick_device  # noqa: F401  re-exported
 
 log = logging.getLogger(__name__)
 
@@ -61,71 +60,6 @@ def merge_minibatch_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
         else:
             out[key] = sum(vals) / len(vals)
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def pick_device(setting: str) -> torch.device:
-    """`trainer.device` -> this rank's device (cuda:LOCAL_RANK on GPU)."""
-    use_cuda = setting == "cuda" or (setting == "auto" and torch.cuda.is_available())
-    if not use_cuda:
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise RuntimeError("trainer.device=cuda but this process sees no CUDA GPU "
-                           f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); use trainer.device=cpu or auto")
-    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-    torch.cuda.set_device(dev)
-    return dev
-
-
-def ensure_process_group(device: torch.device) -> bool:
-    """Use the existing process group, or start a 1-rank one; True if this call started it."""
-    if dist.is_initialized():
-        return False
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    if "RANK" in os.environ and "MASTER_ADDR" in os.environ:  # torchrun / the Ray shell
-        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
-    else:
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    return True
-
-
-def lr_factor(step: int, *, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
-    """Multiplier of the peak lr at optimizer step `step` (0-based): linear warm-up, then constant or cosine."""
-    if step < warmup:
-        return (step + 1) / warmup
-    if schedule == "constant":
-        return 1.0
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def load_sharded_model(path: str, device: torch.device, dtype: torch.dtype, trainable: bool) -> torch.nn.Module:
-    """HF causal LM in fp32 master weights, `fully_shard` per decoder layer and at the root.
-
-    Non-fp32 `dtype` becomes the FSDP compute dtype (gradients reduced in fp32).
-    """
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
-    model.eval()  # no dropout: the trainer must score tokens as the rollout engine does
-    model.requires_grad_(trainable)
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype != torch.float32 else MixedPrecisionPolicy()
-    layer_types = set(getattr(model, "_no_split_modules", None) or [])
-    layers = [m for m in model.modules() if type(m).__name__ in layer_types]
-    if not layers:
-        raise ValueError(f"{path}: no decoder layers found to shard (model._no_split_modules={sorted(layer_types)})")
-    for layer in layers:
-        fully_shard(layer, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
-    return model
 
 
 class TrainerEngine:

@@ -1,0 +1,121 @@
+"""How the servers of a fleet are built and started: `build_server` is the one place that knows the
+backends; a `Fleet` is N servers of one backend and one sampling setup, either local
+(`build_fleet`: in this process, the embedded default) or Ray actors in one placement group
+(`Fleet.spawn`, which replaces a server that dies while starting).
+Boundary: which servers take requests, at which version, and what happens when one dies is the
+`FleetManager`'s (fleet.py); the Ray shell is server_actor.py (imported only when a fleet of
+actors is spawned, so this module stays importable without Ray).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any, Awaitable, Callable
+
+from asyncrl.config import RolloutConfig
+from asyncrl.rollout.base import RolloutServer
+from asyncrl.rollout.router import DEFAULT_FLEET, ServerDied
+
+START_ATTEMPTS = 3
+"""Starts of one server in a row that may die before it is up (then the fleet fails)."""
+
+
+def build_server(cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int, index: int = 0) -> RolloutServer:
+    if cfg.backend == "torch":
+        from asyncrl.rollout.torch_engine import TorchRolloutServer
+
+        return TorchRolloutServer(
+            model_path,
+            dtype=dtype,
+            max_batch_size=cfg.max_batch_size,
+            seed=seed + index,
+            threads=cfg.torch_threads,
+            prefix_cache_size=cfg.prefix_cache_size,
+        )
+    if cfg.backend == "vllm":
+        from asyncrl.rollout.vllm_engine import VLLMRolloutServer
+
+        return VLLMRolloutServer(
+            model_path,
+            dtype=dtype,
+            seed=seed + index,
+            enforce_eager=cfg.enforce_eager,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            cpu_kv_cache_gb=cfg.cpu_kv_cache_gb,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+        )
+    if cfg.backend == "cost_model":
+        from asyncrl.rollout.cost_model import CostModelServer, LongTail
+
+        c = cfg.cost_model
+        return CostModelServer(token_cost_s=c.token_cost_s, max_concurrency=c.max_concurrency, seed=seed + index,
+                               lengths=LongTail(c.short_tokens, c.long_fraction, c.long_factor, c.jitter),
+                               update_cost_s=c.update_cost_s)
+    raise ValueError(f"rollout.backend: unknown backend {cfg.backend!r}")
+
+
+def build_fleet(cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int) -> list[RolloutServer]:
+    return [build_server(cfg, model_path, dtype=dtype, seed=seed, index=i) for i in range(cfg.num_servers)]
+
+
+def fleet_configs(cfg: RolloutConfig) -> dict[str, RolloutConfig]:
+    """The run's fleets by name: `main` from `cfg` itself, then each `rollout.fleets` entry
+    (the main keys with the entry's changes)."""
+    out = {DEFAULT_FLEET: dataclasses.replace(cfg, fleets=[])}
+    for extra in cfg.fleets:
+        changes = {k: v for k, v in extra.items() if k != "name"}
+        out[extra["name"]] = dataclasses.replace(cfg, fleets=[], **changes)
+    return out
+
+
+class Fleet:
+    """N servers of one backend. `respawn(i)` (actor fleets) starts a fresh server in bundle i."""
+
+    def __init__(self, name: str, servers: list[RolloutServer],
+                 respawn: Callable[[int], Awaitable[RolloutServer]] | None = None,
+                 release: Callable[[], None] | None = None) -> None:
+        self.name = name
+        self.servers = list(servers)
+        self._respawn = respawn
+        self._release = release
+
+    @classmethod
+    async def spawn(cls, name: str, cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int,
+                    spec: dict[str, Any] | None = None, placement_timeout_s: float = 300.0) -> "Fleet":
+        """`cfg.num_servers` Ray actors in one placement group (one bundle each), models loaded;
+        with `spec` (a `HostSpec` dict) each runs whole samples and joins the weight plane."""
+        from asyncrl.rollout import server_actor as sa
+
+        pg = sa.make_placement(cfg, cfg.num_servers)
+        await sa.wait_placed(pg, placement_timeout_s)
+
+        async def respawn(i: int) -> RolloutServer:
+            """A fresh server in bundle i, started; one that dies while starting is replaced, up
+            to `START_ATTEMPTS` times (a crash at load is as likely as one later)."""
+            for attempt in range(START_ATTEMPTS):
+                server = sa.spawn_server(cfg, model_path, dtype=dtype, seed=seed, index=i, placement=pg, name=f"{name}-{i}", spec=spec)
+                try:
+                    return await server.ready()
+                except ServerDied:
+                    await server.close()
+                    if attempt == START_ATTEMPTS - 1:
+                        raise
+            raise AssertionError("unreachable")
+
+        servers = await asyncio.gather(*(respawn(i) for i in range(cfg.num_servers)))
+        return cls(name, list(servers), respawn, lambda: sa.remove_placement(pg))
+
+    async def restart(self, server: RolloutServer) -> RolloutServer:
+        """Replace a dead server by a fresh one in its place (same bundle, same seed)."""
+        if self._respawn is None:
+            raise RuntimeError(f"fleet {self.name}: local servers cannot be restarted")
+        i = self.servers.index(server)
+        fresh = await self._respawn(i)
+        self.servers[i] = fresh
+        return fresh
+
+    async def close(self) -> None:
+        await asyncio.gather(*(s.close() for s in self.servers))
+        if self._release is not None:
+            self._release()
