@@ -25,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -152,6 +153,58 @@ def _pump(q: TransferQueueClient, n: int, producers: int, batch: int = 64) -> tu
     return got / (time.perf_counter() - t0), lat
 
 
+class RoundTrips:
+    """Counts the requests a `redis` metadata store sends (a command, a script call or a pipeline: one round
+    trip each), by the store verb (`put`, `get`, `ack`, ...) that sent them, in any thread.
+
+        rt = RoundTrips(q.metadata); q.put(records); rt.counts["put"]  # -> 1
+    """
+
+    VERBS = ("put", "get", "ack", "drop", "nack", "renew", "update", "stats")
+
+    def __init__(self, store: Any) -> None:
+        self.counts: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()
+        self._verb = threading.local()
+        r = store.r
+        send, make = r.execute_command, r.pipeline
+
+        def execute_command(*a: Any, **kw: Any) -> Any:
+            self.counts[getattr(self._verb, "name", "other")] += 1
+            return send(*a, **kw)
+
+        def pipeline(*a: Any, **kw: Any) -> Any:
+            pipe = make(*a, **kw)
+            run = pipe.execute
+
+            def execute(*a2: Any, **kw2: Any) -> Any:
+                self.counts[getattr(self._verb, "name", "other")] += 1
+                return run(*a2, **kw2)
+
+            pipe.execute = execute
+            return pipe
+
+        r.execute_command, r.pipeline = execute_command, pipeline
+        for verb in self.VERBS:
+            setattr(store, verb, self._counted(verb, getattr(store, verb)))
+
+    def _counted(self, verb: str, fn: Any) -> Any:
+        def call(*a: Any, **kw: Any) -> Any:
+            outer = getattr(self._verb, "name", None)
+            if outer is None:  # a verb called by another (get's stale drops) counts for the outer one
+                self._verb.name = verb
+                self.calls[verb] += 1
+            try:
+                return fn(*a, **kw)
+            finally:
+                if outer is None:
+                    self._verb.name = None
+        return call
+
+    def per_call(self) -> dict[str, float]:
+        return {v: self.counts[v] / n for v, n in self.calls.items() if n}
+
+
 def _free_port() -> int:
     import socket
 
@@ -235,6 +288,10 @@ def bench_small(n: int, ray_n: int, ray_mod: Any) -> tuple[dict, dict]:
                 info = q.metadata.r.info("commandstats")  # type: ignore[attr-defined]
                 rates["redis_server_usec_per_script"] = info.get("cmdstat_evalsha", {}).get("usec_per_call")
                 rates["redis_server_usec_per_hincrby"] = info.get("cmdstat_hincrby", {}).get("usec_per_call")
+                rt = RoundTrips(q.metadata)  # a second, shorter pass: requests per put / get / ack
+                _pump(q, min(n, 4096), producers=1)
+                for verb, k in rt.per_call().items():
+                    rates[f"redis_round_trips_per_{verb}"] = k
             _, lat = _pump(q, n, producers=8)
             latency[name] = {"p50_ms": 1e3 * float(np.percentile(lat, 50)), "p99_ms": 1e3 * float(np.percentile(lat, 99)),
                              "gets": len(lat)}
@@ -332,6 +389,10 @@ def _table(res: dict) -> str:
     for k in ("memory_records_per_s", "redis_records_per_s", "ray_actor_records_per_s"):
         if k in s:
             lines.append(f"   {k[:-len('_records_per_s')]:<10} {s[k]:>10.0f}")
+    trips = {k[len("redis_round_trips_per_"):]: v for k, v in s.items() if k.startswith("redis_round_trips_per_")}
+    if trips:
+        lines.append("   redis round trips per call: " + ", ".join(f"{verb} {v:.2f}" for verb, v in trips.items())
+                     + f"; {s.get('redis_server_usec_per_script') or float('nan'):.0f} us server time per script")
     lines.append("3. get latency, 8 producers: " + ", ".join(
         f"{b} p50 {v['p50_ms']:.2f} ms p99 {v['p99_ms']:.2f} ms" for b, v in res["latency"].items()))
     m = res["memory"]

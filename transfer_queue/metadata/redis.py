@@ -13,7 +13,7 @@ Layout (P = `tq:<run_id>:`):
                          of its first put), pm (set: records of several producers), and per record
                          r:<uid> (msgpack SampleMeta), s:<uid> (sealed), v:<uid> (updates), p:<uid>
                          (producer, only where it is not pr), m:<uid> (memory ids, where it has any)
-    P idx:<uid>   string the record's group id (uid uniqueness, update and ack by uid)
+    P idx         hash   uid -> the record's group id (uid uniqueness, update and ack by uid)
     P mem         hash   memory id (a digest of `storage.handles.identity`) -> uid of the live record
     P stream      stream one entry per complete, sealed group; consumer group per queue consumer group
     P resident    int    records held (back-pressure); P stats hash of counters; P hist:<cg> staleness
@@ -39,6 +39,13 @@ all of its records; `update` when it produced the record or holds it in any cons
 `stats().not_owner`, and changes nothing. Two live records never point at the same memory (`P mem`,
 as memory's `identity` table): a `put` or `update` whose handle names memory held is refused.
 Redis itself must still be reachable only by the run: whoever can talk to it can rewrite it.
+
+Round trips (pinned by tests/integration/transfer_queue/test_tq_redis_round_trips.py): a `put` is one
+script call, whatever its size; a `get` whose groups are ready is one (READ: own pending entries,
+expired leases, new entries and their records in one atomic call); one that has to wait adds a
+blocking XREADGROUP and a READ of what it returned per wait (and an XCLAIM that keeps what it holds
+leased, at most every `lease_timeout_s / 4`); an `ack` or `drop` is one. redis-py loads a script on
+its first call to a server (two more round trips, once).
 """
 
 from __future__ import annotations
@@ -55,7 +62,7 @@ from transfer_queue.codec import pack
 from transfer_queue.config import TransferQueueConfig
 from transfer_queue.metadata.base import DROP_CAUSES, FreeHook, GetRequest, MetadataStore, default_consumer_id
 from transfer_queue.records import Batch, QueueStats, SampleMeta
-from transfer_queue.metadata.redis_scripts import FINISH, LOAD, NACK, PUT, RENEW, UPDATE
+from transfer_queue.metadata.redis_scripts import FINISH, LOAD, NACK, PUT, READ, RENEW, UPDATE
 from transfer_queue.storage.handles import identity
 
 
@@ -74,6 +81,21 @@ def _sample(blob: bytes) -> SampleMeta:
     return SampleMeta(**msgpack.unpackb(blob))  # written by `put` of this module, not by a peer
 
 
+def _stream(data: bytes) -> msgpack.Unpacker:
+    """The objects of a msgpack stream a script concatenated (blobs written by `put` of this module)."""
+    it = msgpack.Unpacker(raw=False, max_buffer_size=max(len(data), 1))
+    it.feed(data)
+    return it
+
+
+def _entries(data: bytes) -> list[tuple[str, list[SampleMeta]]]:
+    """READ's answer: per stream entry its id, its number of records k, then k records."""
+    it, out = _stream(data), []
+    for eid in it:
+        out.append((eid, [SampleMeta(**next(it)) for _ in range(next(it))]))
+    return out
+
+
 class RedisController(MetadataStore):
     """Example:
         ctl = RedisController(TransferQueueConfig(metadata="redis", redis_url=url, run_id="r1"))
@@ -87,8 +109,8 @@ class RedisController(MetadataStore):
         self.on_free = on_free or (lambda handles: None)
         self.p = f"tq:{config.run_id}:"
         self.r = redis.Redis.from_url(config.redis_url)
-        self._put, self._update, self._load_script, self._finish, self._nack, self._renew = (
-            self.r.register_script(s) for s in (PUT, UPDATE, LOAD, FINISH, NACK, RENEW))
+        self._put, self._update, self._load_script, self._read, self._finish, self._nack, self._renew = (
+            self.r.register_script(s) for s in (PUT, UPDATE, LOAD, READ, FINISH, NACK, RENEW))
         self._lease_ms = int(config.lease_timeout_s * 1000)
         self._claim_every = min(config.lease_timeout_s / 4, 0.5)
         self._next_claim: dict[str, float] = {}
@@ -109,10 +131,11 @@ class RedisController(MetadataStore):
     def put(self, samples: list[SampleMeta], timeout: float | None = None, client_id: str = "") -> None:
         if len(samples) > self.config.capacity:
             raise ValueError(f"put of {len(samples)} records exceeds queue.capacity={self.config.capacity}")
-        args: list[Any] = [self.p, self.config.capacity, len(samples), client_id or default_consumer_id()]
+        head: list[Any] = []
         for s in samples:
-            args += [s.uid, s.group_id, s.group_size, int(s.sealed), pack(s.to_wire()),
-                     ",".join(_memory_ids(s.handles.values()))]
+            head += [s.uid, s.group_id, s.group_size, int(s.sealed), ",".join(_memory_ids(s.handles.values()))]
+        args = [self.p, self.config.capacity, len(samples), client_id or default_consumer_id(), pack(head),
+                *(pack(s.to_wire()) for s in samples)]
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = 0.001
         while self._call(self._put, args) == -1:  # full: back-pressure by polling
@@ -125,7 +148,7 @@ class RedisController(MetadataStore):
                seal: bool = True, client_id: str = "") -> None:
         client_id = client_id or default_consumer_id()
         for _ in range(100):  # optimistic: retry if another writer changed the record meanwhile
-            gid = self.r.get(self.p + f"idx:{uid}")
+            gid = self.r.hget(self.p + "idx", uid)
             blob, version = self.r.hmget(self.p + f"grp:{gid.decode()}", f"r:{uid}", f"v:{uid}") if gid else (None, None)
             if blob is None:
                 raise KeyError(f"update: no record {uid!r} in the queue")
@@ -162,37 +185,24 @@ class RedisController(MetadataStore):
         deadline = None if req.timeout is None else time.monotonic() + req.timeout
         held: list[tuple[str, list[SampleMeta]]] = []
         parked = self._parked.setdefault(cg, {})
+        given: list[Any] = []  # (stream id, group id) pairs a blocking read returned, for READ to load
+        refreshed = not parked  # what this call reads is freshly leased; what it finds parked is refreshed once
+        last_refresh = time.monotonic()
         while True:
             want = (req.num_groups or req.num_samples or 1) - (len(held) if req.num_groups else sum(len(g) for _, g in held))
-            entries = []
-            if (cg, me) not in self._own_read:  # a consumer back under its old id (a resumed run) takes its leases back at once
-                self._own_read.add((cg, me))
-                res = self.r.xreadgroup(cg, me, {stream: "0"})
-                entries = [e for e in (res[0][1] if res else []) if e[0].decode() not in parked]
-            if time.monotonic() >= self._next_claim.get(cg, 0.0):  # expired leases of dead consumers
-                entries += self.r.xautoclaim(stream, cg, me, self._lease_ms, "0-0", count=max(want, 1))[1]
+            own = (cg, me) not in self._own_read  # a consumer back under its old id (a resumed run) takes its leases back at once
+            self._own_read.add((cg, me))
+            claim = time.monotonic() >= self._next_claim.get(cg, 0.0)  # expired leases of dead consumers
+            if claim:
                 self._next_claim[cg] = time.monotonic() + self._claim_every
-            redelivered = len(entries)
-            if len(entries) < want:
-                left = None if deadline is None else deadline - time.monotonic()
-                block = None if left is None else max(int(min(left, 1.0) * 1000), 1)
-                if left is None or left > 0:
-                    res = self.r.xreadgroup(cg, me, {stream: ">"}, count=want - len(entries), block=block or 1000)
-                    entries += res[0][1] if res else []
-            for eid, fields in entries:
-                if not fields:  # deleted entry left in a pending list: nothing to deliver
-                    self.r.xack(stream, cg, eid)
-            entries = [e for e in entries if e[1]]
-            groups = self._load(entries)
-            if redelivered:
-                self.r.hincrby(self.p + "stats", f"redelivered:{cg}", sum(len(g) for g in groups[:redelivered]))
+            skip = list(parked) if own else []
+            _, data = self._call(self._read, [self.p, cg, me, int(own), self._lease_ms if claim else -1, max(want, 1),
+                                              want, len(skip), *skip, *given])
+            given = []
             taken = {e for e, _ in held}
-            for (eid, _), samples in zip(entries, groups):
-                if not samples:  # freed meanwhile (a late ack elsewhere): nothing to deliver
-                    self.r.xack(stream, cg, eid)
-                    continue
-                if eid.decode() not in taken:
-                    parked[eid.decode()] = samples
+            for eid, samples in _entries(data):
+                if eid not in taken:
+                    parked[eid] = samples
             for eid, samples in sorted(parked.items(), key=lambda kv: min(s.version for s in kv[1])):  # oldest first
                 version = min(s.version for s in samples)
                 if req.max_staleness is not None and req.current_version - version > req.max_staleness:  # type: ignore[operator]
@@ -204,14 +214,22 @@ class RedisController(MetadataStore):
                 held.append((eid, parked.pop(eid)))
             if req.enough(len(held), sum(len(g) for _, g in held)):
                 break
-            if deadline is not None and time.monotonic() >= deadline:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
                 if not req.allow_partial:
                     parked.update(held)  # still leased to this consumer: offered first at its next get
                     held = []
                 break
             ids = [e for e, _ in held] + list(parked)
-            if ids:
+            if ids and (not refreshed or time.monotonic() - last_refresh >= self._claim_every):
                 self.r.xclaim(stream, cg, me, 0, ids, justid=True)  # keep the lease fresh while waiting
+                refreshed, last_refresh = True, time.monotonic()
+            wait = min(1.0 if left is None else left, self._claim_every if ids else 1.0)  # back in time to refresh
+            block = max(int(wait * 1000), 1)
+            want = (req.num_groups or req.num_samples or 1) - (len(held) if req.num_groups else sum(len(g) for _, g in held))
+            res = self.r.xreadgroup(cg, me, {stream: ">"}, count=max(want, 1), block=block)
+            for eid, fields in (res[0][1] if res else []):
+                given += [eid, fields[b"gid"]] if fields else []
         if parked:
             self.r.xclaim(stream, cg, me, 0, list(parked), justid=True)  # keep their lease fresh
         samples = [s for _, g in held for s in g]
@@ -242,13 +260,13 @@ class RedisController(MetadataStore):
         self._check_consumer(consumer)
         if not uids:
             return 0
-        out = self._call(self._finish, [self.p, consumer, len(self.consumer_groups), cause, client_id, *uids])
+        out = self._call(self._finish, [self.p, consumer, len(self.consumer_groups), cause, client_id, pack(list(uids))])
         if out[0] == -1:
             what = "ack" if cause == "" else "drop"
             raise PermissionError(f"{what} of {out[1].decode()!r} for {consumer!r}: client {client_id!r} is neither "
                                   "the producer nor the lease holder")
-        if len(out) > 1:
-            self.on_free([h for b in out[1:] for h in _sample(b).handles.values()])
+        if out[1]:  # the records freed that held memory
+            self.on_free([h for d in _stream(out[1]) for h in SampleMeta(**d).handles.values()])
         return int(out[0])
 
     def nack(self, consumer: str, lease_id: str, uids: list[str], client_id: str = "") -> int:

@@ -1,6 +1,12 @@
 """The Lua scripts of the `redis` metadata backend (`redis.py`): each changes a record, its group
 and the ownership checks in one atomic call. The ownership rule itself is `rules.MAY_ACT_LUA`,
-beside its Python twin `rules.may_act`; the key layout is in `redis.py`'s docstring."""
+beside its Python twin `rules.may_act`; the key layout is in `redis.py`'s docstring.
+
+Cost is what bounds the queue's rate (`asyncrl bench queue`), so each script works per call and per
+group, not per record, where Redis lets it: one HMGET/HSET of the `idx` hash for all uids of a call,
+one HSET per group, one XDEL and one counter update per call. Per-record arguments travel packed in
+one msgpack string (unpacked once by `cmsgpack`) beside the record blobs, which Lua never decodes;
+record blobs come back concatenated in one msgpack stream (one reply element, decoded in C)."""
 
 from transfer_queue.rules import MAY_ACT_LUA
 
@@ -32,77 +38,85 @@ CHUNKED = """
 local function chunked(cmd, key, args)  -- one call per 2000 arguments (Lua's stack is bounded)
   for i = 1, #args, 2000 do redis.call(cmd, key, unpack(args, i, math.min(i + 1999, #args))) end
 end
+local function hmget(key, fields)  -- HMGET in calls of 1000 fields; one value per field (false: missing)
+  local out = {}
+  for i = 1, #fields, 1000 do
+    local r = redis.call('HMGET', key, unpack(fields, i, math.min(i + 999, #fields)))
+    for j = 1, #r do out[#out + 1] = r[j] end
+  end
+  return out
+end
 """
 
-# ARGV: prefix, capacity, n, producer, then per record: uid, gid, size, sealed, blob (msgpack SampleMeta),
-# memory ids (comma-joined, '' for none)
-PUT = PUBLISH + CHUNKED + """
+# ARGV: prefix, capacity, n, producer, head (msgpack array: per record uid, gid, size, sealed (0/1), memory ids
+# comma-joined ('' for none)), then the n blobs (msgpack SampleMeta) in the same order
+PUT = CHUNKED + """
 local p, cap, n, producer = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 if tonumber(redis.call('GET', p..'resident') or '0') + n > cap then return -1 end
+local head = cmsgpack.unpack(ARGV[5])
+if #head ~= 5 * n or #ARGV ~= 5 + n then return redis.error_reply('put: malformed call') end
 local held = 'put: a handle of %s refers to memory that another live record (or field) already holds'
-local groups, order, uids, ids, mem = {}, {}, {}, {}, {}
-for i = 5, 4 + 6 * n, 6 do
-  local uid, gid, size = ARGV[i], ARGV[i+1], ARGV[i+2]
-  if uids[uid] or redis.call('EXISTS', p..'idx:'..uid) == 1 then return redis.error_reply('uid '..uid..' is already in the queue') end
-  uids[uid] = true
-  for id in string.gmatch(ARGV[i+5], '[^,]+') do
+local uids = {}
+for r = 1, n do uids[r] = head[5 * r - 4] end
+local known = hmget(p..'idx', uids)
+local groups, order, seen, ids, mem, memids, idx = {}, {}, {}, {}, {}, {}, {}
+for r = 1, n do
+  local k = 5 * r - 5
+  local uid, gid, size, sealed, m = head[k+1], head[k+2], head[k+3], head[k+4], head[k+5]
+  if seen[uid] or known[r] then return redis.error_reply('uid '..uid..' is already in the queue') end
+  seen[uid] = true
+  for id in string.gmatch(m, '[^,]+') do
     if ids[id] then return redis.error_reply(string.format(held, uid)) end
     ids[id] = uid
-    table.insert(mem, id)
-    table.insert(mem, uid)
+    memids[#memids + 1] = id
+    mem[#mem + 1] = id
+    mem[#mem + 1] = uid
   end
   local g = groups[gid]
   if not g then
-    local cur = redis.call('HMGET', p..'grp:'..gid, 'size', 'n', 'pr')
-    if cur[1] and cur[1] ~= size then return redis.error_reply('group '..gid..' has group_size '..cur[1]) end
+    local cur = redis.call('HMGET', p..'grp:'..gid, 'size', 'n', 'pr', 'sealed', 'eid')
+    if cur[1] and tonumber(cur[1]) ~= size then return redis.error_reply('group '..gid..' has group_size '..cur[1]) end
     -- its producer: this put's for a new group (none for a group stored without one)
-    g = {n = tonumber(cur[2] or '0'), add = 0, sealed = 0, size = size, new = not cur[1],
-         pr = cur[3] or (not cur[1] and producer) or false}
+    g = {n = tonumber(cur[2] or '0'), sealed = tonumber(cur[4] or '0'), size = size, new = not cur[1],
+         pr = cur[3] or (not cur[1] and producer) or false, eid = cur[5], f = {}}
     groups[gid] = g
-    table.insert(order, gid)
+    order[#order + 1] = gid
   end
-  g.add = g.add + 1
-  g.sealed = g.sealed + tonumber(ARGV[i+3])
-  if g.n + g.add > tonumber(size) then return redis.error_reply('group '..gid..' already has '..size..' records') end
-end
-for j = 1, #mem, 2000 do  -- one HMGET per 1000 memory ids
-  local chunk = {}
-  for k = j, math.min(j + 1999, #mem), 2 do table.insert(chunk, mem[k]) end
-  local owner = redis.call('HMGET', p..'mem', unpack(chunk))
-  for k = 1, #chunk do
-    if owner[k] then return redis.error_reply(string.format(held, ids[chunk[k]])) end
-  end
-end
-for i = 5, 4 + 6 * n, 6 do
-  local uid, gid = ARGV[i], ARGV[i+1]
-  local g = groups[gid]
-  redis.call('SET', p..'idx:'..uid, gid)
-  local f = {p..'grp:'..gid, 'r:'..uid, ARGV[i+4], 's:'..uid, ARGV[i+3], 'v:'..uid, 0}
+  g.n = g.n + 1
+  g.sealed = g.sealed + sealed
+  if g.n > size then return redis.error_reply('group '..gid..' already has '..size..' records') end
+  local f = g.f
+  f[#f+1] = 'r:'..uid; f[#f+1] = ARGV[5 + r]; f[#f+1] = 's:'..uid; f[#f+1] = sealed; f[#f+1] = 'v:'..uid; f[#f+1] = 0
   if g.pr ~= producer then  -- a record of another producer says whose it is
-    table.insert(f, 'p:'..uid)
-    table.insert(f, producer)
+    f[#f+1] = 'p:'..uid; f[#f+1] = producer
     g.mixed = true
   end
-  if ARGV[i+5] ~= '' then
-    table.insert(f, 'm:'..uid)
-    table.insert(f, ARGV[i+5])
-  end
-  redis.call('HSET', unpack(f))
+  if m ~= '' then f[#f+1] = 'm:'..uid; f[#f+1] = m end
+  idx[#idx + 1] = uid
+  idx[#idx + 1] = gid
 end
+local owner = hmget(p..'mem', memids)
+for k = 1, #memids do
+  if owner[k] then return redis.error_reply(string.format(held, ids[memids[k]])) end
+end
+chunked('HSET', p..'idx', idx)
 chunked('HSET', p..'mem', mem)
-for _, gid in ipairs(order) do
-  local g, key = groups[gid], p..'grp:'..gid
-  if g.new then
-    redis.call('HSET', key, 'size', g.size, 'pr', producer, 'n', g.add, 'sealed', g.sealed)
-  else
-    redis.call('HINCRBY', key, 'n', g.add)
-    redis.call('HINCRBY', key, 'sealed', g.sealed)
-    if g.mixed then redis.call('HSET', key, 'pm', 1) end
+local published = 0
+for _, gid in ipairs(order) do  -- one HSET per group: its records and its counts
+  local g = groups[gid]
+  local f = g.f
+  f[#f+1] = 'n'; f[#f+1] = g.n; f[#f+1] = 'sealed'; f[#f+1] = g.sealed
+  if g.new then f[#f+1] = 'size'; f[#f+1] = g.size; f[#f+1] = 'pr'; f[#f+1] = producer end
+  if g.mixed then f[#f+1] = 'pm'; f[#f+1] = 1 end
+  if not g.eid and g.n == g.size and g.sealed == g.size then  -- complete and sealed: published
+    f[#f+1] = 'eid'; f[#f+1] = redis.call('XADD', p..'stream', '*', 'gid', gid)
+    published = published + g.size
   end
-  publish(p, gid)
+  chunked('HSET', p..'grp:'..gid, f)
 end
 redis.call('INCRBY', p..'resident', n)
 redis.call('HINCRBY', p..'stats', 'put', n)
+if published > 0 then redis.call('HINCRBY', p..'stats', 'published', published) end
 return n
 """
 
@@ -111,7 +125,7 @@ return n
 # -1: changed meanwhile (retry), -2: gone, -3: not the producer or a lease holder (counted)
 UPDATE = PUBLISH + OWNER + """
 local p, uid, client = ARGV[1], ARGV[2], ARGV[6]
-local gid = redis.call('GET', p..'idx:'..uid)
+local gid = redis.call('HGET', p..'idx', uid)
 if not gid then return -2 end
 local g = p..'grp:'..gid
 local info = redis.call('HMGET', g, 'v:'..uid, 'p:'..uid, 'pr', 'eid')
@@ -151,21 +165,74 @@ local function blobs(key)
 end
 """
 
-# ARGV: prefix, gids...; returns per group the blobs of its records
+# ARGV: prefix, gids...; returns per group the blobs of its records (`stats`: what is leased)
 LOAD = BLOBS + """
 local p, out = ARGV[1], {}
 for i = 2, #ARGV do table.insert(out, blobs(p..'grp:'..ARGV[i])) end
 return out
 """
 
+# One `get` step. ARGV: prefix, consumer group, consumer, own (1: first take back its own pending entries),
+# claim idle ms (-1: no XAUTOCLAIM), claim count, entries wanted, number of skip ids, skip ids (parked by
+# the caller: not offered again from its own pending list)..., then pairs (stream id, group id) the caller
+# read already (a blocking XREADGROUP). Takes entries in that order (own, claimed, given, new up to
+# `wanted`); an entry deleted or freed meanwhile is acknowledged and skipped.
+# Returns {records redelivered (own + claimed, counted), one msgpack stream: per entry its id, its number
+# of records k, then its k record blobs}.
+READ = BLOBS + """
+local p, cg, me = ARGV[1], ARGV[2], ARGV[3]
+local stream, got, skip = p..'stream', {}, {}
+local nskip = tonumber(ARGV[8])
+for i = 9, 8 + nskip do skip[ARGV[i]] = true end
+local function add(e, again)
+  if not e then return end  -- an entry deleted while pending (XAUTOCLAIM of redis < 7 answers nil)
+  if not e[2] then redis.call('XACK', stream, cg, e[1]) return end  -- deleted, left in a pending list
+  got[#got + 1] = {e[1], e[2][2], again}
+end
+local function entries(r)  -- the entries of an XREADGROUP answer on one stream
+  if r and r[1] then return r[1][2] end
+  return {}
+end
+if ARGV[4] == '1' then
+  local es = entries(redis.call('XREADGROUP', 'GROUP', cg, me, 'STREAMS', stream, '0'))
+  for j = 1, #es do if not skip[es[j][1]] then add(es[j], true) end end
+end
+if tonumber(ARGV[5]) >= 0 then
+  local es = redis.call('XAUTOCLAIM', stream, cg, me, ARGV[5], '0-0', 'COUNT', ARGV[6])[2]
+  for j = 1, #es do add(es[j], true) end
+end
+for i = 9 + nskip, #ARGV, 2 do got[#got + 1] = {ARGV[i], ARGV[i+1], false} end
+local want = tonumber(ARGV[7]) - #got
+if want > 0 then
+  local es = entries(redis.call('XREADGROUP', 'GROUP', cg, me, 'COUNT', want, 'STREAMS', stream, '>'))
+  for j = 1, #es do add(es[j], false) end
+end
+local out, nred = {}, 0
+for _, e in ipairs(got) do
+  local b = blobs(p..'grp:'..e[2])
+  if #b == 0 then  -- freed meanwhile (a late ack elsewhere): nothing to deliver
+    redis.call('XACK', stream, cg, e[1])
+  else
+    out[#out + 1] = cmsgpack.pack(e[1], #b)
+    for j = 1, #b do out[#out + 1] = b[j] end
+    if e[3] then nred = nred + #b end
+  end
+end
+if nred > 0 then redis.call('HINCRBY', p..'stats', 'redelivered:'..cg, nred) end
+return {nred, table.concat(out)}
+"""
+
 # ARGV: prefix, consumer group, number of consumer groups, cause ('' = ack), client ('' = the controller's
-# own rule, e.g. a stale drop: no ownership check), uids...
-# returns {records finished, blobs of the records freed...}, or {-1, uid} when the client may not (counted)
-FINISH = BLOBS + OWNER + CHUNKED + """
+# own rule, e.g. a stale drop: no ownership check), uids (msgpack array)
+# returns {records finished, blobs of the freed records that held memory, concatenated}, or {-1, uid} when
+# the client may not (counted)
+FINISH = OWNER + CHUNKED + """
 local p, cg, ncg, cause, client = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
-local out, seen, todo, freed = {0}, {}, {}, {}
-for i = 6, #ARGV do
-  local gid = redis.call('GET', p..'idx:'..ARGV[i])
+local uids = cmsgpack.unpack(ARGV[6])
+local gids = hmget(p..'idx', uids)
+local seen, todo = {}, {}
+for i = 1, #uids do
+  local gid = gids[i]
   if gid and not seen[gid] then
     seen[gid] = true
     local g = p..'grp:'..gid
@@ -176,43 +243,51 @@ for i = 6, #ARGV do
         if info[5] then producer = nil end  -- records of several producers: none of them owns the group
         if not may_act(client, producer, nil) and not may_act(client, producer, holder(p, cg, info[1])) then
           refuse(p)
-          return {-1, ARGV[i]}
+          return {-1, uids[i]}
         end
       end
-      if info[1] then table.insert(todo, {g, info}) end
+      if info[1] then todo[#todo + 1] = {g, info} end
     end
   end
 end
+local n, removed, out, idx, freed, eids = 0, 0, {}, {}, {}, {}
 for _, t in ipairs(todo) do  -- a group never delivered to this consumer group is not finished (XACK 0)
   local g, info = t[1], t[2]
   if redis.call('XACK', p..'stream', cg, info[1]) == 1 then
-    local n = tonumber(info[2])
-    out[1] = out[1] + n
-    local key = cause == '' and ('acked:'..cg) or ('dropped:'..cg..':'..cause)
-    redis.call('HINCRBY', p..'stats', key, n)
+    n = n + tonumber(info[2])
     if redis.call('HINCRBY', g, 'done', 1) < ncg then
       redis.call('HSET', g, 'd:'..cg, 1)
-    else
-      local kv = redis.call('HGETALL', g)
+    else  -- finished for every consumer group: the group leaves
+      local kv, rec, holds = redis.call('HGETALL', g), {}, {}
       for j = 1, #kv, 2 do
         local f = kv[j]
         local kind = string.sub(f, 1, 2)
         if kind == 'r:' then
-          table.insert(out, kv[j+1])
-          redis.call('DEL', p..'idx:'..string.sub(f, 3))
-        elseif kind == 'm:' then
-          for id in string.gmatch(kv[j+1], '[^,]+') do table.insert(freed, id) end
+          rec[string.sub(f, 3)] = kv[j+1]
+          idx[#idx + 1] = string.sub(f, 3)
+        elseif kind == 'm:' and kv[j+1] ~= '' then
+          holds[#holds + 1] = string.sub(f, 3)
+          for id in string.gmatch(kv[j+1], '[^,]+') do freed[#freed + 1] = id end
         end
       end
+      for _, uid in ipairs(holds) do out[#out + 1] = rec[uid] end
       redis.call('DEL', g)
-      redis.call('XDEL', p..'stream', info[1])
-      redis.call('DECRBY', p..'resident', n)
-      redis.call('HINCRBY', p..'stats', 'published', -n)
+      eids[#eids + 1] = info[1]
+      removed = removed + tonumber(info[2])
     end
   end
 end
+if n > 0 then
+  redis.call('HINCRBY', p..'stats', cause == '' and ('acked:'..cg) or ('dropped:'..cg..':'..cause), n)
+end
+if removed > 0 then
+  chunked('XDEL', p..'stream', eids)
+  redis.call('DECRBY', p..'resident', removed)
+  redis.call('HINCRBY', p..'stats', 'published', -removed)
+end
+chunked('HDEL', p..'idx', idx)
 chunked('HDEL', p..'mem', freed)
-return out
+return {n, table.concat(out)}
 """
 
 # ARGV: prefix, consumer group, client, idle ms to set, entry ids...
@@ -240,7 +315,6 @@ for _, t in ipairs(todo) do  -- stays with its holder (a late ack still passes),
 end
 return #todo
 """
-
 # ARGV: prefix, consumer group, client, the lease's consumer id, number of lease entries, lease entry ids...,
 # entry ids parked by this client...; returns lease entries renewed, or -1 when the lease is alive and
 # held by someone else (counted). Only entries still pending under the client are touched: a lease
