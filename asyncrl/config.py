@@ -96,6 +96,12 @@ class TrainerConfig:
     """Pipeline mode: `sync` (on-policy baseline: generate, train, publish), `one_step_off` (generate batch t+1 while training batch t), `fully_async` (rollouts stream; staleness <= `max_staleness`)."""
     max_staleness: int = 4
     """fully_async: eta, the most versions a trained sample may lag the trainer (sync uses 0, one_step_off 1)."""
+    admission: str = "pace"
+    """fully_async: `pace` keeps groups in flight plus queued to what the trainer consumes while a group generates (from measured rates; staleness rises only when the trainer would otherwise wait, eta stays the hard bound; see `asyncrl/admission.py`), `bound` admits up to eta alone."""
+    admission_slack: float = 0.25
+    """fully_async with `admission=pace`: headroom on the measured in-flight need (0.25: 25% more groups in flight than rate x latency)."""
+    staleness_level: str = "group"
+    """What eta bounds: `group` (a group's staleness counts from its oldest token; a group older than eta at the trainer's step is dropped), `token` (only tokens generated under a version older than eta are masked out of the loss, kept as context; a group is dropped only when a sample has no token within eta, so with `rollout.update_mode=keep` the later, fresh tokens of a long sample are trained)."""
     publish_every: int = 1
     """fully_async: publish weights to the rollout servers every this many optimizer steps (sync and one_step_off: 1)."""
     total_steps: int = 300
@@ -155,6 +161,9 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         _one_of(self.mode, "trainer.mode", MODES)
         _check(self.max_staleness >= 0, "trainer.max_staleness", f"must be >= 0, got {self.max_staleness}")
+        _one_of(self.admission, "trainer.admission", ("pace", "bound"))
+        _one_of(self.staleness_level, "trainer.staleness_level", ("group", "token"))
+        _check(self.admission_slack >= 0, "trainer.admission_slack", f"must be >= 0, got {self.admission_slack}")
         _check(self.publish_every >= 1, "trainer.publish_every", f"must be >= 1, got {self.publish_every}")
         _check(self.publish_every <= self.max_staleness + 1 or self.mode != "fully_async", "trainer.publish_every",
                f"must be <= trainer.max_staleness + 1 ({self.max_staleness + 1}), or no sample could stay within the bound")

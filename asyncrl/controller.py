@@ -58,6 +58,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from asyncrl.admission import Pace
 from asyncrl.config import Config
 from asyncrl.launch import Components
 from asyncrl.metrics import MetricsLogger
@@ -82,10 +83,12 @@ class Pipeline:
         self.cfg, self.parts, self.run_dir, self.metrics = cfg, parts, run_dir, metrics
         self.B, self.n = cfg.trainer.prompts_per_step, cfg.rollout.group_size
         eta, self.publish_every, in_order = mode_rule(cfg)
-        self.staleness = StalenessManager(batch_groups=self.B, eta=eta, in_order=in_order)
+        pace = Pace(batch_groups=self.B, eta=eta, slack=cfg.trainer.admission_slack) if cfg.trainer.mode == "fully_async" and cfg.trainer.admission == "pace" else None
+        self.staleness = StalenessManager(batch_groups=self.B, eta=eta, in_order=in_order, pace=pace)
         # one lease holder name per run: a resumed run takes back at once what it had leased before it died
         self.queue = TrajectoryQueue(cfg.queue, self.staleness, storage=parts.storage,
-                                     consumer_id=f"{socket.gethostname()}:{run_dir.name}")
+                                     consumer_id=f"{socket.gethostname()}:{run_dir.name}",
+                                     token_level=cfg.trainer.staleness_level == "token")
         self.trainer = TrainerHandle(parts.trainer)
         self.rollouter = Rollouter(
             run_sample=self._run_sample, prompts=parts.prompts, staleness=self.staleness, sink=self.queue.put,
@@ -204,6 +207,7 @@ class Pipeline:
             handle, groups = await self.queue.get(self.B, self.n, self.step)
             t_batch = time.time()
             self.wait_s += t_batch - t_wait
+            await self.staleness.took(len(groups))
             m = self._batch_metrics(groups)  # staleness measured at the step that trains on them
             plan, n_tokens = self.parts.make_plan(groups)
             stats = await self.trainer.train(plan)
@@ -224,6 +228,9 @@ class Pipeline:
             m.update({"queue/depth": q["ready"], "queue/resident": q["resident"], **self._pipeline_metrics()})
             if self.step % cfg.trainer.eval_every == 0 or last:
                 m.update(await self.evaluate())
+            m["admission/limit"] = self.staleness.admission_limit()
+            m["admission/in_flight_queued"] = self.staleness.running + self.staleness.queued
+            await self.staleness.step_done(time.time() - t_batch, t_batch - t_wait)
             self.metrics.log(self.step, m)
             progress.update(self.step, m)
             target_hit = bool(cfg.trainer.target_reward and self.curve and self.curve[-1][0] == self.step and self.curve[-1][1] >= cfg.trainer.target_reward)
@@ -294,6 +301,7 @@ class Pipeline:
             "bad_steps": self.bad_steps,
             "skipped_rows": self._skipped_rows(),
             "staleness_hist": {str(k): v for k, v in sorted(self.staleness_hist.items())},
+            "staleness_mean": round(sum(k * v for k, v in self.staleness_hist.items()) / max(1, sum(self.staleness_hist.values())), 3),
             "trainer_idle_ratio": round(pm["trainer/idle_ratio"], 3),
             "rollout_idle_ratio": round(pm["rollout/idle_ratio"], 3),
             "curve": self.curve,

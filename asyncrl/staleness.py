@@ -32,7 +32,11 @@ consumption orders exist (`in_order`):
   back. `asyncrl bench pipeline` reports that share. Waiting for such groups instead
   removes the drops but not the limit (the trainer then idles at the staleness bound).
 
-Either way nothing is trained with staleness > eta. This rule caps how far rollouts run
+Either way nothing is trained with staleness > eta. In `fully_async` a second, soft limit
+(`asyncrl.admission.Pace`, `trainer.admission=pace`) keeps groups in flight plus groups queued
+and not yet taken (`accepted - taken + running`) to what the trainer consumes while a group
+generates, so samples do not sit in the queue until they reach eta when the rollout side is
+the faster one. This rule caps how far rollouts run
 ahead; the rollouter also waits for a free fleet slot (`rollout.max_running_samples`), so
 admitted groups run instead of queueing in the servers. In order needs the queue to hold
 what admission lets run ahead (queue.capacity >= (eta + 2) * batch_groups * group_size
@@ -58,17 +62,26 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
+from collections import Counter, deque
 from typing import Any
+
+from asyncrl.admission import Pace
 
 
 class StalenessManager:
-    def __init__(self, *, batch_groups: int, eta: int, in_order: bool = False) -> None:
+    def __init__(self, *, batch_groups: int, eta: int, in_order: bool = False, pace: Pace | None = None) -> None:
         if batch_groups < 1 or eta < 0:
             raise ValueError(f"batch_groups must be >= 1 and eta >= 0, got {batch_groups}, {eta}")
         self.batch_groups, self.eta, self.in_order = batch_groups, eta, in_order
+        self.pace = pace
+        """Soft limit on groups in flight + queued (None: the bound alone)."""
         self.version = 0
         self.accepted = 0
+        self.taken = 0
+        """Accepted groups the trainer has taken; `accepted - taken` are queued (or leased, in training)."""
+        self._started: dict[int, deque[float]] = {}
+        """Admission times of running groups, by version (matched first in, first out: the mean
+        latency is exact whichever group of a version finishes first)."""
         self.running_by_version: Counter[int] = Counter()
         """Groups in generation, by the version published when each started (a lower bound of
         its oldest token version: a publish may land before its first token)."""
@@ -84,8 +97,19 @@ class StalenessManager:
     def running(self) -> int:
         return sum(self.running_by_version.values())
 
+    @property
+    def queued(self) -> int:
+        return max(0, self.accepted - self.taken)
+
     def can_start(self) -> bool:
-        return (self.eta + self.version + 1) * self.batch_groups > self.accepted + self.running
+        if (self.eta + self.version + 1) * self.batch_groups <= self.accepted + self.running:
+            return False
+        return self.pace is None or self.running + self.queued < self.pace.limit()
+
+    def admission_limit(self) -> int:
+        """Groups in flight + queued that admission allows right now (the bound's share, or the pace's if lower)."""
+        bound = (self.eta + self.version + 1) * self.batch_groups - self.taken
+        return bound if self.pace is None else min(bound, self.pace.limit())
 
     async def acquire(self) -> int:
         """Wait until a new group may start, count it as running; returns its version
@@ -93,6 +117,7 @@ class StalenessManager:
         async with self._changed:
             await self._changed.wait_for(self.can_start)
             self.running_by_version[self.version] += 1
+            self._started.setdefault(self.version, deque()).append(time.monotonic())
             if self._idle_since is not None:
                 self._idle_s += time.monotonic() - self._idle_since
                 self._idle_since = None
@@ -128,6 +153,13 @@ class StalenessManager:
         self.running_by_version[version] -= 1
         if not self.running_by_version[version]:
             del self.running_by_version[version]
+        started = self._started.get(version)
+        if started:
+            t0 = started.popleft()
+            if not started:
+                del self._started[version]
+            if self.pace is not None:
+                self.pace.group_done(time.monotonic() - t0)
         if self.running == 0:
             self._idle_since = time.monotonic()
         if accepted:
@@ -135,6 +167,17 @@ class StalenessManager:
         else:
             self.dropped[cause or "failed"] += 1
         await self._notify()
+
+    async def took(self, groups: int) -> None:
+        """The trainer took `groups` queued groups for a step (frees their place under the pace)."""
+        self.taken += groups
+        await self._notify()
+
+    async def step_done(self, busy_s: float, wait_s: float) -> None:
+        """A trainer step ended: `busy_s` seconds of work after waiting `wait_s` for its batch (the pace's measure)."""
+        if self.pace is not None:
+            self.pace.step_done(busy_s, wait_s)
+            await self._notify()
 
     async def drop_accepted(self, cause: str, n: int = 1) -> None:
         """Groups that were accepted but are not trained on (too stale, filtered)."""
@@ -162,10 +205,12 @@ class StalenessManager:
         return self.staleness(min_version, step) > self.eta
 
     def state_dict(self) -> dict[str, Any]:
-        return {"version": self.version, "accepted": self.accepted, "dropped": dict(self.dropped)}
+        return {"version": self.version, "accepted": self.accepted, "taken": self.taken, "dropped": dict(self.dropped)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore after resume: in-flight groups were lost with the process, so `running` is 0."""
         self.version, self.accepted = int(state["version"]), int(state["accepted"])
+        self.taken = min(self.accepted, int(state.get("taken", self.accepted)))  # absent before the pace existed
         self.dropped = Counter(state["dropped"])
         self.running_by_version.clear()
+        self._started.clear()
