@@ -25,6 +25,7 @@ batch is acked as soon as it is trained.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import msgspec
@@ -84,11 +85,16 @@ def reward_failed(s: SampleMeta) -> bool:
 
 class TrajectoryQueue:
     def __init__(self, cfg: TransferQueueConfig, staleness: StalenessManager, *, consumer: str = "trainer",
-                 storage: StoragePlane | None = None, consumer_id: str = "") -> None:
+                 storage: StoragePlane | None = None, consumer_id: str = "", token_level: bool = False) -> None:
         """`storage`: the plane this process frees handles through (and, in one process, where
         producers write and the trainer reads); built from `cfg` when None. `consumer_id`: this
         consumer's lease holder name; a resumed run passes the same one to get its unacked
-        batches back at once (durable queue)."""
+        batches back at once (durable queue). `token_level` (`trainer.staleness_level=token`): a
+        group is queued under its newest token's version instead of its oldest, so it is dropped
+        as stale only when none of its tokens is within eta (a short sample that finished early
+        while a long one of its group still ran is kept: its reward still counts in the group's
+        advantages); the trainer masks the older tokens out of the loss (`batch.mask_stale_tokens`)."""
+        self.token_level = token_level
         self.client = AsyncTransferQueueClient(cfg, storage=storage, consumer_id=consumer_id)
         self.staleness = staleness
         self.consumer = consumer
@@ -116,6 +122,9 @@ class TrajectoryQueue:
 
     async def put(self, group: list[SampleMeta]) -> None:
         self.received(group, sum(len(msgspec.msgpack.encode(s)) for s in group))
+        if self.token_level:  # the queue's version of a group: its newest token's (see `__init__`)
+            newest = max(int(s.meta["max_version"]) for s in group)
+            group = [dataclasses.replace(s, version=newest) for s in group]
         await self.client.add(group)
 
     async def discard(self, group: list[SampleMeta]) -> None:

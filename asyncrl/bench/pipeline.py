@@ -76,6 +76,10 @@ class Load:
     """trainer.max_staleness of fully_async."""
     publish_every: int = 1
     update_mode: str = "keep"
+    admission: str = "pace"
+    """trainer.admission of fully_async: `pace` (in flight + queued from measured rates) or `bound` (eta alone)."""
+    staleness_level: str = "group"
+    """trainer.staleness_level: `group` or `token` (older tokens masked out of the loss, not dropped with their group)."""
     steps: dict[str, int] = field(default_factory=lambda: {"sync": 3, "one_step_off": 4, "fully_async": 12})
     """Measured steps per mode (after `warmup`)."""
     warmup: dict[str, int] = field(default_factory=lambda: {"sync": 1, "one_step_off": 1, "fully_async": 3})
@@ -112,7 +116,6 @@ def build_parts(load: Load, seed: int) -> Any:
     from asyncrl.rollout.fleet import Fleet, FleetManager
     from asyncrl.rollout.host import ServerHost
     from asyncrl.rollout.router import Router
-    from asyncrl.trainer.cost_model import TimedEngine
     from asyncrl.trainer.rank import TrainerRank
 
     rng = random.Random(seed)
@@ -139,13 +142,21 @@ def build_parts(load: Load, seed: int) -> Any:
         tokenizer=None,
         task=None,  # type: ignore[arg-type]  # the pipeline never reads the task
         prompts=PromptStream(prompts, seed=seed),
-        trainer=TrainerRank(TimedEngine(1.0 / load.trainer_capacity), plane=plane,
+        trainer=TrainerRank(_timed_engine(load), plane=plane,
                             weights=WeightSyncConfig(backend="local", bucket_size_mb=1)),
         eval_samples=[Sample(uid="eval-0", group_id="eval-0", index_in_group=0, group_size=1, prompt_ids=[1, 2, 3], answer="")],
         make_plan=TokenBatch(long_above=load.lengths.short_tokens * (1 + load.lengths.jitter)),
         storage=plane,
         spawn=spawn,
     )
+
+
+def _timed_engine(load: Load) -> Any:
+    from asyncrl.trainer.cost_model import TimedEngine
+
+    engine = TimedEngine(1.0 / load.trainer_capacity)
+    engine.eta, engine.token_level = load.eta, load.staleness_level == "token"
+    return engine
 
 
 class TokenBatch:
@@ -181,7 +192,7 @@ def run_mode(mode: str, load: Load, seed: int = 0) -> dict[str, Any]:
         f"trainer.mode={mode}", f"trainer.total_steps={total}", f"trainer.prompts_per_step={load.groups}",
         f"trainer.max_staleness={load.eta}", f"trainer.publish_every={load.publish_every}",
         f"trainer.eval_every={10 ** 9}", "trainer.save_every=0", f"rollout.group_size={load.group_size}",
-        f"rollout.update_mode={load.update_mode}", f"rollout.max_running_samples={load.servers * load.max_concurrency}",
+        f"rollout.update_mode={load.update_mode}", f"trainer.admission={load.admission}", f"trainer.staleness_level={load.staleness_level}", f"rollout.max_running_samples={load.servers * load.max_concurrency}",
         "queue.storage=local", "weights.backend=local",
         "weights.bucket_size_mb=1", "logging.mlflow=false", "logging.progress=false", f"seed={seed}",
     ])
@@ -203,7 +214,13 @@ def run_mode(mode: str, load: Load, seed: int = 0) -> dict[str, Any]:
             metrics.close()
         logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     publish_s = [m["weights/publish_s"] for m in logged if m["step"] > 0 and "weights/publish_s" in m]
-    return measure(mode, load, summary, parts, servers, sum(publish_s) / max(len(publish_s), 1))
+    out = measure(mode, load, summary, parts, servers, sum(publish_s) / max(len(publish_s), 1))
+    window = [m for m in logged if m["step"] > load.warmup[mode] and "admission/limit" in m]
+    for key, name in (("train/token_staleness_mean", "token_staleness_mean"), ("train/stale_token_fraction", "stale_token_fraction"),
+                      ("admission/limit", "admission_limit_mean")):
+        vals = [m[key] for m in window if key in m]
+        out[name] = round(sum(vals) / len(vals), 3) if vals else None
+    return out
 
 
 def measure(mode: str, load: Load, summary: dict[str, Any], parts: Any, servers: list[Any], publish_s: float) -> dict[str, Any]:
@@ -271,7 +288,8 @@ def print_table(res: dict[str, Any]) -> None:
     print(f"load: {ld['servers']} servers x {ld['max_concurrency']} slots, {ld['token_cost_s'] * 1e3:g} ms/token/request; "
           f"lengths {lt['short_tokens']} tokens +-{lt['jitter']:.0%}, {lt['long_fraction']:.0%} x{lt['long_factor']:g} (mean {ld['mean_length']:g}); "
           f"step = {ld['groups']} groups x {ld['group_size']} = {ld['samples_per_step']} samples (~{ld['tokens_per_step']:.0f} tokens); "
-          f"eta {ld['eta']}, publish_every {ld['publish_every']}, update_mode {ld['update_mode']}")
+          f"eta {ld['eta']}, publish_every {ld['publish_every']}, update_mode {ld['update_mode']}, "
+          f"admission {ld['admission']}, staleness_level {ld['staleness_level']}")
     print(f"capacity: rollout {res['rollout_capacity_tokens_per_s']:.0f} tok/s, trainer {res['trainer_capacity_tokens_per_s']:.0f} tok/s, "
           f"bound {res['bound_tokens_per_s']:.0f} tok/s")
     cols = ["mode", "tok/s", "/bound", "x sync", "step_s", "wait_s", "publish_s", "lag_ms", "trainer_idle", "rollout_idle", "stale_max",
@@ -309,13 +327,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eta", type=int)
     p.add_argument("--publish-every", type=int)
     p.add_argument("--update-mode", choices=["keep", "wait", "abort"])
+    p.add_argument("--admission", choices=["pace", "bound"], help="trainer.admission of fully_async (default pace)")
+    p.add_argument("--staleness-level", choices=["group", "token"], help="trainer.staleness_level (default group)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     load = Load(**QUICK) if a.quick else Load()
     lt = load.lengths
     load.lengths = LongTail(short_tokens=a.short_tokens or lt.short_tokens, long_fraction=lt.long_fraction if a.long_fraction is None else a.long_fraction,
                             long_factor=a.long_factor or lt.long_factor, jitter=lt.jitter)
-    for key in ("servers", "max_concurrency", "groups", "group_size", "trainer_ratio", "eta", "publish_every", "update_mode"):
+    for key in ("servers", "max_concurrency", "groups", "group_size", "trainer_ratio", "eta", "publish_every", "update_mode", "admission", "staleness_level"):
         if getattr(a, key) is not None:
             setattr(load, key, getattr(a, key))
     if a.token_cost_ms is not None:

@@ -181,3 +181,38 @@ def _take(t: Tensor | None, index: slice | Tensor | tuple[slice, slice]) -> Tens
 
 def _move(t: Tensor | None, device: torch.device | str) -> Tensor | None:
     return None if t is None else t.to(device, non_blocking=True)
+
+
+def mask_stale_tokens(parts: list[TrainBatch], step: int, eta: int, mask: bool) -> tuple[list[TrainBatch], Tensor]:
+    """Token-level staleness (`trainer.staleness_level=token`, `mask`): tokens generated under a
+    version older than eta at trainer step `step` (`step - version > eta`) leave the loss (loss
+    mask 0; they stay in the input as context), so they carry no gradient and do not count in the
+    normalisers. Returns the parts and float64 [policy tokens, stale tokens, sum of token ages]
+    over them (age = step - version, policy tokens before masking; counted with `mask` off too).
+
+    >>> b = TrainBatch(*(torch.zeros(1, 4, dtype=torch.long),) * 2, torch.tensor([[0., 1., 1., 1.]]), *(torch.zeros(1, 4),) * 2,
+    ...                token_versions=torch.tensor([[-1, 2, 5, 6]]))
+    >>> parts, age = mask_stale_tokens([b], step=7, eta=4, mask=True)
+    >>> parts[0].loss_mask.tolist(), age.tolist()
+    ([[0.0, 0.0, 1.0, 1.0]], [3.0, 1.0, 8.0])
+    """
+    age = torch.zeros(3, dtype=torch.float64)
+    out = []
+    for p in parts:
+        if p.token_versions is None:
+            out.append(p)
+            continue
+        live = p.loss_mask > 0
+        ages = (step - p.token_versions).double()
+        stale = live & (ages > eta)
+        age += torch.stack([live.sum().double(), stale.sum().double(), ages[live].sum()])
+        if mask and bool(stale.any()):
+            p = p.replace(loss_mask=p.loss_mask.masked_fill(stale, 0.0))
+        out.append(p)
+    return out, age
+
+
+def token_age_metrics(age: Tensor) -> dict[str, float]:
+    """`token_staleness_mean` (versions, mean over policy tokens) and `stale_token_fraction` (older than eta) from `mask_stale_tokens`' counts."""
+    tokens, stale, total = age.tolist()
+    return {"token_staleness_mean": total / max(tokens, 1.0), "stale_token_fraction": stale / max(tokens, 1.0)}

@@ -19,6 +19,7 @@ from typing import Any, Iterator
 
 import torch
 
+from asyncrl.trainer.batch import mask_stale_tokens, token_age_metrics
 from asyncrl.trainer.engine import TrainerEngine
 
 
@@ -31,14 +32,19 @@ class _Timed:
     step: int
     steps: list[tuple[float, float, int]]
 
+    eta: int = 0
+    token_level: bool = False
+    """`trainer.staleness_level=token`: tokens older than `eta` are masked as a real step masks them (and not paid for)."""
+
     def train_local(self, parts: list[Any], real_rows: list[int]) -> dict[str, float]:
         t0 = time.monotonic()
+        parts, age = mask_stale_tokens(parts, self.step, self.eta, self.token_level)
         tokens = int(sum(p.num_tokens for p in parts))
         time.sleep(tokens * self.cost_per_token_s)
         total = self._all_tokens(tokens)
         self.step += 1
         self.steps.append((t0, time.monotonic(), tokens))
-        return {"loss": 0.0, "tokens": float(total), "seqs": float(sum(real_rows))}
+        return {"loss": 0.0, "tokens": float(total), "seqs": float(sum(real_rows)), **token_age_metrics(age)}
 
     def _all_tokens(self, tokens: int) -> int:
         return tokens
@@ -50,6 +56,7 @@ class CostModelEngine(_Timed, TrainerEngine):
     def __init__(self, model_path: str, *, cost_per_token_s: float, **kw: Any) -> None:
         TrainerEngine.__init__(self, model_path, **kw)
         self.cost_per_token_s = cost_per_token_s
+        self.eta, self.token_level = self.trainer.eta, self.trainer.staleness_level == "token"
         self.steps = []
 
     def _all_tokens(self, tokens: int) -> int:

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from asyncrl.config import AlgorithmConfig, TrainerConfig
-from asyncrl.trainer.batch import TrainBatch
+from asyncrl.trainer.batch import TrainBatch, mask_stale_tokens, token_age_metrics
 from asyncrl.trainer.corrections import Corrector, stat_max, stat_metrics, stat_sums
 from asyncrl.trainer.losses import POLICY_LOSSES, agg_loss, entropy_from_logits, kl_penalty, token_logprobs
 from asyncrl.trainer.setup import ensure_process_group, free_port, load_sharded_model, lr_factor, pick_device  # noqa: F401  re-exported
@@ -179,9 +179,12 @@ class TrainerEngine:
         """
         if len(parts) != len(real_rows) or not parts:
             raise ValueError(f"train_local: {len(parts)} parts, {len(real_rows)} row counts")
+        parts, age = mask_stale_tokens(parts, self.step, self.trainer.eta, self.trainer.staleness_level == "token")
+        age = age.to(self.device)
         counts = torch.tensor([[p.num_tokens, float(r)] for p, r in zip(parts, real_rows)], dtype=torch.float64, device=self.device)
         if self.world > 1:
             dist.all_reduce(counts)  # each mini-batch's global normalisers
+            dist.all_reduce(age)
         parts = [self._with_fixed_logprobs(p) for p in parts]
         out = []
         for i, (part, (num_tokens, num_seqs)) in enumerate(zip(parts, counts.tolist())):
@@ -194,7 +197,9 @@ class TrainerEngine:
         metrics["skipped_minibatches"], metrics["bad_step"] = skipped, float(skipped > 0)
         self._count_bad_step(skipped > 0, metrics["grad_norm"])
         metrics["entropy_coef"] = self.adapt_entropy_coef(metrics["entropy"]) if not skipped else self.entropy_coef
+        metrics.update(token_age_metrics(age))
         return metrics
+
 
     def _count_bad_step(self, bad: bool, grad_norm: float) -> None:
         """Consecutive bad steps (a mini-batch with a non-finite gradient norm was skipped):
