@@ -214,7 +214,7 @@ STAT_SUMS = ("ratio", "ratio_sq", "weight", "clipped", "masked", "kl")
 def stat_sums(out: CorrectionOutput, mask: Tensor) -> Tensor:
     """float64 [6]: sums over loss tokens of rho, rho^2, w, clipped, masked, kl (add over micro-batches / ranks).
 
-    >>> out = Corrector(AlgorithmConfig())(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2))
+    >>> out = Corrector(AlgorithmConfig())(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), proximal_logprobs=torch.zeros(1, 2))
     >>> stat_sums(out, torch.ones(1, 2)).tolist()
     [2.0, 2.0, 2.0, 0.0, 0.0, 0.0]
     """
@@ -249,3 +249,28 @@ def stat_metrics(sums: list[float], ratio_max: float, num_tokens: float) -> dict
         "correction/masked_frac": s["masked"] / n,
         "correction/behav_prox_kl": s["kl"] / n,
     }
+
+
+def age_sums(out: CorrectionOutput, mask: Tensor, ages: Tensor, eta: int) -> Tensor:
+    """float64 [eta + 2, 3]: per token age (trainer step - generating version; the last row: older
+    than eta) the loss tokens, and their sums of rho and of the behavior-proximal kl.
+
+    >>> out = Corrector(AlgorithmConfig())(torch.zeros(1, 3), torch.zeros(1, 3), torch.ones(1, 3), proximal_logprobs=torch.zeros(1, 3))
+    >>> age_sums(out, torch.ones(1, 3), torch.tensor([[0, 1, 7]]), eta=1).tolist()
+    [[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [1.0, 1.0, 0.0]]
+    """
+    live = mask > 0
+    bucket = ages.clamp(0, eta + 1)[live]
+    vals = torch.stack([torch.ones_like(out.ratio[live]), out.ratio[live], out.kl[live]], dim=1).double()
+    return torch.zeros(eta + 2, 3, dtype=torch.float64, device=vals.device).index_add_(0, bucket.to(vals.device), vals)
+
+
+def age_metrics(by_age: Tensor) -> dict[str, float]:
+    """`correction/age_<a>/{tokens,is_weight_mean,behav_prox_kl}` from `age_sums` (the last age is `gt<eta>`); ages with no token are left out."""
+    out: dict[str, float] = {}
+    last = by_age.shape[0] - 1
+    for a, (n, rho, kl) in enumerate(by_age.tolist()):
+        if n:
+            key = f"correction/age_{a}" if a < last else f"correction/age_gt{last - 1}"
+            out.update({f"{key}/tokens": n, f"{key}/is_weight_mean": rho / n, f"{key}/behav_prox_kl": kl / n})
+    return out

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from asyncrl.config import AlgorithmConfig, TrainerConfig
 from asyncrl.trainer.batch import TrainBatch, mask_stale_tokens, token_age_metrics
-from asyncrl.trainer.corrections import Corrector, stat_max, stat_metrics, stat_sums
+from asyncrl.trainer.corrections import Corrector, age_metrics, age_sums, stat_max, stat_metrics, stat_sums
 from asyncrl.trainer.losses import POLICY_LOSSES, agg_loss, entropy_from_logits, kl_penalty, token_logprobs
 from asyncrl.trainer.setup import ensure_process_group, free_port, load_sharded_model, lr_factor, pick_device  # noqa: F401  re-exported
 
@@ -49,9 +49,9 @@ def merge_minibatch_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
     {'loss': 2.0, 'tokens': 10, 'ratio_max': 1.5}
     """
     out: dict[str, float] = {}
-    for key in parts[0]:
-        vals = [p[key] for p in parts]
-        if key in ("tokens", "seqs"):
+    for key in dict.fromkeys(k for p in parts for k in p):  # a key some mini-batches lack (a token age none of theirs has) merges over the others
+        vals = [p[key] for p in parts if key in p]
+        if key in ("tokens", "seqs") or key.endswith("/tokens"):
             out[key] = sum(vals)
         elif key.endswith("_max"):
             out[key] = max(vals)
@@ -255,6 +255,7 @@ class TrainerEngine:
         # sums: loss, pg_loss, kl, entropy, clipped, ratio, then correction sums; extremes: max ratio, -min ratio, max IS weight
         sums = torch.zeros(12, dtype=torch.float64, device=self.device)
         extremes = torch.full((3,), -math.inf, dtype=torch.float64, device=self.device)
+        by_age = torch.zeros(self.trainer.eta + 2, 3, dtype=torch.float64, device=self.device)
         for mb in shard.micro_batches(self.trainer.micro_batch_size):
             mask = mb.loss_mask
             logprobs, logits = self._logprobs_and_logits(self.model, mb)
@@ -286,19 +287,22 @@ class TrainerEngine:
             with torch.no_grad():
                 per_tok = torch.stack([kl, entropy, out.clipped, out.ratio]).double() * mask
                 sums += torch.cat([torch.stack([loss, pg_loss]).double(), per_tok.sum(dim=(1, 2)), stat_sums(corr, mask)])
+                if mb.token_versions is not None:
+                    by_age += age_sums(corr, mask, self.step - mb.token_versions, self.trainer.eta)
                 if mask.any():
                     r = out.ratio[mask > 0].double()
                     extremes = torch.maximum(extremes, torch.stack([r.max(), -r.min(), stat_max(corr, mask)]))
         if self.world > 1:
             dist.all_reduce(sums)
             dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
+            dist.all_reduce(by_age)
         s, e = sums.tolist(), extremes.tolist()
         per_token = 1.0 / max(num_tokens, 1.0)
         return {
             "loss": s[0], "pg_loss": s[1], "kl": s[2] * per_token, "entropy": s[3] * per_token,
             "clip_frac": s[4] * per_token, "ratio_mean": s[5] * per_token,
             "ratio_max": e[0] if num_tokens else 0.0, "ratio_min": -e[1] if num_tokens else 0.0,
-            "tokens": num_tokens, "seqs": num_seqs, **stat_metrics(s[6:], e[2], num_tokens),
+            "tokens": num_tokens, "seqs": num_seqs, **stat_metrics(s[6:], e[2], num_tokens), **age_metrics(by_age),
         }  # fmt: skip
 
     def optimizer_step(self, end_of_step: bool = True) -> dict[str, float]:

@@ -43,6 +43,8 @@ def test_stale_tokens_carry_no_gradient(tiny_model_path):
     assert m["stale_token_fraction"] == stale.sum().item() / (batch.loss_mask > 0).sum().item()
     assert m["tokens"] == ((batch.loss_mask > 0) & ~stale).sum().item()  # normalised over the fresh tokens only
     assert m["token_staleness_mean"] > ETA
+    fresh = ((batch.loss_mask > 0) & ~stale).sum().item()
+    assert m["correction/age_1/tokens"] == fresh and "correction/age_gt1/tokens" not in m  # masked: not in the loss
 
     # the same step with those tokens' loss mask zeroed by hand, at group level: the same weights
     by_hand, _ = _step(tiny_model_path, "group", batch.replace(loss_mask=batch.loss_mask.masked_fill(stale, 0.0)))
@@ -52,7 +54,18 @@ def test_stale_tokens_carry_no_gradient(tiny_model_path):
     # and at group level the stale tokens do count (the check above could not pass by accident)
     unmasked, mg = _step(tiny_model_path, "group", batch)
     assert mg["stale_token_fraction"] == m["stale_token_fraction"] and mg["tokens"] == (batch.loss_mask > 0).sum().item()
+    assert mg["correction/age_gt1/tokens"] == stale.sum().item() and mg["correction/age_1/tokens"] == fresh
     for name, w in masked.items():
         assert torch.allclose(w, by_hand[name], atol=1e-6), name
         assert torch.allclose(w, junk_step[name], atol=1e-6), name
     assert any(not torch.allclose(w, unmasked[name], atol=1e-6) for name, w in masked.items())
+
+
+def test_minibatch_metrics_merge_keys_some_minibatches_lack():
+    from asyncrl.trainer.engine import merge_minibatch_metrics
+
+    got = merge_minibatch_metrics([{"tokens": 4, "correction/age_1/tokens": 4, "correction/age_1/is_weight_mean": 1.0},
+                                   {"tokens": 6, "correction/age_1/tokens": 2, "correction/age_1/is_weight_mean": 0.5,
+                                    "correction/age_2/tokens": 4, "correction/age_2/is_weight_mean": 2.0}])
+    assert got == {"tokens": 10, "correction/age_1/tokens": 6, "correction/age_1/is_weight_mean": 0.75,
+                   "correction/age_2/tokens": 4, "correction/age_2/is_weight_mean": 2.0}
