@@ -126,6 +126,7 @@ class SnapshotBuilder:
             },
             "rollout": {
                 "running_groups": p.staleness.running, "accepted_groups": p.staleness.accepted,
+                "admission_limit": p.staleness.admission_limit(), "admission": "pace" if p.staleness.pace is not None else "bound",
                 "generated_tokens": p.rollouter.generated_tokens, "reward_failures": p.rollouter.reward_failures,
                 "idle_ratio": round(min(p.rollouter.idle_seconds() / wall, 1.0), 4),
             },

@@ -82,7 +82,8 @@ def render(snap: dict[str, Any], now: float | None = None) -> Group:
     qdrops = ", ".join(f"{k} {v}" for k, v in q["drops"].items() if v) or "none"
     beats = "  ".join(f"{k} {v:.1f} s" for k, v in live.get("component_age_s", {}).items())
     parts.append(Text.assemble(("drops ", "bold"), f"groups: {drops}; queue records: {qdrops}   ",
-                               ("groups ", "bold"), f"running {ro['running_groups']} accepted {ro['accepted_groups']}\n",
+                               ("groups ", "bold"), f"running {ro['running_groups']} accepted {ro['accepted_groups']}"
+                               f" admission limit {ro.get('admission_limit', '-')} ({ro.get('admission', '-')})\n",
                                ("heartbeats ", "bold"), beats or "-"))
     if snap.get("error"):
         parts.append(Text(f"error: {snap['error']}", style="red"))
