@@ -11,8 +11,13 @@ longest sample (5% of samples are 10x longer) while most slots idle, then trains
 server idles. `one_step_off` hides the training but still waits for the tail each step: it
 consumes in order (step s trains the groups of version s - 1 and waits for the last of them),
 so every group after the first batch is exactly one version old and none is dropped.
-`fully_async` keeps admitting groups up to the staleness bound eta, so both sides stay busy
-and the slower side sets the pace.
+`fully_async` admits groups under the staleness bound eta and, by default, only as many as the
+trainer consumes while a group generates (`--admission pace`, `asyncrl/admission.py`; `bound`
+admits up to eta alone), so both sides stay busy, the slower side sets the pace, and samples do
+not wait in the queue for staleness that buys nothing. `--staleness-level token` masks only the
+tokens older than eta instead of dropping their group (`token_staleness_mean`,
+`stale_token_fraction` report it); the drops described below are then gone, the masked tokens
+are what remains of that limit.
 
 What keeps `fully_async` under the bound on this load is the staleness bound, not the schedule.
 The trainer takes the oldest ready groups first and admission also waits for a free fleet slot
