@@ -16,7 +16,7 @@ be discovered by chance first.
 from __future__ import annotations
 
 
-def reverse_digits(response: str, ground_truth: str, **_: object) -> tuple[float, dict]:
+def reverse_digits(response: str, ground_truth: str) -> tuple[float, dict]:
     answer = response.strip()
     target = ground_truth.strip()
     if not target:

@@ -96,3 +96,20 @@ def test_missing_or_unreadable_files_are_config_errors(tmp_path):
         build_task(DataConfig(task="jsonl", train_path=str(broken)), enc)
     with pytest.raises(ConfigError, match="^data.eval_size"):  # the good rows are all held out
         build_task(DataConfig(task="jsonl", train_path=str(train), eval_size=5), enc)
+
+
+@pytest.mark.timeout(30)
+def test_rows_the_chat_template_rejects_are_counted_and_named(tmp_path):
+    from tests.unit.data.conftest import CHATML, _save_tokenizer
+    from transformers import AutoTokenizer
+
+    strict = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}" + CHATML
+    tok = AutoTokenizer.from_pretrained(str(_save_tokenizer(tmp_path / "tok", strict)))
+    user = lambda i: json.dumps({"prompt": [{"role": "user", "content": f"q{i}"}], "answer": "1"})  # noqa: E731
+    system = json.dumps({"prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}], "answer": "1"})
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    task = build_task(DataConfig(task="jsonl", train_path=str(write(tmp_path / "t.jsonl", [user(i) for i in range(4)] + [system] * 2)),
+                                 eval_size=1), enc, tokenizer=tok)
+    assert (len(task.train), task.train.skipped) == (3, {"template_error": 2})
+    with pytest.raises(ConfigError, match=r"^data\.train_path: no usable row .*template_error=2.*see data\.chat_template"):
+        build_task(DataConfig(task="jsonl", train_path=str(write(tmp_path / "s.jsonl", [system] * 2))), enc, tokenizer=tok)

@@ -65,8 +65,12 @@ def test_tool_registry_and_specs():
 
 
 def test_get_reward_binds_kwargs():
-    fn = get_reward("math_answer", unused=1)
-    assert isinstance(fn, functools.partial) and fn.func is math_answer and fn("#### 3", "3")[0] == 1.0
+    from agents.rewards.reward_model import reward_model
+
+    fn = get_reward("reward_model", url="http://127.0.0.1:1/score")
+    assert isinstance(fn, functools.partial) and fn.func is reward_model and fn.keywords == {"url": "http://127.0.0.1:1/score"}
+    with pytest.raises(TypeError, match="math_answer"):
+        get_reward("math_answer", unused=1)  # an unknown keyword is an error, not swallowed
     assert get_reward("math_answer") is math_answer
     assert get_reward("agents.rewards.math:math_answer") is math_answer
 

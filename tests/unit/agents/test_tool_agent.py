@@ -15,7 +15,7 @@ from asyncrl.types import Trajectory
 from tests.unit.agents.scripted import ScriptedLLM, Turn, decode, encode, make_sample, tool_call
 
 CALL = "Let me compute. " + tool_call("calculator", expression="6*7")
-FINAL = "The answer is 42."
+FINAL = "The answer is \\boxed{42}."
 
 
 def make_agent(**kwargs: object) -> ToolAgent:

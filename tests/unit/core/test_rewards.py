@@ -26,7 +26,7 @@ def test_reverse_reward_partial_credit():
     [
         ("so 3 + 4 = 7\n#### 7", "... #### 7", 1.0),
         ("The answer is \\boxed{1,000}.", "#### 1000", 1.0),
-        ("I think 12 then 13", "#### 13", 1.0),
+        ("I think 12 then 13", "#### 13", 0.0),  # no final-answer marker: no fallback to the last number
         ("I think 12 then 13", "#### 12", 0.0),
         ("#### 7.0", "#### 7", 1.0),
         ("no number here", "#### 7", 0.0),
