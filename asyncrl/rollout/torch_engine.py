@@ -5,7 +5,10 @@ GPU): batched decoding of all concurrent requests, per-token log-probs and versi
 updates between decode steps, a prefix cache, and the three pause modes of `base.py`.
 Boundary: one process, one device, full-attention decoder models; no HTTP, no Ray (a fleet
 actor wraps this class). The CPU default, and the plain reference for what a backend must do.
-`eos_token_ids` (from the model's generation config) is added to every request's stop tokens.
+`eos_token_ids` (generation config, model config and tokenizer EOS together) is added to every
+request's stop tokens. Stop strings (`SamplingParams.stop`) are matched on the decoded tail of the
+response after each token (`torch_sampling.StopRule`, needs the tokenizer in the model folder);
+the token that completes one is kept with its log-prob and the request ends with `stop`.
 
 Threading: one engine thread (`torch_worker.EngineWorker`) owns the model and all decode state. The
 asyncio side only touches a lock-protected inbox (pending requests, commands, pause state) and
@@ -31,7 +34,7 @@ import torch
 
 from asyncrl.rollout.base import PAUSE_MODES, GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats
 from asyncrl.rollout.torch_kv import PrefixCache
-from asyncrl.rollout.torch_sampling import draw_uniforms
+from asyncrl.rollout.torch_sampling import StopRule, draw_uniforms, load_tokenizer, model_eos_ids
 from asyncrl.rollout.torch_worker import Command, EngineWorker, Inbox, Request, resolve
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -78,8 +81,11 @@ class TorchRolloutServer(RolloutServer):
         self.model = model
         self._params: dict[str, torch.Tensor] = {k: v.data for k, v in model.state_dict(keep_vars=True).items()}
         """HF name -> the parameter's storage (what updates copy into)."""
-        eos = model.generation_config.eos_token_id or model.config.eos_token_id
-        self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
+        self.model_path = str(model_path)
+        self.tokenizer = load_tokenizer(model_path)
+        """The folder's tokenizer (None without one): EOS ids and stop strings."""
+        gen = getattr(model, "generation_config", None)
+        self.eos_token_ids = model_eos_ids(getattr(gen, "eos_token_id", None), model.config.eos_token_id, self.tokenizer)
         self.max_model_len = int(getattr(model.config, "max_position_embeddings", 1 << 30))
         self._seeds = torch.Generator().manual_seed(seed)
         self._inbox = Inbox()
@@ -106,9 +112,10 @@ class TorchRolloutServer(RolloutServer):
             seed = sampling.seed if sampling.seed is not None else int(torch.randint(2**62, (1,), generator=self._seeds))
             rid = request_id if request_id is not None else f"req-{inbox.counter}"
             inbox.counter += 1
+            tokens: list[int] = []
             req = Request(
-                rid=rid, prompt=list(prompt_ids), sampling=sampling,
-                stop_ids=self.eos_token_ids | frozenset(sampling.stop_token_ids),
+                rid=rid, prompt=list(prompt_ids), sampling=sampling, tokens=tokens,
+                stop_ids=self._stop_rule(sampling, tokens),  # a frozenset or a StopRule
                 uniforms=draw_uniforms(seed, min(sampling.max_tokens, self.max_model_len - len(prompt_ids))),
                 loop=loop, future=loop.create_future(),
             )
@@ -120,6 +127,16 @@ class TorchRolloutServer(RolloutServer):
         except asyncio.CancelledError:
             self._cancel(req)
             raise
+
+    def _stop_rule(self, sampling: SamplingParams, tokens: list[int]) -> frozenset[int] | StopRule:
+        """What ends this request: its stop ids and EOS, and its stop strings read off `tokens`."""
+        ids = self.eos_token_ids | frozenset(sampling.stop_token_ids)
+        if not sampling.stop:
+            return ids
+        if self.tokenizer is None:
+            raise ValueError(f"rollout.stop: stop strings {sampling.stop!r} need a tokenizer, and {self.model_path} has none")
+        decode = self.tokenizer.decode
+        return StopRule(ids, sampling.stop, tokens, lambda t: decode(t, skip_special_tokens=True))
 
     def _cancel(self, req: Request) -> None:
         """A caller gave up on `req`: drop it from the queue, or let the engine drop its row."""

