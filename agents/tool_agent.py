@@ -9,7 +9,14 @@ tool responses, all as tokens:
     logprob:  engine's         0 0 0 0 0             engine's
 
 Each turn generates from the whole token context so far (prompt + every earlier token),
-so no text is re-tokenised and the trained tokens are exactly the sampled ones. The loop
+so no text is re-tokenised and the trained tokens are exactly the sampled ones.
+
+The tool turn's markup: when the agent has a tokenizer with a chat template (`tokenizer`,
+`chat_template=True`), the template renders it (`ChatTemplateTurns`): what follows the model's
+turn in `apply_chat_template([..., assistant, tool, tool], add_generation_prompt=True)`,
+i.e. the close of the assistant turn (unless the model generated it), one `tool` message per
+call and the next assistant header; those are the only tokens added (mask 0). Without a
+template the hard-coded `tool_turn_template` / `tool_response_template` markup is used. The loop
 stops when a turn has no tool call (`done`), after `max_turns` model turns (`max_turns`),
 when a turn hits `sampling.max_tokens` without a call (`turn_budget`), when the response
 (tool tokens included) reaches `max_response_tokens` (`total_budget`), or when the server
@@ -40,6 +47,53 @@ QWEN_TOOL_TURN = "\n<|im_start|>user\n{responses}<|im_end|>\n<|im_start|>assista
 """Tool turn for Qwen chat templates (the model's turn ends with <|im_end|>, its stop token)."""
 
 
+TURN_MARK = "<<asyncrl-assistant-turn>>"
+"""Stands for the model's turn when rendering: the tool turn is the template's text after it."""
+
+
+class ChatTemplateTurns:
+    """Tool turns rendered by a HF tokenizer's chat template, as token ids to append after a model turn.
+
+    The conversation before the model's turn does not change what a template renders after it
+    (role markers close and open turns), so a one-message stand-in history is rendered:
+    `[user ".", assistant TURN_MARK, tool r1, ...]` with the generation prompt, and the text after
+    `TURN_MARK` is the tool turn. If the model's last token is a special token that this text
+    starts with (ChatML's `<|im_end|>`, the stop token), it is not repeated.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.special = set(getattr(tokenizer, "all_special_ids", []) or [])
+        try:
+            self.text(["probe"], ["probe"])
+        except Exception as e:  # a template that cannot render role `tool` (or drops assistant text): say which key helps
+            raise ValueError(f"agent.kwargs.chat_template: the tokenizer's chat template cannot render a tool turn "
+                             f"({type(e).__name__}: {e}); set agent.kwargs.chat_template=false to use tool_turn_template") from None
+
+    def text(self, results: Sequence[str], names: Sequence[str]) -> str:
+        msgs = [{"role": "user", "content": "."}, {"role": "assistant", "content": TURN_MARK}]
+        msgs += [{"role": "tool", "name": n, "content": r} for r, n in zip(results, names)]
+        out = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        if TURN_MARK not in out:
+            raise ValueError("the rendered conversation lost the assistant's content")
+        return out.split(TURN_MARK, 1)[1]
+
+    def ids(self, generated: Sequence[int], results: Sequence[str], names: Sequence[str]) -> list[int]:
+        text = self.text(results, names)
+        if generated and generated[-1] in self.special:
+            closing = self.tokenizer.decode([generated[-1]], skip_special_tokens=False)
+            if closing and text.startswith(closing):
+                text = text[len(closing):]
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def chat_turns(tokenizer: Any, enabled: bool) -> ChatTemplateTurns | None:
+    """The template renderer when `enabled` and `tokenizer` has a chat template, else None (hard-coded markup)."""
+    if not enabled or tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        return None
+    return ChatTemplateTurns(tokenizer)
+
+
 class ToolAgent(AgentLoop):
     """ReAct loop over token ids; see the module docstring.
 
@@ -62,6 +116,9 @@ class ToolAgent(AgentLoop):
         tool_turn_template: the tool turn appended after a model turn; `{responses}` is the
             concatenated tool responses (see `QWEN_TOOL_TURN` for Qwen chat markup).
         reward_text: `response` (the whole decoded response) or `last_turn` (the final model turn).
+        tokenizer: a HF tokenizer; with a chat template (and `chat_template`), tool turns are
+            rendered by it and the two templates above are not used.
+        chat_template: false keeps the hard-coded markup even when the tokenizer has a template.
     """
 
     def __init__(
@@ -84,6 +141,8 @@ class ToolAgent(AgentLoop):
         reward_workers: int = 4,
         max_reward_failures: int = 100,
         reward_name: str | None = None,
+        tokenizer: Any = None,
+        chat_template: bool = True,
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"agent.max_turns must be >= 1, got {max_turns}")
@@ -98,6 +157,7 @@ class ToolAgent(AgentLoop):
         self.max_tool_calls_per_turn, self.tool_timeout_s = max_tool_calls_per_turn, tool_timeout_s
         self.reward_timeout_s, self.reward_text = reward_timeout_s, reward_text
         self.tool_response_template, self.tool_turn_template = tool_response_template, tool_turn_template
+        self.chat = chat_turns(tokenizer, chat_template)
         self.scorer = Scorer(reward_fn, name=reward_name, timeout_s=reward_timeout_s, max_failures=max_reward_failures,
                              workers=reward_workers)
 
@@ -142,9 +202,7 @@ class ToolAgent(AgentLoop):
             clock["tools"] += time.monotonic() - t
             n_calls += len(calls)
             n_errors += sum(not ok for _, ok in results)
-            text = self.tool_turn_template.format(responses="".join(
-                self.tool_response_template.format(name=c.name, result=r) for c, (r, _) in zip(calls, results)))
-            tool_ids = list(self.encode(text))[: self.max_response_tokens - len(ids)]
+            tool_ids = self._tool_turn(out.token_ids, calls, [r for r, _ in results])[: self.max_response_tokens - len(ids)]
             ids += tool_ids
             logprobs += [0.0] * len(tool_ids)
             mask += [0] * len(tool_ids)
@@ -168,6 +226,14 @@ class ToolAgent(AgentLoop):
         traj.reward, traj.reward_info = await self.scorer(text, sample.answer)
         traj.timings["reward"] = time.monotonic() - t
         return traj.validate()
+
+    def _tool_turn(self, generated: list[int], calls: list[ToolCall], results: list[str]) -> list[int]:
+        """Token ids of the tool turn after the model turn `generated` (mask 0): template-rendered or hard-coded."""
+        if self.chat is not None:
+            return self.chat.ids(generated, results, [c.name for c in calls])
+        text = self.tool_turn_template.format(responses="".join(
+            self.tool_response_template.format(name=c.name, result=r) for c, r in zip(calls, results)))
+        return list(self.encode(text))
 
     async def _call_tools(self, calls: list[ToolCall], toolbox: dict[str, Tool]) -> list[tuple[str, bool]]:
         """Run a turn's calls concurrently; each gives (text for the model, ok)."""

@@ -3,8 +3,11 @@
 `load` merges the dataclass defaults, a YAML recipe and `key=value` overrides with
 OmegaConf and turns the result back into dataclasses (their `__post_init__` checks run
 there); every failure becomes a `ConfigError` that names the key (or, for a recipe that is
-not valid YAML, the file and line). `document` reads the
-docstring under each field for `asyncrl config --doc` and `configs/README.md`.
+not valid YAML, the file and line). A mandatory key left at `???` (OmegaConf's MISSING) by the
+recipe or an override is an error naming it (OmegaConf would keep the dataclass default under it);
+an unknown key's error says what to set instead (`asyncrl.config_aliases`: verl's names, close
+matches). `document` reads the docstring under each field for `asyncrl config --doc` and
+`configs/README.md`.
 """
 
 from __future__ import annotations
@@ -23,12 +26,68 @@ def _translate(e: Exception) -> Any:
     return ConfigError(f"{key}: {msg}" if key else msg)
 
 
+def _flat(node: Any, prefix: str = "") -> list[str]:
+    """Dotted keys of the leaves of a plain (container) mapping."""
+    if not isinstance(node, dict) or not node:
+        return [prefix] if prefix else []
+    return [k for name, v in node.items() for k in _flat(v, f"{prefix}.{name}" if prefix else str(name))]
+
+
+def _unknown_key(e: Exception, named: list[tuple[str, Any]]) -> Any:
+    """The `ConfigError` of an unknown key: the key as the user wrote it, where, and what to set instead."""
+    from asyncrl.config import ConfigError
+    from asyncrl.config_aliases import asyncrl_keys, hint
+    from omegaconf import OmegaConf
+
+    top = str(getattr(e, "full_key", "") or "")
+    known = asyncrl_keys()
+    for where, layer in named:
+        for key in _flat(OmegaConf.to_container(layer, resolve=False)):
+            if top and key != top and not key.startswith(top + "."):
+                continue
+            if any(key == k or key.startswith(k + ".") for k in known):
+                continue
+            h = hint(key)
+            section = key.rpartition(".")[0]
+            if not h:
+                sections = sorted({k.partition(".")[0] for k in known if "." in k})
+                h = (f"{section} has no such key" if any(k.startswith(section + ".") for k in known)
+                     else f"the config has no section {key.partition('.')[0]!r} (sections: {', '.join(sections)})")
+                h += "; every key: asyncrl config --doc"
+            return ConfigError(f"{key}: unknown key (in {where}); {h}")
+    return None
+
+
+def _check_missing(named: list[tuple[str, Any]]) -> None:
+    """A key left at `???` by a layer and set by no later layer: a `ConfigError` naming it and the layer."""
+    from asyncrl.config import ConfigError
+    from omegaconf import OmegaConf
+
+    unset: list[tuple[str, str]] = []
+    for i, (where, layer) in enumerate(named):
+        missing = OmegaConf.missing_keys(layer)
+        for key in [k for k in _flat(OmegaConf.to_container(layer, resolve=False)) if k in missing]:
+            later = [lay for _, lay in named[i + 1:] if key not in OmegaConf.missing_keys(lay)
+                     and OmegaConf.select(lay, key, default=_ABSENT) is not _ABSENT]
+            if not later and key not in (k for k, _ in unset):
+                unset.append((key, where))
+    if unset:
+        key, where = unset[0]
+        more = f" (also not set: {', '.join(k for k, _ in unset[1:])})" if len(unset) > 1 else ""
+        by = "" if where == "the overrides" else f" by {where}"
+        raise ConfigError(f"{key}: required{by}, not set; give it as {key}=...{more}")
+
+
+_ABSENT = object()
+
+
 def load(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -> Any:
     """Defaults <- YAML recipe <- `key=value` overrides, validated; errors name the key."""
     from asyncrl.config import Config, ConfigError
     from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+    named: list[tuple[str, Any]] = []  # (where it comes from, layer) of what the user gave
     try:
         base = OmegaConf.structured(Config)
         layers = [base]
@@ -40,12 +99,18 @@ def load(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -
             if y is not None and not isinstance(y, dict) and not OmegaConf.is_dict(y):
                 raise ConfigError(f"config file {str(path)!r} must hold a mapping")
             layers.append(y)
+            if OmegaConf.is_dict(y):
+                named.append((str(path), y))
         for o in overrides:
             if "=" not in o:
                 raise ConfigError(f"override {o!r} must look like key=value")
         layers.append(_read_overrides(overrides))
+        named.append(("the overrides", layers[-1]))
+        _check_missing(named)
         merged = OmegaConf.merge(*layers)
         cfg = OmegaConf.to_object(merged)
+    except (ConfigKeyError, ConfigAttributeError) as e:
+        raise (_unknown_key(e, named) or _translate(e)) from None
     except OmegaConfBaseException as e:
         raise _translate(e) from None
     except ValueError as e:  # raised by a __post_init__ (already names its key)

@@ -167,8 +167,9 @@ def local_fleets(cfg: Config, model_path: str, spec: HostSpec, tokenizer: Any, s
     async def spawn() -> Any:
         servers = build_fleet(r, model_path, dtype=cfg.model.dtype, seed=cfg.seed)
         hosts = [ServerHost(s, name=f"main-{i}", plane=storage, partial_rollouts=r.partial_rollouts,
-                            agent=make_agent(spec.agent, spec.reward, encode, decode, SamplingParams(**spec.sampling)),
-                            eval_agent=make_agent(spec.agent, spec.reward, encode, decode, SamplingParams(**spec.eval_sampling)))
+                            agent=make_agent(spec.agent, spec.reward, encode, decode, SamplingParams(**spec.sampling), tokenizer=tokenizer),
+                            eval_agent=make_agent(spec.agent, spec.reward, encode, decode, SamplingParams(**spec.eval_sampling),
+                                                  tokenizer=tokenizer))
                  for i, s in enumerate(servers)]
         manager = FleetManager(Router(max_failovers=r.max_failovers, partial_rollouts=r.partial_rollouts), restart_dead=False)
         await manager.add_fleet(Fleet("main", hosts))
@@ -187,23 +188,23 @@ def share_run_secret(cfg: Config) -> None:
 
 
 def build(cfg: Config) -> Components:
-    from transformers import AutoTokenizer
     from transfer_queue import make_storage
 
     from asyncrl.batching import PlanBuilder
+    from asyncrl.config_checks import load_tokenizer
 
     share_run_secret(cfg)
     model_path = resolve_model_path(cfg)
-    tok = AutoTokenizer.from_pretrained(model_path)
+    tok = load_tokenizer(model_path)  # an unreadable tokenizer: a ConfigError naming model.path
     if tok.eos_token_id is None:
         raise ConfigError(f"model.path: tokenizer in {model_path} has no EOS token")
     encode, decode = tokenizer_codec(tok)
-    task = build_task(cfg.data, encode)
+    task = build_task(cfg.data, encode, tokenizer=tok, reward=cfg.agent.reward)
     r = cfg.rollout
-    sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_tokens, stop_token_ids=[tok.eos_token_id])
-    eval_sampling = SamplingParams(temperature=r.eval_temperature, max_tokens=r.max_tokens, stop_token_ids=[tok.eos_token_id], seed=cfg.seed)
+    sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_tokens, stop_token_ids=[tok.eos_token_id], stop=list(r.stop))
+    eval_sampling = SamplingParams(temperature=r.eval_temperature, max_tokens=r.max_tokens, stop_token_ids=[tok.eos_token_id], stop=list(r.stop), seed=cfg.seed)
     spec = host_spec(cfg, cfg.agent.reward or task.reward, sampling, eval_sampling)
-    make_agent(spec.agent, spec.reward, encode, decode, sampling)  # a bad agent key fails here, before anything starts
+    make_agent(spec.agent, spec.reward, encode, decode, sampling, tokenizer=tok)  # a bad agent key or template fails here, before anything starts
     storage = make_storage(cfg.queue)
     if cfg.ray.enabled:  # servers are Ray actors in placement groups, started inside the event loop
         from asyncrl.rollout.fleet import FleetManager

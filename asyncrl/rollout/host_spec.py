@@ -39,9 +39,11 @@ class HostSpec:
     partial_rollouts: bool = True
 
 
-def make_agent(agent: dict[str, Any], reward: str, encode: Callable, decode: Callable, sampling: Any) -> AgentLoop:
-    """The configured AgentLoop; `encode`, `agent.reward_workers` and `agent.max_reward_failures` are
-    passed to agents that take them (the built-in ones do). Errors name the config key (`agent.name`,
+def make_agent(agent: dict[str, Any], reward: str, encode: Callable, decode: Callable, sampling: Any,
+               tokenizer: Any = None) -> AgentLoop:
+    """The configured AgentLoop; `encode`, `tokenizer` (its chat template renders multi-turn agents'
+    turns), `agent.reward_workers` and `agent.max_reward_failures` are passed to agents that take
+    them (the built-in ones do). Errors name the config key (`agent.name`,
     `agent.reward`, `agent.kwargs`)."""
     from agents.registry import AGENTS, accepts, build_agent, resolve
     from agents.rewards import get_reward
@@ -59,6 +61,8 @@ def make_agent(agent: dict[str, Any], reward: str, encode: Callable, decode: Cal
         raise ConfigError(f"agent.reward: {e}") from None
     if "encode" in inspect.signature(factory).parameters:
         kw["encode"] = encode
+    if tokenizer is not None and "tokenizer" not in kw and accepts(factory, "tokenizer"):
+        kw["tokenizer"] = tokenizer
     for key in ("reward_workers", "max_reward_failures"):
         if key in agent and key not in kw and accepts(factory, key):
             kw[key] = agent[key]
@@ -84,9 +88,10 @@ def build_host(server: Any, name: str, spec: dict[str, Any] | HostSpec, model_pa
     from transfer_queue import TransferQueueConfig, make_storage
 
     s = spec if isinstance(spec, HostSpec) else HostSpec(**spec)
-    encode, decode = tokenizer_codec(AutoTokenizer.from_pretrained(model_path))
-    agent = make_agent(s.agent, s.reward, encode, decode, SamplingParams(**s.sampling))
-    eval_agent = make_agent(s.agent, s.reward, encode, decode, SamplingParams(**s.eval_sampling))
+    tok = AutoTokenizer.from_pretrained(model_path)
+    encode, decode = tokenizer_codec(tok)
+    agent = make_agent(s.agent, s.reward, encode, decode, SamplingParams(**s.sampling), tokenizer=tok)
+    eval_agent = make_agent(s.agent, s.reward, encode, decode, SamplingParams(**s.eval_sampling), tokenizer=tok)
     plane = make_storage(TransferQueueConfig(**s.queue))
     host = ServerHost(server, name=name, agent=agent, eval_agent=eval_agent, plane=plane, partial_rollouts=s.partial_rollouts)
     return host, plane

@@ -1,4 +1,5 @@
-"""A recipe that is not YAML, a missing data file, a bad override: `asyncrl train` says so in one line.
+"""A recipe that is not YAML, a missing data file or model, an unset `???` key, a verl key, a bad override:
+`asyncrl train` says so in one line naming the key, before a run directory or a server exists.
 
 Runs the real CLI as a subprocess (`python -m asyncrl.cli train ...`) in a scratch directory.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -69,3 +71,60 @@ def test_load_translates_yaml_and_encoding_errors(tmp_path):
     binary.write_bytes(b"trainer:\n  lr: \xff\xfe\n")
     with pytest.raises(ConfigError, match=r"bin\.yaml': not UTF-8"):
         load(binary)
+
+
+def recipe_overrides(tmp_path: Path, *extra: str) -> list[str]:
+    """The GSM8K recipe with its mandatory keys set (a real data file) and `extra` overrides."""
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+    return [str(ROOT / "configs" / "gsm8k_qwen2.5_0.5b.yaml"), f"data.train_path={data}", *extra]
+
+
+@pytest.mark.timeout(90)
+def test_unset_mandatory_key_of_a_recipe_is_one_line_naming_it(tmp_path):
+    recipe = ROOT / "configs" / "gsm8k_qwen2.5_0.5b.yaml"
+    assert "path: ???" in recipe.read_text()  # the recipe marks what it cannot guess
+    out = cli(tmp_path, str(recipe))
+    assert out.returncode == 2
+    line = one_line(out.stderr)
+    assert line.startswith(f"asyncrl: config error: model.path: required by {recipe}, not set"), line
+    assert "data.train_path" in line
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.timeout(90)
+def test_verl_key_is_one_line_with_the_asyncrl_key(tmp_path):
+    out = cli(tmp_path, "actor_rollout_ref.rollout.n=4", "rollout.engine=vllm")
+    assert out.returncode == 2
+    line = one_line(out.stderr)
+    assert line == "asyncrl: config error: actor_rollout_ref.rollout.n: unknown key (in the overrides); in asyncrl it is rollout.group_size"
+
+
+def fake_model_folder(tmp_path: Path, tokenizer_json: str | None) -> Path:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}')
+    if tokenizer_json is not None:
+        (folder / "tokenizer.json").write_text(tokenizer_json)
+        (folder / "tokenizer_config.json").write_text('{"tokenizer_class": "PreTrainedTokenizerFast"}')
+    return folder
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", ["no_folder", "no_config", "bad_tokenizer"])
+def test_model_problems_fail_before_anything_starts(tmp_path, case):
+    if case == "no_folder":
+        model, want = tmp_path / "gone", "is not a local folder"
+    elif case == "no_config":
+        model, want = tmp_path / "empty", "has no config.json"
+        model.mkdir()
+    else:
+        model, want = fake_model_folder(tmp_path, '{"version": "1.0", "model": {"type": "BPE", "vocab": ['), "cannot read the tokenizer"
+    t0 = time.monotonic()
+    out = cli(tmp_path, *recipe_overrides(tmp_path, f"model.path={model}"))
+    took = time.monotonic() - t0
+    assert out.returncode == 2
+    line = one_line(out.stderr)
+    assert line.startswith("asyncrl: config error: model.path: ") and want in line and str(model) in line, line
+    assert not (tmp_path / "runs").exists()  # no run directory, no server, no Ray
+    assert took < 30, f"{took:.1f}s: the check must come before any server starts"
