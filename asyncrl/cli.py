@@ -1,4 +1,4 @@
-"""`asyncrl` command line: train, bench, config, status.
+"""`asyncrl` command line: train, bench, config, status, export.
 
     asyncrl train [CONFIG.yaml] [key=value ...]   run a job (no CONFIG: the embedded demo)
     asyncrl bench rollout|queue|weights|pipeline|planes [--json]
@@ -8,6 +8,8 @@
                                                   print the resolved config, or document every key
     asyncrl status [--run DIR | --redis URL] [--json | --watch]
                                                   state of a run (docs/status.md)
+    asyncrl export RUN_DIR [--step N] [--dtype D] OUT
+                                                  a checkpoint of a run as a Hugging Face folder
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def _seed(seed: int) -> None:
 
 def train(args: list[str]) -> int:
     from asyncrl.config import ConfigError, dump_resolved, load, to_dict
-    from asyncrl.data.tasks import check_data_paths
+    from asyncrl.config_checks import preflight
     from asyncrl.run_dir import resolve_run_dir, write_status
 
     if args and args[0] in ("-h", "--help"):
@@ -54,7 +56,7 @@ def train(args: list[str]) -> int:
         return 0
     path, overrides = _split(args)
     cfg = load(path, overrides)
-    check_data_paths(cfg.data)  # a missing data file fails here, before a run directory or a model exists
+    preflight(cfg)  # data files, model folder, tokenizer, engine: one line naming the key, before a run directory or a server
     run_dir = resolve_run_dir(cfg)
     dump_resolved(cfg, run_dir / "config.yaml")
     write_status(run_dir, state="starting", step=0)
@@ -67,7 +69,7 @@ def train(args: list[str]) -> int:
     from asyncrl.trainer.handle import TrainerDied
 
     try:
-        parts = build(cfg)
+        parts = build(cfg, run_dir)
     except ConfigError as e:  # e.g. a data file with no usable row: printed as one line by main()
         write_status(run_dir, state="failed", step=0, error=f"config error: {e}"[:500])
         raise
@@ -92,7 +94,7 @@ def train(args: list[str]) -> int:
                 print(f"asyncrl: {e}; restarting from the last checkpoint ({restarts} of trainer.max_restarts="
                       f"{cfg.trainer.max_restarts})", file=sys.stderr, flush=True)
                 cfg.resume = True
-                parts = build(cfg)
+                parts = build(cfg, run_dir)
                 continue
             write_status(run_dir, state="failed", step=pipeline.step, error=f"{type(e).__name__}: {e}"[:500])
             metrics.close("FAILED")
@@ -150,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     from asyncrl.config import ConfigError
 
     parser = argparse.ArgumentParser(prog="asyncrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["train", "bench", "config", "status"])
+    parser.add_argument("command", choices=["train", "bench", "config", "status", "export"])
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0 if argv else 2
@@ -162,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
             return bench(rest)
         if cmd == "config":
             return config_cmd(rest)
+        if cmd == "export":  # RUN_DIR [--step N] [--dtype D] OUT: an HF folder (asyncrl/export.py)
+            from asyncrl.export import main as export_main
+
+            return export_main(rest)
     except ConfigError as e:
         print(f"asyncrl: config error: {e}", file=sys.stderr)
         return 2

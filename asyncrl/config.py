@@ -61,17 +61,19 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     task: str = "increment"
-    """Task: `increment` (add 1 to every digit, mod 10: the demo), `reverse` (reverse a digit string; harder for a tiny model under RL, see `asyncrl/data/tasks.py`) or `jsonl` (prompt file + math answer reward)."""
+    """Task: `increment` (add 1 to every digit, mod 10: the demo), `reverse` (reverse a digit string; harder for a tiny model under RL, see `asyncrl/data/tasks.py`) or `jsonl` (prompt data: jsonl, parquet or a `datasets` save_to_disk folder, flat or verl's layout; the reward by `data_source`, see `agent.reward`)."""
     train_path: str = ""
-    """jsonl or parquet file of training prompts (task `jsonl`)."""
+    """Training prompts (task `jsonl`): a jsonl or parquet file, or a folder written by `datasets`' `save_to_disk` (one split)."""
     eval_path: str = ""
     """Held-out prompts (task `jsonl`); empty: hold out `eval_size` rows of `train_path`."""
-    prompt_key: str = "question"
-    """Column holding the prompt text."""
-    answer_key: str = "answer"
-    """Column holding the reference answer (GSM8K style: final answer after `####`)."""
+    prompt_key: str = ""
+    """Column holding the prompt: a string or a list of chat messages (`role`, `content`); a dotted key reaches into an object column. Empty: `prompt` (verl's layout) if the data has it, else `question`."""
+    answer_key: str = ""
+    """Column holding the reference answer given to the reward (dotted keys allowed). Empty: `reward_model.ground_truth` (verl's layout) if the data has it, else `answer` (GSM8K style: final answer after `####`)."""
     prompt_template: str = "{prompt}\n"
-    """Python format string applied to the prompt text (`{prompt}`)."""
+    """Python format string applied to string prompts (`{prompt}`), before the chat template; chat-message prompts are used as they are."""
+    chat_template: str = "auto"
+    """How prompts become the text the model sees: `auto` (the tokenizer's chat template with the generation prompt when it has one, else the prompt as it is), `none` (never templated; chat-message prompts are then an error), or a path to a jinja template file used instead of the tokenizer's."""
     num_digits: int = 4
     """Digit tasks: digits per prompt."""
     eval_size: int = 64
@@ -88,6 +90,7 @@ class DataConfig:
         _check(1 <= self.num_digits <= 32, "data.num_digits", f"must be in [1, 32], got {self.num_digits}")
         _check(self.eval_size >= 1, "data.eval_size", f"must be >= 1, got {self.eval_size}")
         _check("{prompt}" in self.prompt_template, "data.prompt_template", "must contain {prompt}")
+        _check(bool(self.chat_template), "data.chat_template", "must be `auto`, `none` or a path to a jinja template file")
 
 
 @dataclass
@@ -253,7 +256,7 @@ class AgentConfig:
     name: str = "single_turn"
     """AgentLoop: `single_turn`, `tool` (multi-turn tool use), a registered name, or `module:attr`."""
     reward: str = ""
-    """Reward function by name or `module:function`; empty: the task's own (`digits` for the digit tasks, `math_answer`)."""
+    """Reward function by name or `module:function`; empty: the task's own (`digits` for the digit tasks; for prompt files by the rows' `data_source`: `gsm8k` / `math`, else `math_answer`)."""
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments bound to the reward function."""
     reward_timeout_s: float = 10.0
@@ -286,6 +289,11 @@ class LoggingConfig:
     """MLflow experiment name."""
     progress: bool = True
     """Show a progress bar (step, reward, tokens/s, ETA)."""
+    num_generations: int = 8
+    """Held-out samples written at every evaluation (prompt as rendered, response, reward, version) to the run's `generations.jsonl` and to MLflow; 0: none."""
+
+    def __post_init__(self) -> None:
+        _check(self.num_generations >= 0, "logging.num_generations", f"must be >= 0, got {self.num_generations}")
 
 
 @dataclass

@@ -169,7 +169,22 @@ class Pipeline:
         for key in sorted({k for r in results for k, v in r["reward_info"].items() if isinstance(v, (int, float))}):
             out[f"eval/{key}"] = sum(float(r["reward_info"].get(key, 0.0)) for r in results) / n
         self.curve.append((self.step, out["eval/reward"]))
+        self._log_generations(results)
         return out
+
+    def _log_generations(self, results: list[dict[str, Any]]) -> None:
+        """The first `logging.num_generations` evaluated samples (the same prompts every time) -> generations.jsonl / MLflow."""
+        from asyncrl.metrics import Generation
+        from asyncrl.rollout.host import clip_text
+
+        k, tok = self.cfg.logging.num_generations, self.parts.tokenizer
+        # the prompt exactly as the model saw it, chat-template markup (special tokens) included
+        render = (lambda ids: tok.decode(ids, skip_special_tokens=False)) if tok is not None else (lambda ids: " ".join(map(str, ids)))
+        rows = [Generation(step=self.step, version=self.staleness.version, uid=s.uid, prompt=clip_text(render(list(s.prompt_ids))),
+                           response=r["response"], answer=clip_text(str(s.answer)), reward=r["reward"],
+                           finish_reason=r["finish_reason"], response_length=r["response_length"])
+                for s, r in zip(self.parts.eval_samples[:k], results[:k])]
+        self.metrics.generations(self.step, rows)
 
     def _batch_metrics(self, groups: list[list[SampleMeta]]) -> dict[str, float]:
         recs = [s for g in groups for s in g]
@@ -285,7 +300,7 @@ class Pipeline:
         return {} if task is None else {"train": dict(task.train.skipped), "eval": dict(task.eval.skipped)}
 
     def summary(self, resumed: bool) -> dict[str, Any]:
-        plot_curve(self.run_dir, self.curve, f"{self.cfg.trainer.mode}: held-out reward")
+        plot_curve(self.run_dir, self.curve, f"{self.run_dir.name} ({self.cfg.trainer.mode})")
         pm = self._pipeline_metrics()
         return {
             "mode": self.cfg.trainer.mode,

@@ -149,10 +149,10 @@ def build_trainer(cfg: Config, model_path: str, storage: Any) -> Any:
     return TrainerRank(build_engine(model_path, **kw), plane=storage, weights=cfg.weights)
 
 
-def host_spec(cfg: Config, reward: str, sampling: SamplingParams, eval_sampling: SamplingParams) -> HostSpec:
+def host_spec(cfg: Config, reward: str, sampling: SamplingParams, eval_sampling: SamplingParams, log_dir: str = "") -> HostSpec:
     return HostSpec(agent=dataclasses.asdict(cfg.agent), reward=reward, sampling=dataclasses.asdict(sampling),
                     eval_sampling=dataclasses.asdict(eval_sampling), queue=dataclasses.asdict(cfg.queue),
-                    partial_rollouts=cfg.rollout.partial_rollouts)
+                    partial_rollouts=cfg.rollout.partial_rollouts, log_dir=log_dir)
 
 
 def local_fleets(cfg: Config, model_path: str, spec: HostSpec, tokenizer: Any, storage: Any) -> Callable[[], Awaitable[Any]]:
@@ -165,7 +165,7 @@ def local_fleets(cfg: Config, model_path: str, spec: HostSpec, tokenizer: Any, s
     encode, decode = tokenizer_codec(tokenizer)
 
     async def spawn() -> Any:
-        servers = build_fleet(r, model_path, dtype=cfg.model.dtype, seed=cfg.seed)
+        servers = build_fleet(r, model_path, dtype=cfg.model.dtype, seed=cfg.seed, log_dir=spec.log_dir or None)
         hosts = [ServerHost(s, name=f"main-{i}", plane=storage, partial_rollouts=r.partial_rollouts,
                             agent=make_agent(spec.agent, spec.reward, encode, decode, SamplingParams(**spec.sampling), tokenizer=tokenizer),
                             eval_agent=make_agent(spec.agent, spec.reward, encode, decode, SamplingParams(**spec.eval_sampling),
@@ -187,7 +187,7 @@ def share_run_secret(cfg: Config) -> None:
     cfg.queue.secret = cfg.weights.secret = secret
 
 
-def build(cfg: Config) -> Components:
+def build(cfg: Config, run_dir: Any = None) -> Components:
     from transfer_queue import make_storage
 
     from asyncrl.batching import PlanBuilder
@@ -203,7 +203,7 @@ def build(cfg: Config) -> Components:
     r = cfg.rollout
     sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_tokens, stop_token_ids=[tok.eos_token_id], stop=list(r.stop))
     eval_sampling = SamplingParams(temperature=r.eval_temperature, max_tokens=r.max_tokens, stop_token_ids=[tok.eos_token_id], stop=list(r.stop), seed=cfg.seed)
-    spec = host_spec(cfg, cfg.agent.reward or task.reward, sampling, eval_sampling)
+    spec = host_spec(cfg, cfg.agent.reward or task.reward, sampling, eval_sampling, log_dir=str(run_dir) if run_dir else "")
     make_agent(spec.agent, spec.reward, encode, decode, sampling, tokenizer=tok)  # a bad agent key or template fails here, before anything starts
     storage = make_storage(cfg.queue)
     if cfg.ray.enabled:  # servers are Ray actors in placement groups, started inside the event loop

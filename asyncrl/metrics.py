@@ -2,7 +2,8 @@
 
 Every `log(step, metrics)` goes to both: MLflow for browsing (`mlflow ui`, file store
 `./mlruns` by default) and a jsonl file in the run directory that tests and tools read
-without MLflow. The default store is SQLite at `./mlruns/mlflow.db` with artifacts in
+without MLflow. `generations(step, rows)` does the same for evaluated samples (`generations.jsonl`,
+and text artifacts `generations/step_NNNNNN.jsonl`). The default store is SQLite at `./mlruns/mlflow.db` with artifacts in
 `./mlruns/artifacts` (`mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db`). On resume the same MLflow run continues (its id is kept in
 the run directory).
 """
@@ -16,7 +17,33 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from asyncrl.config import LoggingConfig
+
+
+class Generation(msgspec.Struct, kw_only=True):
+    """One evaluated sample, a line of `RUN_DIR/generations.jsonl` (and of MLflow's `generations/` artifacts).
+
+    Texts are clipped to `rollout.host.EVAL_TEXT_CHARS` characters (head and tail kept)."""
+
+    step: int
+    """The trainer step at which the evaluation ran."""
+    version: int
+    """The policy version that generated the response: the last published one (the step itself when it published at this step)."""
+    uid: str
+    """The held-out sample (`eval-<row>`): the same prompts at every evaluation, in the same order."""
+    prompt: str
+    """The prompt as the model saw it (rendered by the chat template where there is one), decoded from its token ids."""
+    response: str
+    """The generated text, decoded."""
+    answer: str
+    """The reference answer the reward compared against."""
+    reward: float
+    finish_reason: str
+    """`stop` (EOS or a stop string) or `length` (`rollout.max_tokens`)."""
+    response_length: int
+    """Response tokens."""
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -66,6 +93,17 @@ class MetricsLogger:
         self._jsonl.flush()
         if self._mlflow is not None:
             self._mlflow.log_metrics(clean, step=step)
+
+    def generations(self, step: int, rows: list[Generation]) -> None:
+        """Append evaluated samples to `generations.jsonl` (one line each) and, with MLflow on, log them
+        as the text artifact `generations/step_NNNNNN.jsonl`."""
+        if not rows:
+            return
+        text = "".join(msgspec.json.encode(r).decode() + "\n" for r in rows)
+        with (self.run_dir / "generations.jsonl").open("a") as f:
+            f.write(text)
+        if self._mlflow is not None:
+            self._mlflow.log_text(text, f"generations/step_{step:06d}.jsonl")
 
     def artifact(self, path: Path) -> None:
         if self._mlflow is not None and path.exists():

@@ -1,4 +1,4 @@
-"""The run directory: resolved config, metrics, checkpoints, summary and the reward curve.
+"""The run directory: resolved config, metrics, generations, checkpoints, summary and the reward curve.
 
 Layout of `<logging.run_root>/<run name>/`:
     config.yaml            the resolved config (every key)
@@ -6,7 +6,8 @@ Layout of `<logging.run_root>/<run name>/`:
     trained_uids.jsonl     audit: the trajectory uids trained at each step
     checkpoints/step_NNNNNN/{trainer/, state.json}
     summary.json           written at the end of the run
-    reward_curve.png       held-out reward against step
+    generations.jsonl      evaluated samples: prompt as rendered, response, reward, version (`logging.num_generations` per evaluation)
+    reward_curve.png       over steps: training and held-out reward, response length, staleness
     status.json            heartbeat: pid, state (running / finished / failed), step, time
 """
 
@@ -70,22 +71,82 @@ def write_status(run_dir: Path, **fields: Any) -> None:
     os.replace(tmp, run_dir / "status.json")
 
 
-def plot_curve(run_dir: Path, curve: list[tuple[int, float]], title: str) -> Path | None:
-    """reward_curve.png from (step, held-out reward) points."""
-    if not curve:
+def read_metrics(run_dir: Path) -> dict[int, dict[str, float]]:
+    """step -> that step's logged metrics from `metrics.jsonl` (a step logged again after a resume: the last line wins)."""
+    path = run_dir / "metrics.jsonl"
+    rows: dict[int, dict[str, float]] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                rows[int(row["step"])] = row
+    return dict(sorted(rows.items()))
+
+
+def _series(rows: dict[int, dict[str, float]], key: str) -> tuple[list[int], list[float]]:
+    pts = [(s, r[key]) for s, r in rows.items() if key in r]
+    return [s for s, _ in pts], [v for _, v in pts]
+
+
+def _limits(values: list[float]) -> tuple[float, float] | None:
+    """[0, 1] (a little margin) for rewards in [0, 1]; else the data range padded, so that a flat line is not magnified."""
+    if not values:
         return None
+    lo, hi = min(values), max(values)
+    if lo >= 0.0 and hi <= 1.0:
+        return -0.03, 1.03
+    pad = max((hi - lo) * 0.1, abs(hi) * 0.1, 0.05)
+    return lo - pad, hi + pad
+
+
+def curve_figure(run_dir: Path, curve: list[tuple[int, float]], title: str) -> Any:
+    """Three stacked panels over steps: reward (training batches and held-out), response length, staleness.
+
+    Training values come from `metrics.jsonl` (`rollout/reward`, `rollout/response_length`,
+    `staleness/mean`, `staleness/max`), the held-out reward from `curve`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    fig, ax = plt.subplots(figsize=(5, 3.2), dpi=100)
-    ax.plot([s for s, _ in curve], [r for _, r in curve], marker="o")
-    ax.set_xlabel("step")
-    ax.set_ylabel("held-out reward")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
+    rows = read_metrics(run_dir)
+    fig, (ax_r, ax_l, ax_s) = plt.subplots(3, 1, figsize=(7, 7.5), dpi=100, sharex=True)
+    ts, tr = _series(rows, "rollout/reward")
+    ax_r.plot(ts, tr, marker="o", ms=4, label="training batch")
+    ax_r.plot([s for s, _ in curve], [r for _, r in curve], marker="s", ms=5, label="held-out")
+    lim = _limits(tr + [r for _, r in curve])
+    if lim:
+        ax_r.set_ylim(*lim)
+    ax_r.set_ylabel("reward")
+    ax_r.legend(loc="best", fontsize=8)
+    ls, lv = _series(rows, "rollout/response_length")
+    ax_l.plot(ls, lv, marker="o", ms=4, color="tab:green")
+    ax_l.set_ylim(0, max(lv, default=1.0) * 1.15 or 1.0)
+    ax_l.set_ylabel("response length\n(tokens, mean)")
+    for key, style in (("staleness/mean", "o-"), ("staleness/max", "^--")):
+        ss, sv = _series(rows, key)
+        ax_s.plot(ss, sv, style, ms=4, label=key.split("/")[1])
+    ax_s.set_ylim(-0.1, max([v for k in ("staleness/max", "staleness/mean") for v in _series(rows, k)[1]], default=1.0) + 0.5)
+    ax_s.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax_s.set_ylabel("staleness\n(versions)")
+    ax_s.legend(loc="best", fontsize=8)
+    ax_s.set_xlabel("step")
+    ax_s.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for ax in (ax_r, ax_l, ax_s):
+        ax.grid(alpha=0.3)
+    ax_r.set_title(title)
     fig.tight_layout()
+    return fig
+
+
+def plot_curve(run_dir: Path, curve: list[tuple[int, float]], title: str) -> Path | None:
+    """reward_curve.png (see `curve_figure`); None when there is nothing to plot."""
+    if not curve and not (run_dir / "metrics.jsonl").exists():
+        return None
+    import matplotlib.pyplot as plt
+
+    fig = curve_figure(run_dir, curve, title)
     path = run_dir / "reward_curve.png"
     fig.savefig(path)
     plt.close(fig)

@@ -29,6 +29,22 @@ from asyncrl.rollout.router import Router
 from asyncrl.trajectory_queue import trajectory_sample
 
 
+EVAL_TEXT_CHARS = 600
+"""Most characters of prompt or response text an evaluated sample carries back (the controller holds metadata only)."""
+
+
+def clip_text(text: str, limit: int = EVAL_TEXT_CHARS) -> str:
+    """`text` if short, else its head and tail around ` … ` (a rendered prompt's system part and its question both show).
+
+    >>> clip_text("abcdefghij", 7)
+    'ab … ij'
+    """
+    if len(text) <= limit:
+        return text
+    keep = max(limit - 3, 2)
+    return f"{text[: keep // 2]} … {text[len(text) - (keep - keep // 2):]}"
+
+
 class ServerHost(RolloutServer):
     def __init__(self, server: RolloutServer, *, name: str, agent: AgentLoop | None, eval_agent: AgentLoop | None,
                  plane: Any, partial_rollouts: bool = True) -> None:
@@ -52,9 +68,14 @@ class ServerHost(RolloutServer):
         return await asyncio.to_thread(trajectory_sample, self.plane, traj)  # may wait for arena space
 
     async def run_eval(self, sample: Sample) -> dict[str, Any]:
-        """One held-out sample: its reward and reward info (nothing is stored)."""
+        """One held-out sample: its reward and reward info, and for `generations.jsonl` the response as
+        text (at most `EVAL_TEXT_CHARS`, the middle elided; the controller renders the prompt from the
+        sample's own ids), the finish reason and the response length. Nothing is stored."""
         traj = await self.eval_agent.run(sample, self.llm)
-        return {"reward": float(traj.reward), "reward_info": dict(traj.reward_info)}
+        decode = getattr(self.eval_agent, "decode", None)  # the built-in agents keep theirs; others show token ids
+        text = decode(list(traj.response_ids)) if callable(decode) else " ".join(map(str, traj.response_ids))
+        return {"reward": float(traj.reward), "reward_info": dict(traj.reward_info), "response": clip_text(text),
+                "finish_reason": str(traj.finish_reason), "response_length": len(traj.response_ids)}
 
     # ---- weights ------------------------------------------------------------------------
     async def join_weights(self, cfg: Any, endpoints: list[str] | str, pause_mode: PauseMode = "keep") -> None:

@@ -37,6 +37,8 @@ class HostSpec:
     queue: dict[str, Any] = field(default_factory=dict)
     """`TransferQueueConfig` of the data plane the host writes trajectories into."""
     partial_rollouts: bool = True
+    log_dir: str = ""
+    """The run directory: inference engines write their own logs there (`vllm.log`); empty: none."""
 
 
 def make_agent(agent: dict[str, Any], reward: str, encode: Callable, decode: Callable, sampling: Any,

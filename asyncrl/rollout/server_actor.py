@@ -56,7 +56,8 @@ class ServerActor:
         from asyncrl.rollout.fleet_build import build_server
 
         cfg, model_path, dtype, seed, index = self._args
-        self.server = build_server(cfg, model_path, dtype=dtype, seed=seed, index=index)
+        self.server = build_server(cfg, model_path, dtype=dtype, seed=seed, index=index,
+                                   log_dir=(self.spec or {}).get("log_dir") or None)
         if self.spec is not None:
             from asyncrl.rollout.host_spec import build_host
 
