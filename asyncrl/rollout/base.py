@@ -19,6 +19,8 @@ Pause modes, used around a weight update:
 from __future__ import annotations
 
 import abc
+import collections
+import time
 from dataclasses import dataclass, field
 from typing import Iterable, Literal
 
@@ -117,3 +119,29 @@ class RolloutServer(abc.ABC):
 
     async def close(self) -> None:
         """Release processes and memory. Idempotent."""
+
+
+class TokenRate:
+    """Tokens generated, in all and per second over the last `window_s` seconds (a server's `stats`).
+
+    >>> r = TokenRate(window_s=10.0); r.add(30); (r.total, r.per_s() > 0)
+    (30, True)
+    """
+
+    def __init__(self, window_s: float = 10.0) -> None:
+        self.window_s = window_s
+        self.total = 0
+        self._recent: collections.deque[tuple[float, int]] = collections.deque()
+
+    def add(self, n: int) -> None:
+        if not n:
+            return
+        now = time.monotonic()
+        self.total += n
+        self._recent.append((now, n))
+        while self._recent and now - self._recent[0][0] > self.window_s:
+            self._recent.popleft()
+
+    def per_s(self) -> float:
+        now = time.monotonic()
+        return sum(n for t, n in self._recent if now - t <= self.window_s) / self.window_s

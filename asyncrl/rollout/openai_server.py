@@ -28,16 +28,14 @@ off-policy correction sees as the behavior policy).
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import math
-import time
 import uuid
 from typing import Any, Iterable
 
 import msgspec
 
-from asyncrl.rollout.base import PAUSE_MODES, GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats
+from asyncrl.rollout.base import PAUSE_MODES, GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats, TokenRate
 
 log = logging.getLogger("asyncrl.rollout")
 TOKEN_PREFIX = "token_id:"
@@ -138,8 +136,7 @@ class OpenAIRolloutServer(RolloutServer):
         self._admit: asyncio.Event | None = None
         self._paused = False
         self._version = 0
-        self._generated = 0
-        self._recent: collections.deque[tuple[float, int]] = collections.deque()
+        self._rate = TokenRate(_RATE_WINDOW_S)
         self._closed = False
         self.malformed_replies = 0
         self.ignored_updates = 0
@@ -218,11 +215,7 @@ class OpenAIRolloutServer(RolloutServer):
             raise
 
     def _count(self, n: int) -> None:
-        now = time.monotonic()
-        self._generated += n
-        self._recent.append((now, n))
-        while self._recent and now - self._recent[0][0] > _RATE_WINDOW_S:
-            self._recent.popleft()
+        self._rate.add(n)
 
     # ---- pause / weights --------------------------------------------------------------------
     async def pause(self, mode: PauseMode = "wait") -> None:
@@ -253,10 +246,8 @@ class OpenAIRolloutServer(RolloutServer):
         """Nothing to do: the server's weights never change, so its cached KV never goes stale."""
 
     def stats(self) -> ServerStats:
-        now = time.monotonic()
-        recent = [n for t, n in self._recent if now - t <= _RATE_WINDOW_S]
-        return ServerStats(self._version, len(self._tasks), self._paused, self._generated,
-                           sum(recent) / _RATE_WINDOW_S, healthy=not self._closed)
+        return ServerStats(self._version, len(self._tasks), self._paused, self._rate.total,
+                           self._rate.per_s(), healthy=not self._closed)
 
     @property
     def version(self) -> int:

@@ -50,12 +50,10 @@ this process and, through `VLLM_LOGGING_CONFIG_PATH`, from the engine-core proce
 from __future__ import annotations
 
 import asyncio
-import collections
 import json
 import logging
 import math
 import os
-import time
 import uuid
 from typing import Any, Iterable
 
@@ -66,6 +64,7 @@ from asyncrl.rollout.base import (
     RolloutServer,
     SamplingParams,
     ServerStats,
+    TokenRate,
 )
 
 _RATE_WINDOW_S = 10.0
@@ -138,8 +137,7 @@ class VLLMRolloutServer(RolloutServer):
         self._in_flight = 0
         self._paused = False
         self._admit: asyncio.Event | None = None  # created on the server's event loop
-        self._generated = 0
-        self._recent: collections.deque[tuple[float, int]] = collections.deque()
+        self._rate = TokenRate(_RATE_WINDOW_S)
         self._closed = False
         self._healthy = True
 
@@ -182,12 +180,7 @@ class VLLMRolloutServer(RolloutServer):
         return GenerateOutput(rid, tokens, logprobs, versions, finish_reason)
 
     def _count(self, n: int) -> None:
-        if n:
-            now = time.monotonic()
-            self._generated += n
-            self._recent.append((now, n))
-            while self._recent and now - self._recent[0][0] > _RATE_WINDOW_S:
-                self._recent.popleft()
+        self._rate.add(n)
 
     # ---- pause / weights --------------------------------------------------------------------
 
@@ -257,10 +250,7 @@ class VLLMRolloutServer(RolloutServer):
     # ---- state ------------------------------------------------------------------------------
 
     def stats(self) -> ServerStats:
-        now = time.monotonic()
-        recent = [(t, n) for t, n in self._recent if now - t <= _RATE_WINDOW_S]
-        rate = sum(n for _, n in recent) / _RATE_WINDOW_S if recent else 0.0
-        return ServerStats(self._version, self._in_flight, self._paused, self._generated, rate,
+        return ServerStats(self._version, self._in_flight, self._paused, self._rate.total, self._rate.per_s(),
                            healthy=self._healthy and not self._closed)
 
     @property
