@@ -24,7 +24,9 @@ trainer rank for its own rows; weights go from trainer rank 0 to every server's 
 Loops and what unblocks them:
 - rollout loop (`Rollouter.run`): waits for a free fleet slot (`rollout.max_running_samples`;
   a finished sample unblocks it), then in `acquire()` until `(eta + version + 1) * B >
-  accepted + running`; a published version or a dropped group unblocks it. Its groups run
+  accepted + running` and, in `fully_async`, groups in flight plus queued are under the pace's
+  limit (`asyncrl/admission.py`); a published version, a batch taken by the trainer or a
+  dropped group unblocks it. Its groups run
   concurrently; a finished group is put into the queue (put waits while the queue is full).
 - trainer loop (`Pipeline._train_loop`): waits in `TrajectoryQueue.get` for B whole groups,
   taken oldest version first; a finished group unblocks it. In order it also waits while a
@@ -83,7 +85,8 @@ class Pipeline:
         self.cfg, self.parts, self.run_dir, self.metrics = cfg, parts, run_dir, metrics
         self.B, self.n = cfg.trainer.prompts_per_step, cfg.rollout.group_size
         eta, self.publish_every, in_order = mode_rule(cfg)
-        pace = Pace(batch_groups=self.B, eta=eta, slack=cfg.trainer.admission_slack) if cfg.trainer.mode == "fully_async" and cfg.trainer.admission == "pace" else None
+        paced = cfg.trainer.mode == "fully_async" and cfg.trainer.admission == "pace"
+        pace = Pace(batch_groups=self.B, eta=eta, slack=cfg.trainer.admission_slack) if paced else None
         self.staleness = StalenessManager(batch_groups=self.B, eta=eta, in_order=in_order, pace=pace)
         # one lease holder name per run: a resumed run takes back at once what it had leased before it died
         self.queue = TrajectoryQueue(cfg.queue, self.staleness, storage=parts.storage,
