@@ -320,16 +320,28 @@ def route_vllm_logging(log_path: str | os.PathLike | None) -> None:
     path = os.path.abspath(log_path)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     logger.setLevel(logging.INFO)
+    global _CHILD_CONFIG, _RUN_LOG
+    if _RUN_LOG is not None and _RUN_LOG != path:  # an earlier run's file (ours, or vLLM's from our child config)
+        for h in [h for h in logger.handlers if isinstance(h, logging.FileHandler) and h.baseFilename == _RUN_LOG]:
+            logger.removeHandler(h)
+            h.close()
+    _RUN_LOG = path
     if not any(isinstance(h, logging.FileHandler) and h.baseFilename == path for h in logger.handlers):
         handler = logging.FileHandler(path)
         handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s pid=%(process)d %(name)s: %(message)s"))
         handler.setLevel(logging.INFO)
         logger.addHandler(handler)
-    if "VLLM_LOGGING_CONFIG_PATH" not in os.environ:
+    if "VLLM_LOGGING_CONFIG_PATH" not in os.environ or os.environ["VLLM_LOGGING_CONFIG_PATH"] == _CHILD_CONFIG:
         config_path = os.path.join(os.path.dirname(path), "vllm_logging.json")
         with open(config_path, "w") as f:
             json.dump(_child_logging_config(path), f, indent=1)
-        os.environ["VLLM_LOGGING_CONFIG_PATH"] = config_path
+        os.environ["VLLM_LOGGING_CONFIG_PATH"] = _CHILD_CONFIG = config_path
+
+
+_CHILD_CONFIG: str | None = None
+"""The `VLLM_LOGGING_CONFIG_PATH` this process set (a later run replaces it; one the user set is kept)."""
+_RUN_LOG: str | None = None
+"""The run log vLLM's lines go to now (a later run in the same process moves them to its own)."""
 
 
 def _child_logging_config(path: str) -> dict[str, Any]:
