@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from asyncrl.config_checks import ConfigError, check as _check, one_of as _one_of  # noqa: F401 (ConfigError: re-exported)
+from asyncrl.config_checks import ConfigError, check as _check, check_resources as _check_resources, one_of as _one_of  # noqa: F401 (ConfigError: re-exported)
 from asyncrl.config_rollout import CostModelConfig, RolloutConfig  # noqa: F401 (re-exported)
 from checkpoint_engine.config import WeightSyncConfig
 from transfer_queue.config import TransferQueueConfig
@@ -137,6 +137,8 @@ class TrainerConfig:
     """Ray placement: CPUs in each trainer rank's bundle."""
     gpus_per_rank: float = 1.0
     """Ray placement with `trainer.device=cuda`: GPUs in each rank's bundle (a fraction shares the GPU with a rollout server, see `rollout.gpus_per_worker`)."""
+    ray_resources: dict[str, float] = field(default_factory=dict)
+    """Ray placement: custom resources added to each rank's bundle, e.g. `{trainer_node: 1}`: ranks then run only on nodes started with that resource (`ray start --resources '{"trainer_node": 8}'`, see deploy/README.md)."""
     engine: str = "fsdp"
     """The step: `fsdp` (FSDP2 forward/backward) or `cost_model` (the real model is loaded and its weights published, but a step only reads its shard and sleeps `trainer.cost_model_token_s` per loss token: benchmarks of the pipeline)."""
     cost_model_token_s: float = 1e-4
@@ -182,6 +184,7 @@ class TrainerConfig:
         _one_of(self.device, "trainer.device", ("auto", "cpu", "cuda"))
         _check(self.cpus_per_rank > 0, "trainer.cpus_per_rank", f"must be > 0, got {self.cpus_per_rank}")
         _check(0 < self.gpus_per_rank <= 1, "trainer.gpus_per_rank", f"must be in (0, 1], got {self.gpus_per_rank}")
+        _check_resources(self.ray_resources, "trainer.ray_resources")
         _one_of(self.engine, "trainer.engine", ("fsdp", "cost_model"))
         _check(self.cost_model_token_s >= 0, "trainer.cost_model_token_s", "must be >= 0")
         _check(self.eval_every >= 1, "trainer.eval_every", "must be >= 1")
@@ -193,21 +196,31 @@ class TrainerConfig:
 @dataclass
 class AlgorithmConfig:
     advantage: str = "grpo"
-    """Advantage estimator from the registry: `grpo`, `rloo`, `reinforce_pp` (group-centred, batch-whitened)."""
+    """Advantage estimator from the registry: `grpo`, `rloo`, `reinforce_pp` (group-centred, then whitened over the batch's sequences)."""
     norm_adv_by_std: bool = True
     """grpo: divide group-centred rewards by the group's std (Dr. GRPO sets this false)."""
     loss: str = "ppo_clip"
-    """Policy loss from the registry: `ppo_clip`, `vanilla_pg` (unclipped importance-weighted)."""
+    """Policy loss from the registry: `ppo_clip` (with dual clip, `clip_ratio_c`), `vanilla_pg` (unclipped importance-weighted), `gspo` (sequence-level ratio, `gspo_clip_ratio_*`), `cispo` (clipped, detached IS weight times A times log-prob)."""
     clip_ratio_low: float = 0.2
     """PPO clip: ratio lower bound is 1 - clip_ratio_low."""
     clip_ratio_high: float = 0.2
     """PPO clip: ratio upper bound is 1 + clip_ratio_high (DAPO raises it, e.g. 0.28)."""
+    clip_ratio_c: float = 3.0
+    """Dual-clip PPO (`ppo_clip`): for negative advantages the loss is at most clip_ratio_c * |A| (verl's default 3); 0 = off, else > 1."""
+    gspo_clip_ratio_low: float = 3e-4
+    """`gspo`: the sequence ratio's lower bound is 1 - gspo_clip_ratio_low (the GSPO paper: 3e-4)."""
+    gspo_clip_ratio_high: float = 4e-4
+    """`gspo`: the sequence ratio's upper bound is 1 + gspo_clip_ratio_high (the GSPO paper: 4e-4)."""
     loss_agg: str = "token_mean"
-    """Aggregation: `token_mean` (over all tokens of the batch), `seq_mean_token_mean`, `seq_mean_token_sum`."""
+    """Aggregation: `token_mean` (over all tokens of the batch), `seq_mean_token_mean`, `seq_mean_token_sum`, `seq_mean_token_sum_norm` (Dr. GRPO: token sum / `loss_agg_norm_len`, mean over sequences). Sequence means count only sequences with loss tokens."""
+    loss_agg_norm_len: int = 0
+    """`seq_mean_token_sum_norm`: the constant each sequence's token sum is divided by (e.g. `rollout.max_response_length`); required > 0 there."""
     kl_coef: float = 0.0
     """Weight of the KL penalty to the reference (initial) policy; 0 skips the reference model."""
     kl_estimator: str = "k3"
-    """KL estimator: `k1`, `k2`, `k3`."""
+    """KL estimator: `k1`, `k2`, `k3` (verl's `low_var_kl`, clamped as the references do: finite at any log-prob gap)."""
+    filter_groups: bool = False
+    """DAPO dynamic sampling: drop finished groups whose rewards are all equal (no advantage signal), counted as `dropped/filtered`; admission refills the batch. Needs `rollout.group_size` >= 2."""
     entropy_coef: float = 0.0
     """Entropy bonus weight (entropy is always logged); with `entropy_target` > 0 it is the starting value of the adapted weight."""
     entropy_target: float = 0.5
@@ -238,8 +251,14 @@ class AlgorithmConfig:
         _check(0 <= self.mis_low <= 1, "algorithm.mis_low", "must be in [0, 1]")
         _check(self.mis_high >= 1, "algorithm.mis_high", "must be >= 1")
         _one_of(self.advantage, "algorithm.advantage", ("grpo", "rloo", "reinforce_pp"))
-        _one_of(self.loss, "algorithm.loss", ("ppo_clip", "vanilla_pg"))
-        _one_of(self.loss_agg, "algorithm.loss_agg", ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum"))
+        _one_of(self.loss, "algorithm.loss", ("ppo_clip", "vanilla_pg", "gspo", "cispo"))
+        _one_of(self.loss_agg, "algorithm.loss_agg", ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"))
+        _check(self.clip_ratio_c == 0 or self.clip_ratio_c > 1, "algorithm.clip_ratio_c", f"must be > 1 (or 0 = off), got {self.clip_ratio_c}")
+        _check(0 < self.gspo_clip_ratio_low < 1, "algorithm.gspo_clip_ratio_low", f"must be in (0, 1), got {self.gspo_clip_ratio_low}")
+        _check(self.gspo_clip_ratio_high > 0, "algorithm.gspo_clip_ratio_high", f"must be > 0, got {self.gspo_clip_ratio_high}")
+        _check(self.loss_agg_norm_len > 0 or self.loss_agg != "seq_mean_token_sum_norm", "algorithm.loss_agg_norm_len",
+               "must be > 0 with loss_agg seq_mean_token_sum_norm (e.g. rollout.max_response_length)")
+        _check(self.loss_agg_norm_len >= 0, "algorithm.loss_agg_norm_len", f"must be >= 0, got {self.loss_agg_norm_len}")
         _one_of(self.kl_estimator, "algorithm.kl_estimator", ("k1", "k2", "k3"))
         _check(0 <= self.clip_ratio_low < 1, "algorithm.clip_ratio_low", "must be in [0, 1)")
         _check(self.clip_ratio_high >= 0, "algorithm.clip_ratio_high", "must be >= 0")

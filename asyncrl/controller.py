@@ -96,6 +96,7 @@ class Pipeline:
         self.rollouter = Rollouter(
             run_sample=self._run_sample, prompts=parts.prompts, staleness=self.staleness, sink=self.queue.put,
             discard=self.queue.discard, group_size=self.n, max_running_samples=cfg.rollout.max_running_samples,
+            filter_groups=cfg.algorithm.filter_groups,
         )
         self.step = 0
         self.trained_samples = 0

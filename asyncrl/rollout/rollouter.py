@@ -10,8 +10,11 @@ and writes the trajectory into its data plane) and gets back one queue record pe
 metadata and handles, never the tensors. The finished group goes to `sink(group)`. A group
 whose every reward failed is dropped and counted (`dropped["reward_failed"]`, its tensors
 freed through `discard`), so a broken reward function shows up in the metrics instead of
-silently training on zeros. An exception inside a sample stops the run loudly (errors
-propagate through `run`).
+silently training on zeros. With `filter_groups` (DAPO dynamic sampling,
+`algorithm.filter_groups`) a group whose rewards are all equal carries no advantage signal
+and is dropped the same way, counted as `dropped["filtered"]`; its place under the admission
+rule is freed, so a new group is started and the batch is refilled. An exception inside a
+sample stops the run loudly (errors propagate through `run`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any, Awaitable, Callable, Iterator
 from agents.base import Sample
 from asyncrl.data.datasets import Prompt
 from asyncrl.staleness import StalenessManager
-from asyncrl.trajectory_queue import generated_tokens, reward_failed
+from asyncrl.trajectory_queue import generated_tokens, reward, reward_failed
 
 Group = list[Any]
 """The queue records (`SampleMeta`) of one group's samples, in index order."""
@@ -40,10 +43,13 @@ class Rollouter:
         discard: Callable[[Group], Awaitable[None]],
         group_size: int,
         max_running_samples: int = 0,
+        filter_groups: bool = False,
     ) -> None:
+        if filter_groups and group_size < 2:
+            raise ValueError(f"algorithm.filter_groups needs rollout.group_size >= 2 (a group of one always has equal rewards), got {group_size}")
         self.run_sample, self.prompts = run_sample, prompts
         self.staleness, self.sink, self.discard, self.group_size = staleness, sink, discard, group_size
-        self.max_running_samples = max_running_samples
+        self.max_running_samples, self.filter_groups = max_running_samples, filter_groups
         self.running_samples = 0
         self._slot_freed = asyncio.Condition()
         self.reward_failures = 0
@@ -118,6 +124,10 @@ class Rollouter:
         if failed == len(group):
             await self.discard(group)
             await self.staleness.finish(accepted=False, cause="reward_failed", version=version)
+            return
+        if self.filter_groups and len({reward(m) for m in group}) == 1:
+            await self.discard(group)
+            await self.staleness.finish(accepted=False, cause="filtered", version=version)
             return
         await self.sink(group)  # queued before it stops counting as running: in-order consumption waits on it
         await self.staleness.finish(accepted=True, version=version)

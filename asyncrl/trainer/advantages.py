@@ -8,6 +8,9 @@ the sequence advantage over the response tokens (`TrainBatch.from_trajectories`)
 
 A group of one sample carries no baseline information: every estimator gives it 0.
 
+Reward shaping that happens before an estimator (DAPO's `overlong_penalty`, the KL penalty in
+the reward with its `KLController`) lives at the end of this file: pure functions too.
+
     >>> r = torch.tensor([1., 0., 0., 0.]); g = torch.tensor([0, 0, 1, 1])
     >>> ADVANTAGES["rloo"](r, g)
     tensor([ 1., -1.,  0.,  0.])
@@ -15,6 +18,7 @@ A group of one sample carries no baseline information: every estimator gives it 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 import torch
@@ -87,19 +91,32 @@ def rloo(rewards: Tensor, group_index: Tensor, *, norm_by_std: bool = True, eps:
 
 
 @register_advantage("reinforce_pp")
-def reinforce_pp(rewards: Tensor, group_index: Tensor, *, norm_by_std: bool = True, eps: float = 1e-6) -> Tensor:
-    """REINFORCE++ with a group baseline: r - group mean, then whitened over the whole batch.
+def reinforce_pp(
+    rewards: Tensor, group_index: Tensor, *, norm_by_std: bool = True, eps: float = 1e-6, token_counts: Tensor | None = None
+) -> Tensor:
+    """REINFORCE++ with a group baseline: r - group mean, then whitened over the batch.
 
-    `norm_by_std=False` skips dividing by the batch std (centring only).
+    Without `token_counts` every sequence counts once in the batch mean and (unbiased) std.
+    With `token_counts [N]` (each sequence's loss tokens) every sequence counts once per token,
+    which is what verl's `compute_reinforce_plus_plus_baseline_outcome_advantage` does (its
+    `masked_whiten` over the [N, T] advantage broadcast over the response tokens; unbiased
+    variance, 1e-8 inside the square root); rows with no loss tokens then carry no weight.
+    `norm_by_std=False` skips dividing by the std (centring only).
 
     >>> reinforce_pp(torch.tensor([1., 0., 1., 1.]), torch.tensor([0, 0, 1, 1]))
     tensor([ 1.2247, -1.2247,  0.0000,  0.0000])
     """
     _, mean, _ = _group_stats(rewards, group_index)
     adv = rewards.double() - mean
-    adv = adv - adv.mean()
-    if norm_by_std and adv.numel() > 1:
-        adv = adv / (adv.std() + eps)
+    w = torch.ones_like(adv) if token_counts is None else token_counts.double()
+    if w.shape != adv.shape:
+        raise ValueError(f"token_counts {tuple(w.shape)} must match rewards {tuple(adv.shape)}")
+    n = w.sum()
+    if n > 0:
+        adv = adv - (w * adv).sum() / n
+        if norm_by_std and n > 1:
+            var = (w * adv**2).sum() / (n - 1)
+            adv = adv / (var.sqrt() + eps) if token_counts is None else adv * torch.rsqrt(var + 1e-8)
     return adv.to(rewards.dtype if rewards.is_floating_point() else torch.float32)
 
 
@@ -109,3 +126,77 @@ def compute_advantages(name: str, rewards: Sequence[float], group_ids: Sequence[
         raise KeyError(f"algorithm.advantage: unknown {name!r}, known {sorted(ADVANTAGES)}")
     adv = ADVANTAGES[name](torch.tensor(list(rewards), dtype=torch.float32), group_index_of(group_ids), norm_by_std=norm_by_std)
     return adv.tolist()
+
+
+# ---- reward shaping: applied to rewards before an estimator sees them ----------------------
+
+
+def overlong_penalty(response_length: int, *, max_response_length: int, buffer_len: int, penalty_factor: float = 1.0) -> float:
+    """DAPO's overlong reward shaping: 0 up to `max_response_length - buffer_len` tokens, then a
+    linear penalty reaching `-penalty_factor` at `max_response_length` (added to the reward).
+
+    `buffer_len` 0 turns it off. Not wired into the pipeline yet (no config key): the rollout side,
+    where a record's reward and response length are known, would add it to the reward.
+
+    >>> overlong_penalty(90, max_response_length=100, buffer_len=20)  # 10 tokens into a 20-token buffer
+    -0.5
+    >>> overlong_penalty(80, max_response_length=100, buffer_len=20)
+    0.0
+    """
+    if buffer_len <= 0:
+        return 0.0
+    if buffer_len > max_response_length:
+        raise ValueError(f"overlong_penalty: buffer_len {buffer_len} exceeds the max response length {max_response_length}")
+    exceed = response_length - (max_response_length - buffer_len)
+    return min(-exceed / buffer_len * penalty_factor, 0.0)
+
+
+def kl_in_reward(token_rewards: Tensor, kl: Tensor, mask: Tensor, beta: float) -> tuple[Tensor, float]:
+    """KL penalty in the reward (verl `apply_kl_penalty`): `token_rewards - beta * kl` on the loss
+    tokens (`mask` 1), and the batch's current KL (mean over the sequences with loss tokens of each
+    one's token-mean KL), which feeds `KLController.update`.
+
+    `kl [N, T]` is a per-token estimate of KL(behavior || reference) (`losses.kl_penalty` of the
+    behavior and reference log-probs, no gradient). With an outcome estimator (grpo, rloo, ...) the
+    sequence reward becomes the row sum: r - beta * sum_t kl_t.
+
+    >>> kl_in_reward(torch.tensor([[0., 1.]]), torch.tensor([[0.5, 1.5]]), torch.ones(1, 2), 0.1)
+    (tensor([[-0.0500,  0.8500]]), 1.0)
+    """
+    m = mask.to(kl.dtype)
+    shaped = token_rewards - beta * kl * m
+    rows = m.sum(dim=-1)
+    seq_kl = (kl * m).sum(dim=-1) / rows.clamp(min=1)
+    has = rows > 0
+    current = float(seq_kl[has].mean()) if bool(has.any()) else 0.0
+    return shaped, current
+
+
+@dataclass
+class KLController:
+    """The weight `value` (beta) of the KL penalty in the reward, `fixed` or `adaptive` (Ziegler et
+    al. 2019, verl's `AdaptiveKLController`): after each batch of `n_steps` samples,
+    beta *= 1 + clip(kl / kl_target - 1, -0.2, 0.2) * n_steps / kl_horizon.
+    Not wired into the pipeline yet (no config key; the KL in the loss is `algorithm.kl_coef`).
+
+    Trace (adaptive, beta 0.1, target 0.1, horizon 100): kl 0.3, 10 samples -> error clipped to 0.2,
+    beta 0.1 * 1.02 = 0.102; kl 0.05 -> error -0.5 clipped to -0.2, beta 0.102 * 0.98 = 0.09996.
+    """
+
+    value: float
+    kind: str = "fixed"
+    kl_target: float = 0.1
+    kl_horizon: float = 10000.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("fixed", "adaptive"):
+            raise ValueError(f"KLController: unknown kind {self.kind!r}, known ['fixed', 'adaptive']")
+        if self.kind == "adaptive" and (self.kl_target <= 0 or self.kl_horizon <= 0):
+            raise ValueError(f"KLController: kl_target and kl_horizon must be > 0 when adaptive, got {self.kl_target}, {self.kl_horizon}")
+
+    def update(self, current_kl: float, n_steps: int) -> float:
+        """Adapt beta to the KL just measured over `n_steps` samples; returns the new beta."""
+        if self.kind == "adaptive":
+            error = min(max(current_kl / self.kl_target - 1.0, -0.2), 0.2)
+            self.value *= 1.0 + error * n_steps / self.kl_horizon
+        return self.value

@@ -44,7 +44,8 @@ class _Timed:
         total = self._all_tokens(tokens)
         self.step += 1
         self.steps.append((t0, time.monotonic(), tokens))
-        return {"loss": 0.0, "tokens": float(total), "seqs": float(sum(real_rows)), **token_age_metrics(age)}
+        seqs = sum(int((p.loss_mask > 0).any(dim=1).sum()) for p in parts)  # rows with a loss token, as the engine counts
+        return {"loss": 0.0, "tokens": float(total), "seqs": float(seqs), **token_age_metrics(age)}
 
     def _all_tokens(self, tokens: int) -> int:
         return tokens

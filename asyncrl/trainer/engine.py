@@ -169,7 +169,9 @@ class TrainerEngine:
 
     def train_local(self, parts: list[TrainBatch], real_rows: list[int]) -> dict[str, float]:
         """One trainer step from this rank's rows of each mini-batch (`parts`, padding rows with
-        loss mask 0 included; `real_rows` counts the others); every rank calls it together.
+        loss mask 0 included; `real_rows` counts the others); every rank calls it together. A sequence
+        mean's `num_seqs` counts the rows with a loss token, so padding rows and real rows left without
+        one (tool-only, every token too stale) do not dilute it.
 
         With several mini-batches (`trainer.minibatches`), one optimizer step each. The reference
         and proximal log-probs are computed once, with the step's starting weights, so from the
@@ -181,7 +183,9 @@ class TrainerEngine:
             raise ValueError(f"train_local: {len(parts)} parts, {len(real_rows)} row counts")
         parts, age = mask_stale_tokens(parts, self.step, self.trainer.eta, self.trainer.staleness_level == "token")
         age = age.to(self.device)
-        counts = torch.tensor([[p.num_tokens, float(r)] for p, r in zip(parts, real_rows)], dtype=torch.float64, device=self.device)
+        # num_seqs: rows with a loss token (padding rows, tool-only or all-stale responses add nothing to a sequence mean)
+        counts = torch.tensor([[p.num_tokens, float((p.loss_mask.sum(dim=-1) > 0).sum())] for p in parts],
+                              dtype=torch.float64, device=self.device)
         if self.world > 1:
             dist.all_reduce(counts)  # each mini-batch's global normalisers
             dist.all_reduce(age)
@@ -249,7 +253,7 @@ class TrainerEngine:
         """
         alg = self.algorithm
         rows = self._with_fixed_logprobs(rows)
-        norm = dict(num_tokens=num_tokens, num_seqs=num_seqs)
+        norm = dict(num_tokens=num_tokens, num_seqs=num_seqs, norm_len=alg.loss_agg_norm_len)
         loss_fn = POLICY_LOSSES[alg.loss]
         shard = rows.to(self.device)
         # sums: loss, pg_loss, kl, entropy, clipped, ratio, then correction sums; extremes: max ratio, -min ratio, max IS weight
@@ -268,6 +272,8 @@ class TrainerEngine:
             out = loss_fn(
                 logprobs, mb.old_logprobs, mb.advantages,
                 clip_ratio_low=alg.clip_ratio_low, clip_ratio_high=alg.clip_ratio_high, proximal_logprobs=corr.proximal_logprobs,
+                mask=mask, clip_ratio_c=alg.clip_ratio_c,
+                gspo_clip_ratio_low=alg.gspo_clip_ratio_low, gspo_clip_ratio_high=alg.gspo_clip_ratio_high,
             )
             pg_loss = agg_loss(out.loss * corr.weight, mask, alg.loss_agg, **norm)
             loss = pg_loss

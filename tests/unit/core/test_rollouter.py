@@ -4,6 +4,8 @@ server's host does; the rollouter sees the queue records only."""
 
 import asyncio
 
+import pytest
+
 from agents.single_turn import SingleTurnAgent
 from asyncrl.data.datasets import Prompt, PromptSet, PromptStream
 from asyncrl.rollout.base import GenerateOutput, SamplingParams
@@ -130,3 +132,64 @@ def test_admission_waits_for_a_free_fleet_slot():
     started, most, left = asyncio.run(go())
     assert started == 2 and most == 4  # a group starts while a slot is free: 2 + 2 samples on 3 slots
     assert left == 0
+
+
+class _RewardByAnswer:
+    """An agent whose reward is scripted per prompt: answer "same" gives every sample 1.0 (no
+    advantage signal), "mixed" gives index_in_group % 2 (a group with signal)."""
+
+    async def run(self, sample, llm):
+        from asyncrl.types import Trajectory
+
+        await asyncio.sleep(0.001)
+        r = 1.0 if sample.answer == "same" else float(sample.index_in_group % 2)
+        return Trajectory(uid=sample.uid, group_id=sample.group_id, index_in_group=sample.index_in_group,
+                          group_size=sample.group_size, prompt_ids=list(sample.prompt_ids), response_ids=[7, 8],
+                          behavior_logprobs=[-0.5, -0.25], loss_mask=[1, 1], token_versions=[0, 0],
+                          min_version=0, max_version=0, reward=r)
+
+
+def _run_until_queued(filter_groups, groups):
+    plane = LocalStorage(inline_max_bytes=0)
+
+    async def go():
+        prompts = PromptSet([Prompt(i, "q", [1, 2], "same" if i % 2 else "mixed") for i in range(6)])
+        staleness = StalenessManager(batch_groups=groups, eta=0)  # version 0 stays: admission stops at `groups` accepted
+        queued, freed = [], []
+
+        async def sink(group):
+            queued.append(group)
+
+        async def discard(group):
+            freed.append(group)
+
+        r = Rollouter(run_sample=_runner(_RewardByAnswer(), None, plane), prompts=PromptStream(prompts, seed=0),
+                      staleness=staleness, sink=sink, discard=discard, group_size=2, filter_groups=filter_groups)
+        task = asyncio.create_task(r.run())
+        while len(queued) < groups:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.05)  # nothing more may start once the batch is full
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return staleness, queued, freed
+
+    return asyncio.run(go())
+
+
+@pytest.mark.timeout(20)
+def test_filter_groups_drops_equal_reward_groups_counted_and_refills_the_batch():
+    staleness, queued, freed = _run_until_queued(filter_groups=True, groups=3)
+    # 3 "mixed" groups fill the batch; every "same" group met on the way was dropped, freed and counted
+    assert len(queued) == 3 and staleness.accepted == 3
+    assert all([m.meta["reward"] for m in g] == [0.0, 1.0] for g in queued)
+    assert staleness.dropped["filtered"] >= 1 and len(freed) == staleness.dropped["filtered"]
+    assert all(m.meta["reward"] == 1.0 for g in freed for m in g)
+    # without the filter the same prompts put equal-reward groups into the batch (all 6 prompts, 3 of them "same")
+    staleness, queued, freed = _run_until_queued(filter_groups=False, groups=6)
+    assert sum(all(m.meta["reward"] == 1.0 for m in g) for g in queued) == 3 and not freed
+    assert staleness.dropped["filtered"] == 0
+
+
+def test_filter_groups_refuses_groups_of_one():
+    with pytest.raises(ValueError, match="algorithm.filter_groups"):
+        Rollouter(run_sample=None, prompts=None, staleness=None, sink=None, discard=_discard, group_size=1, filter_groups=True)
