@@ -23,6 +23,19 @@ def one_of(value: str, key: str, choices: Sequence[str]) -> None:
     check(value in choices, key, f"must be one of {list(choices)}, got {value!r}")
 
 
+RAY_BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+"""Resources Ray counts itself: set them with the `cpus_*` / `gpus_*` keys, never as custom ones."""
+
+
+def check_resources(resources: dict[str, float], key: str) -> None:
+    """Custom Ray resources of a bundle (`trainer.ray_resources`, `rollout.ray_resources`): names Ray
+    does not count itself, amounts > 0."""
+    for name, amount in resources.items():
+        check(isinstance(name, str) and bool(name) and name not in RAY_BUILTIN_RESOURCES, f"{key}.{name}",
+              f"must be a custom resource name (not one of {list(RAY_BUILTIN_RESOURCES)}: use the cpus_/gpus_ keys)")
+        check(isinstance(amount, (int, float)) and amount > 0, f"{key}.{name}", f"must be > 0, got {amount!r}")
+
+
 def load_tokenizer(path: str) -> Any:
     """The tokenizer of the HF folder `path`; one that cannot be read is a `ConfigError` naming `model.path`."""
     from transformers import AutoTokenizer

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncrl.config_checks import check as _check
+from asyncrl.config_checks import check_resources as _check_resources
 from asyncrl.config_checks import one_of as _one_of
 
 
@@ -89,6 +90,8 @@ class RolloutConfig:
     """Ray placement: each server's bundle also holds `tensor_parallel_size * gpus_per_worker` GPUs."""
     gpus_per_worker: float = 1.0
     """Ray placement with `gpu_bundles`: GPUs per tensor-parallel worker; a fraction (e.g. 0.5) lets a server share its GPU with a trainer rank (`trainer.gpus_per_rank`), with `weights.backend=cuda_ipc` between them."""
+    ray_resources: dict[str, float] = field(default_factory=dict)
+    """Ray placement: custom resources added to each server's bundle, e.g. `{rollout_node: 1}`: servers then run only on nodes started with that resource (see deploy/README.md)."""
     placement_strategy: str = "PACK"
     """Ray placement-group strategy of a fleet: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD."""
     fleets: list[dict[str, Any]] = field(default_factory=list)
@@ -137,6 +140,7 @@ class RolloutConfig:
         _check(0 < self.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization", "must be in (0, 1]")
         _check(self.tensor_parallel_size >= 1, "rollout.tensor_parallel_size", "must be >= 1")
         _check(self.cpus_per_server > 0, "rollout.cpus_per_server", f"must be > 0, got {self.cpus_per_server}")
+        _check_resources(self.ray_resources, "rollout.ray_resources")
         _one_of(self.placement_strategy, "rollout.placement_strategy", ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"))
         _check(self.max_failovers >= 0, "rollout.max_failovers", "must be >= 0")
         _check(self.health_timeout_s > 0, "rollout.health_timeout_s", f"must be > 0, got {self.health_timeout_s}")

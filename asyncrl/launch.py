@@ -102,7 +102,30 @@ def init_ray(cfg: Config) -> None:
         t = cfg.trainer
         need = t.num_ranks * t.cpus_per_rank + sum(c.num_servers * c.cpus_per_server for c in _fleets(cfg.rollout))
         num_cpus = max(os.cpu_count() or 1, int(need + 0.999))
-    ray.init(address=cfg.ray.address or None, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    resources = None if cfg.ray.address else (custom_resources(cfg) or None)  # a local Ray offers what the bundles ask
+    ray.init(address=cfg.ray.address or None, num_cpus=num_cpus, resources=resources, include_dashboard=False, log_to_driver=False)
+
+
+def custom_resources(cfg: Config) -> dict[str, float]:
+    """Custom Ray resources the run's bundles ask for in all (`trainer.ray_resources`, `rollout.ray_resources`)."""
+    need: dict[str, float] = {}
+    for per, count in [(cfg.trainer.ray_resources, cfg.trainer.num_ranks)] + [(c.ray_resources, c.num_servers) for c in _fleets(cfg.rollout)]:
+        for name, amount in per.items():
+            need[name] = need.get(name, 0.0) + amount * count
+    return need
+
+
+def check_resources(cfg: Config) -> None:
+    """A custom resource no node of the cluster offers: a config error naming the key (else placement waits its timeout)."""
+    import ray
+
+    have = ray.cluster_resources()
+    for key, per in [("trainer.ray_resources", cfg.trainer.ray_resources)] + [("rollout.ray_resources", c.ray_resources) for c in _fleets(cfg.rollout)]:
+        for name in per:
+            if name not in have:
+                offered = sorted(k for k in have if not k.startswith("node:") and k not in ("CPU", "GPU", "memory", "object_store_memory"))
+                raise ConfigError(f"{key}.{name}: no node of the Ray cluster offers resource {name!r} (custom resources: {offered}); "
+                                  f"start the nodes with `ray start --resources '{{\"{name}\": N}}'` (deploy/ray/start_cluster.sh --resources)")
 
 
 def check_gpus(cfg: Config) -> None:
@@ -211,6 +234,7 @@ def build(cfg: Config, run_dir: Any = None) -> Components:
 
         init_ray(cfg)
         check_gpus(cfg)
+        check_resources(cfg)
         spawn: Callable[[], Awaitable[Any]] = lambda: FleetManager.spawn(r, model_path, dtype=cfg.model.dtype, seed=cfg.seed,
                                                                          spec=dataclasses.asdict(spec))
     else:

@@ -241,8 +241,8 @@ _CONTROL_VERBS = frozenset({"stats", "resume", "join_weights", "close", "reset_p
 
 def make_placement(cfg: RolloutConfig, num_servers: int) -> PlacementGroup:
     """One bundle per server: `cpus_per_server` CPUs (+ `tensor_parallel_size * gpus_per_worker`
-    GPUs with `gpu_bundles`)."""
-    bundle: dict[str, float] = {"CPU": cfg.cpus_per_server}
+    GPUs with `gpu_bundles`, + `ray_resources`: custom resources that pick the nodes)."""
+    bundle: dict[str, float] = {"CPU": cfg.cpus_per_server, **cfg.ray_resources}
     if cfg.gpu_bundles:
         bundle["GPU"] = cfg.tensor_parallel_size * cfg.gpus_per_worker
     return placement_group([dict(bundle) for _ in range(num_servers)], strategy=cfg.placement_strategy)

@@ -4,7 +4,7 @@ The worker only sets the torch.distributed environment (MASTER_ADDR / MASTER_POR
 WORLD_SIZE) and forwards verbs to a `TrainerRank` (`rank.py`), which reads its shard of each
 batch from the data plane and, on rank 0, holds the weight plane's `Sender`. The group places
 the workers in one placement group (a bundle per rank: `trainer.cpus_per_rank` CPUs, plus
-`trainer.gpus_per_rank` GPUs when `trainer.device=cuda`) and fans every verb out to all ranks
+`trainer.gpus_per_rank` GPUs when `trainer.device=cuda`, plus `trainer.ray_resources`) and fans every verb out to all ranks
 (FSDP collectives need every rank), returning rank 0's result. What crosses Ray is small: a
 plan of handles (msgpack bytes), metrics, a publish outcome. This is the only trainer module
 that imports ray.
@@ -112,7 +112,7 @@ class TrainerGroup:
         if num_ranks < 1:
             raise ValueError(f"trainer.num_ranks: must be >= 1, got {num_ranks}")
         gpus = trainer.gpus_per_rank if trainer.device == "cuda" else 0.0
-        bundle = {"CPU": trainer.cpus_per_rank, **({"GPU": gpus} if gpus else {})}
+        bundle = {"CPU": trainer.cpus_per_rank, **({"GPU": gpus} if gpus else {}), **trainer.ray_resources}
         self.placement = placement_group([dict(bundle) for _ in range(num_ranks)], strategy="PACK")
         ready, _ = ray.wait([self.placement.ready()], timeout=placement_timeout_s)
         if not ready:
