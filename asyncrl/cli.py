@@ -4,6 +4,8 @@
     asyncrl bench rollout|queue|weights|pipeline|planes [--json]
                                                   measurements, ratios against baselines
     asyncrl bench rollout --fleet [--json]        fleet scaling over 1, 2, 4 servers
+    asyncrl plan [--profile NAME] [--gpus 128,256] [--validate] [--json]
+                                                  predicted throughput, staleness, best split (asyncrl/plan)
     asyncrl config [CONFIG.yaml] [key=value ...] [--doc]
                                                   print the resolved config, or document every key
     asyncrl status [--run DIR | --redis URL] [--json | --watch]
@@ -152,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     from asyncrl.config import ConfigError
 
     parser = argparse.ArgumentParser(prog="asyncrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["train", "bench", "config", "status", "export"])
+    parser.add_argument("command", choices=["train", "bench", "plan", "config", "status", "export"])
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0 if argv else 2
@@ -162,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
             return train(rest)
         if cmd == "bench":
             return bench(rest)
+        if cmd == "plan":  # simulator, split search, projection, validation (asyncrl/plan/)
+            from asyncrl.plan.command import main as plan_main
+
+            return plan_main(rest)
         if cmd == "config":
             return config_cmd(rest)
         if cmd == "export":  # RUN_DIR [--step N] [--dtype D] OUT: an HF folder (asyncrl/export.py)

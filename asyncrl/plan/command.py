@@ -1,0 +1,114 @@
+"""`asyncrl plan`: the planner's command line (prediction, split search, projection, validation).
+
+    asyncrl plan --profile NAME [--gpus 128,256,512,1024] [--plot PATH] [--json]
+    asyncrl plan --profile NAME --split 64:64 [--json]      one split beside colocated sync
+    asyncrl plan --profile-from-bench [--mode M] [--trainer-ratio R] [--json]
+                                                            the cost-model bench load, simulated
+    asyncrl plan --validate [--json]                        predictions against the real bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from asyncrl.plan.costs import Costs, load_profile
+from asyncrl.plan.sim import MODES, Schedule, simulate
+
+DEFAULT_PROFILE = "qwen2.5-math-7b-h800"
+
+
+def _gpus(text: str) -> list[int]:
+    try:
+        return [int(g) for g in text.split(",") if g]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--gpus: a comma-separated list of GPU counts, got {text!r}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="asyncrl plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--profile", default=None, help=f"a profile name in asyncrl/plan/profiles or a YAML path (default {DEFAULT_PROFILE})")
+    p.add_argument("--gpus", type=_gpus, help="GPU budgets to project (best split each)")
+    p.add_argument("--split", help="ROLLOUT:TRAINER GPUs to predict")
+    p.add_argument("--plot", help="write the projection as a PNG here")
+    p.add_argument("--profile-from-bench", action="store_true", help="simulate the `asyncrl bench pipeline` load (its Load parameters)")
+    p.add_argument("--quick", action="store_true", help="with --profile-from-bench / --validate: the bench's --quick load")
+    p.add_argument("--mode", choices=MODES, help="with --profile-from-bench: one mode (default all)")
+    p.add_argument("--trainer-ratio", type=float, default=1.0)
+    p.add_argument("--eta", type=int, help="override the profile's / load's eta")
+    p.add_argument("--validate", action="store_true", help="run the real bench pipeline and report the prediction errors")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    if a.validate:
+        from asyncrl.plan.validate import bench_cases, summary
+
+        out = summary(bench_cases(quick=True))
+    elif a.profile_from_bench:
+        out = _from_bench(a)
+    else:
+        out = _projection(a, p)
+    print(json.dumps(out, indent=1) if a.json else _table(out))
+    return 0
+
+
+def _from_bench(a: argparse.Namespace) -> dict[str, Any]:
+    from asyncrl.bench.pipeline import QUICK, Load
+
+    load = Load(**QUICK) if a.quick else Load()
+    load.trainer_ratio = a.trainer_ratio
+    if a.eta is not None:
+        load.eta = a.eta
+    costs = Costs.from_load(load)
+    rows = [simulate(costs, Schedule(mode=m, eta=load.eta, publish_every=load.publish_every, admission=load.admission,
+                                     steps=4 * load.steps[m], warmup=load.warmup[m]), seeds=3)
+            for m in ((a.mode,) if a.mode else MODES)]
+    return {"profile": "bench pipeline" + (" --quick" if a.quick else ""), "bound_tokens_per_s": costs.bound, "modes": rows}
+
+
+def _projection(a: argparse.Namespace, p: argparse.ArgumentParser) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    from asyncrl.plan.search import at_split, plot, projection
+
+    try:
+        prof = load_profile(a.profile or DEFAULT_PROFILE)
+    except ValueError as e:
+        p.error(str(e))
+    if a.eta is not None:
+        prof.eta = a.eta
+    out: dict[str, Any] = {"profile": prof.name, "eta": prof.eta, "scaling": "weak (batch grows with the GPUs)"}
+    if a.split:
+        r, t = (int(x) for x in a.split.split(":"))
+        out["split"] = {"rollout_gpus": r, "trainer_gpus": t, **at_split(prof, r, t)}
+    rows = projection(prof, a.gpus or [128, 256, 512, 1024])
+    out["projection"] = rows
+    ref = prof.reference
+    if ref is not None:
+        same = at_split(prof, ref.rollout_gpus, ref.trainer_gpus)
+        best = next((r for r in rows if r["gpus"] == ref.gpus), None)
+        out["reference"] = {**asdict(ref), "predicted_at_reference_split": {k: same[k] for k in ("speedup_vs_sync", "step_s", "trainer_idle_ratio", "staleness_mean", "dropped_fraction")},
+                            "predicted_best_split": None if best is None else {k: best[k] for k in ("rollout_gpus", "trainer_gpus", "speedup_vs_sync")}}
+    if a.plot:
+        plot(rows, a.plot, prof.name)
+        out["plot"] = a.plot
+    return out
+
+
+def _table(out: dict[str, Any]) -> str:
+    if "validation" in out:
+        lines = [f"{'case':<52}{'kind':>18}{'predicted':>12}{'measured':>12}{'rel_error':>11}"]
+        lines += [f"{r['case']:<52}{r['kind']:>18}{r['predicted']:>12.1f}{r['measured']:>12.1f}{r['rel_error']:>11.3f}" for r in out["validation"]]
+        return "\n".join(lines + [f"max_rel_error {out['max_rel_error']:.3f} (targets: {out['targets']})"])
+    if "modes" in out:
+        return "\n".join(f"{r['mode']:<13} {r['trained_tokens_per_s']:>10.0f} tok/s  /bound {r['ratio_to_bound']:.3f}  staleness {r['staleness_mean']:.2f}"
+                         f"  trainer_idle {r['trainer_idle_ratio']:.2f}  rollout_idle {r['rollout_idle_ratio']:.2f}  drops {r['drops']}" for r in out["modes"])
+    lines = [f"profile {out['profile']}, eta {out['eta']}, {out['scaling']}",
+             f"{'gpus':>6}{'rollout':>9}{'trainer':>9}{'tokens/s':>12}{'x sync':>8}{'staleness':>11}{'trainer_idle':>14}{'drops':>8}"]
+    lines += [f"{r['gpus']:>6}{r['rollout_gpus']:>9}{r['trainer_gpus']:>9}{r['tokens_per_s']:>12.0f}{r['speedup_vs_sync']:>8.2f}"
+              f"{r['staleness_mean']:>11.2f}{r['trainer_idle_ratio']:>14.2f}{r['dropped_fraction']:>8.1%}" for r in out["projection"]]
+    if "reference" in out:
+        ref = out["reference"]
+        lines.append(f"reference: {ref['rollout_gpus']}:{ref['trainer_gpus']} on {ref['gpus']} GPUs measured {ref['speedup_vs_sync']}x sync; "
+                     f"predicted {ref['predicted_at_reference_split']['speedup_vs_sync']}x at that split, best split {ref['predicted_best_split']}")
+    return "\n".join(lines)

@@ -1,0 +1,150 @@
+"""What the simulator needs to know about the hardware and the workload: `Costs`, and the GPU `Profile`.
+
+`Costs` are the same quantities as `asyncrl.bench.pipeline.Load` (servers x max_concurrency slots,
+`token_cost_s` per token of a running request, `LongTail` response lengths, trainer tokens/s,
+publish seconds), plus the fixed latencies a measured run adds (per request, per trainer step).
+`Profile` is a public GPU configuration read from `asyncrl/plan/profiles/NAME.yaml`: per-GPU costs
+and a workload, each number with its source, which `Profile.costs(rollout_gpus, trainer_gpus)`
+turns into `Costs` for one split. It does not know about modes or admission (see `sim.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from asyncrl.rollout.cost_model import LongTail
+
+PROFILES_DIR = Path(__file__).parent / "profiles"
+
+
+@dataclass
+class Costs:
+    servers: int
+    max_concurrency: int
+    """Requests one server runs at once; more wait in its queue."""
+    token_cost_s: float
+    """Seconds per generated token of one running request."""
+    lengths: LongTail
+    trainer_tokens_per_s: float
+    """Loss tokens per second of the whole trainer pool."""
+    groups: int
+    """Groups per trainer step (trainer.prompts_per_step)."""
+    group_size: int
+    publish_s: float = 0.0
+    """Seconds a publish takes; every server is paused (update_mode=keep) meanwhile."""
+    step_overhead_s: float = 0.0
+    """Fixed trainer seconds per step beyond its tokens (batch plan, queue get, ack)."""
+    request_overhead_s: float = 0.0
+    """Fixed seconds per sample beyond its tokens (routing, reward, queue put: the queue latency)."""
+    length_seed: int | None = None
+    """Draw lengths as `CostModelServer(seed=length_seed + i)` does (server i's j-th request), so a
+    simulation of a bench run sees the same long samples it did; None: one seeded stream."""
+
+    def __post_init__(self) -> None:
+        for key in ("servers", "max_concurrency", "groups", "group_size"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"costs.{key} must be >= 1, got {getattr(self, key)}")
+        if self.token_cost_s <= 0 or self.trainer_tokens_per_s <= 0:
+            raise ValueError(f"costs.token_cost_s and costs.trainer_tokens_per_s must be > 0, got {self.token_cost_s}, {self.trainer_tokens_per_s}")
+
+    @property
+    def rollout_capacity(self) -> float:
+        return self.servers * self.max_concurrency / self.token_cost_s
+
+    @property
+    def bound(self) -> float:
+        return min(self.rollout_capacity, self.trainer_tokens_per_s)
+
+    @classmethod
+    def from_load(cls, load: Any, *, publish_s: float = 0.01, step_overhead_s: float = 0.0, request_overhead_s: float = 0.0,
+                  length_seed: int | None = None) -> "Costs":
+        """The costs of an `asyncrl bench pipeline` load (`--profile-from-bench`): the same parameters the bench sleeps for."""
+        return cls(servers=load.servers, max_concurrency=load.max_concurrency, token_cost_s=load.token_cost_s, lengths=load.lengths,
+                   trainer_tokens_per_s=load.trainer_capacity, groups=load.groups, group_size=load.group_size,
+                   publish_s=publish_s, step_overhead_s=step_overhead_s, request_overhead_s=request_overhead_s,
+                   length_seed=length_seed)
+
+
+@dataclass
+class Reference:
+    """A published measurement to set a prediction beside."""
+
+    gpus: int
+    rollout_gpus: int
+    trainer_gpus: int
+    speedup_vs_sync: float
+    source: str
+    sync_step_s: float | None = None
+    async_step_s: float | None = None
+    actor_update_s: float | None = None
+
+
+@dataclass
+class Profile:
+    """A GPU configuration: per-GPU costs and a workload (`profiles/*.yaml`; every number carries its source there)."""
+
+    name: str
+    gpus_per_server: int
+    """GPUs of one rollout server (tensor parallel size)."""
+    max_concurrency: int
+    """Requests one server runs at once."""
+    token_cost_s: float
+    trainer_tokens_per_s_per_gpu: float
+    lengths: LongTail
+    groups: int
+    """Groups per trainer step at `base_gpus` (weak scaling: the batch grows with the GPUs)."""
+    group_size: int
+    base_gpus: int
+    eta: int
+    publish_every: int = 1
+    publish_s: float = 0.0
+    colocated_switch_s: float = 0.0
+    """Colocated sync only: seconds per step to switch the GPUs between generation and training."""
+    split_step: int = 8
+    """Splits are searched in multiples of this many GPUs (a node)."""
+    reference: Reference | None = None
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def batch_groups(self, gpus: int) -> int:
+        return max(1, round(self.groups * gpus / self.base_gpus))
+
+    def costs(self, rollout_gpus: int, trainer_gpus: int, *, batch_gpus: int | None = None) -> Costs:
+        """Costs of a split; `batch_gpus` (default: their sum) sets the batch under weak scaling."""
+        if rollout_gpus < self.gpus_per_server or trainer_gpus < 1:
+            raise ValueError(f"split {rollout_gpus}:{trainer_gpus}: needs >= {self.gpus_per_server} rollout GPUs (gpus_per_server) and >= 1 trainer GPU")
+        return Costs(servers=rollout_gpus // self.gpus_per_server, max_concurrency=self.max_concurrency, token_cost_s=self.token_cost_s,
+                     lengths=self.lengths, trainer_tokens_per_s=trainer_gpus * self.trainer_tokens_per_s_per_gpu,
+                     groups=self.batch_groups(batch_gpus or rollout_gpus + trainer_gpus), group_size=self.group_size, publish_s=self.publish_s)
+
+    def colocated(self, gpus: int) -> Costs:
+        """Colocated sync: every GPU generates, then every GPU trains (the baseline of `speedup_vs_sync`)."""
+        c = self.costs(gpus, gpus, batch_gpus=gpus)
+        c.publish_s = self.publish_s + self.colocated_switch_s
+        return c
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """A profile by name (`asyncrl/plan/profiles/NAME.yaml`) or path; errors name the file and the key."""
+    import yaml
+
+    path = Path(name_or_path)
+    if path.suffix not in (".yaml", ".yml"):
+        path = PROFILES_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+        raise ValueError(f"--profile {name_or_path!r}: no such profile (known: {known})")
+    raw = yaml.safe_load(path.read_text())
+    names = {f.name for f in fields(Profile)}
+    unknown = set(raw) - names
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {sorted(unknown)}; known: {sorted(names)}")
+    raw = dict(raw)
+    raw["lengths"] = LongTail(**raw["lengths"])
+    if raw.get("reference") is not None:
+        raw["reference"] = Reference(**raw["reference"])
+    try:
+        return Profile(**raw)
+    except TypeError as e:
+        raise ValueError(f"{path}: {e}") from None

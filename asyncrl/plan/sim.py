@@ -1,0 +1,321 @@
+"""A discrete-event simulator of the pipeline, whose admission is the real `StalenessManager`.
+
+Job: replay what `asyncrl.controller.Pipeline` does on a `Costs` load, in simulated seconds, fast
+(a 1,024-GPU step in milliseconds). The parts and the rules they follow:
+
+- rollouter: starts a group while fewer samples run than the fleet's slots
+  (`rollout.max_running_samples` = servers x max_concurrency) *and* `StalenessManager.can_start()`;
+  then `acquire()` (the real one). A sample goes to the server with the fewest requests in flight
+  and runs `length x token_cost_s` once it holds one of that server's slots.
+- queue: a finished group is queued with the version of its oldest token; the trainer takes B
+  groups oldest first, none newer than `takeable_version()` in order, dropping (counted, through
+  `drop_accepted`) the ones whose staleness at its step would exceed eta, as the memory metadata
+  store's `_take` does.
+- trainer: `took(B)`, trains `tokens / trainer_tokens_per_s + step_overhead_s`, publishes every k
+  steps (`publish_s`, every server paused: the cost model's `keep` pause freezes its clock), then
+  `set_version` and `step_done(busy, wait)`, in `_train_loop`'s order.
+
+The manager is driven synchronously: none of its calls made here ever waits (the simulator only
+calls `acquire` when `can_start()` holds), so each coroutine runs to its end in one `send`. The
+manager reads `time.monotonic()` only for the pace's latencies and its idle seconds; `_SimPace`
+feeds the pace the simulated latency instead (same first-in-first-out match per version as the
+manager's), and idle ratios are measured here. What it does not model: an engine whose per-token
+cost depends on its concurrency, prefill, KV-cache limits, event-loop lag of a loaded host.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any, Coroutine
+
+from asyncrl.admission import Pace
+from asyncrl.plan.costs import Costs
+from asyncrl.staleness import StalenessManager
+
+MODES = ("sync", "one_step_off", "fully_async")
+
+
+@dataclass
+class Schedule:
+    mode: str = "fully_async"
+    eta: int = 4
+    """trainer.max_staleness of fully_async (sync: 0, one_step_off: 1)."""
+    publish_every: int = 1
+    admission: str = "pace"
+    """trainer.admission of fully_async: `pace` or `bound`."""
+    slack: float = 0.25
+    steps: int = 20
+    """Measured trainer steps (after `warmup`)."""
+    warmup: int = 3
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"trainer.mode: {self.mode!r} is not one of {MODES}")
+        if self.admission not in ("pace", "bound"):
+            raise ValueError(f"trainer.admission: {self.admission!r} is not pace or bound")
+
+    def rule(self) -> tuple[int, int, bool]:
+        """(eta, publish_every, in_order), as `asyncrl.controller.mode_rule`."""
+        if self.mode == "sync":
+            return 0, 1, True
+        if self.mode == "one_step_off":
+            return 1, 1, True
+        return self.eta, self.publish_every, False
+
+
+@dataclass
+class TraceEvent:
+    """One call into the manager and the admission decisions right after it."""
+
+    t: float
+    op: str
+    """finish | drop | took | step_done | set_version | start (the run's first admissions)."""
+    args: tuple
+    admitted: int
+    can_start: bool
+    limit: int
+
+
+@dataclass
+class SimResult:
+    trained_tokens_per_s: float
+    generated_tokens_per_s: float
+    trainer_idle_ratio: float
+    rollout_idle_ratio: float
+    step_s: float
+    staleness_hist: dict[int, int]
+    staleness_mean: float
+    staleness_max: int
+    drops: int
+    dropped_fraction: float
+    trace: list[TraceEvent] = field(default_factory=list, repr=False)
+
+
+def _now(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run a manager coroutine that never waits; raise if it would."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    coro.close()
+    raise RuntimeError("a StalenessManager call would wait inside the simulator")
+
+
+class _SimPace(Pace):
+    """The real `Pace`, told group latencies in simulated seconds (the manager passes wall seconds)."""
+
+    sim_latency_s = 0.0
+
+    def group_done(self, latency_s: float) -> None:
+        super().group_done(self.sim_latency_s)
+
+
+class Simulator:
+    def __init__(self, costs: Costs, schedule: Schedule, seed: int = 0, record: bool = False) -> None:
+        self.c, self.s, self.record = costs, schedule, record
+        self.eta, self.k, in_order = schedule.rule()
+        paced = schedule.mode == "fully_async" and schedule.admission == "pace"
+        self.pace = _SimPace(batch_groups=costs.groups, eta=self.eta, slack=schedule.slack) if paced else None
+        self.mgr = StalenessManager(batch_groups=costs.groups, eta=self.eta, in_order=in_order, pace=self.pace)
+        self.rng = random.Random(seed)
+        self.now = 0.0
+        self.frozen_s, self.frozen_since = 0.0, None  # the rollout clock stops while a publish pauses the servers
+        self.weights_version = 0
+        self.slots = costs.servers * costs.max_concurrency
+        self.running_samples = 0
+        self.inflight = [0] * costs.servers
+        self.active = [0] * costs.servers
+        self.waiting: list[deque] = [deque() for _ in range(costs.servers)]
+        self.requests = [0] * costs.servers
+        self.rheap: list[tuple[float, int, int, int, int]] = []  # (rollout-clock end, seq, server, group, tokens)
+        self.seq = 0
+        self.groups: dict[int, list] = {}  # gid -> [acquire version, samples left, tokens, min token version]
+        self.starts: dict[int, deque[float]] = {}
+        self.queue: list[tuple[int, int, int, int]] = []  # (version, arrival, gid, tokens)
+        self.step = 0
+        self.busy_until: float | None = None
+        self.wait_since = 0.0
+        self.batch: tuple[float, float, int] | None = None
+        self.steps: list[tuple[float, float, int]] = []  # (start, end of training, tokens), as TimedEngine.steps
+        self.completions: list[tuple[float, int]] = []
+        self.hist: Counter[int] = Counter()
+        self.trace: list[TraceEvent] = []
+
+    # -- rollout side --------------------------------------------------------------------------
+    def _rclock(self) -> float:
+        return (self.frozen_since if self.frozen_since is not None else self.now) - self.frozen_s
+
+    def _admit(self, op: str, args: tuple) -> None:
+        n = 0
+        while self.running_samples < self.slots and self.mgr.can_start():
+            version = _now(self.mgr.acquire())
+            self.starts.setdefault(version, deque()).append(self.now)
+            gid = self.seq
+            self.seq += 1
+            self.groups[gid] = [version, self.c.group_size, 0, self.weights_version]
+            for _ in range(self.c.group_size):
+                self._submit(gid)
+            n += 1
+        if self.record:
+            self.trace.append(TraceEvent(self.now, op, args, n, self.mgr.can_start(), self.mgr.admission_limit()))
+
+    def _submit(self, gid: int) -> None:
+        self.running_samples += 1
+        srv = min(range(self.c.servers), key=self.inflight.__getitem__)
+        self.inflight[srv] += 1
+        self.waiting[srv].append((gid, self._draw(srv)))
+        self._run_waiting(srv)
+
+    def _draw(self, srv: int) -> int:
+        if self.c.length_seed is None:
+            return self.c.lengths.draw(self.rng)
+        self.requests[srv] += 1  # as CostModelServer._target: its seed, then its request count
+        return self.c.lengths.draw(random.Random((self.c.length_seed + srv) * 1_000_003 + self.requests[srv]))
+
+    def _run_waiting(self, srv: int) -> None:
+        while self.waiting[srv] and self.active[srv] < self.c.max_concurrency:
+            gid, n = self.waiting[srv].popleft()
+            self.active[srv] += 1
+            g = self.groups[gid]
+            g[2] += n
+            g[3] = min(g[3], self.weights_version)
+            end = self._rclock() + n * self.c.token_cost_s + self.c.request_overhead_s
+            self.seq += 1
+            heapq.heappush(self.rheap, (end, self.seq, srv, gid, n))
+
+    def _sample_done(self, srv: int, gid: int, n: int) -> None:
+        self.active[srv] -= 1
+        self.inflight[srv] -= 1
+        self.running_samples -= 1
+        self.completions.append((self.now, n))
+        self._run_waiting(srv)
+        g = self.groups[gid]
+        g[1] -= 1
+        if g[1]:
+            self._admit("sample", ())
+            return
+        del self.groups[gid]
+        self.queue.append((g[3], gid, gid, g[2]))
+        if self.pace is not None:
+            self.pace.sim_latency_s = self.now - self.starts[g[0]].popleft()
+        else:
+            self.starts[g[0]].popleft()
+        _now(self.mgr.finish(True, version=g[0]))
+        self._admit("finish", (g[0],))
+        self._try_train()
+
+    # -- trainer side --------------------------------------------------------------------------
+    def _try_train(self) -> None:
+        if self.busy_until is not None or self.step >= self.s.warmup + self.s.steps:
+            return
+        newest = self.mgr.takeable_version()
+        picked, dropped = [], []
+        for item in sorted(self.queue):
+            version = item[0]
+            if newest is not None and version > newest:
+                break
+            if self.step - version > self.eta:
+                dropped.append(item)
+                continue
+            picked.append(item)
+            if len(picked) == self.c.groups:
+                break
+        for item in dropped:
+            self.queue.remove(item)
+        if dropped:
+            _now(self.mgr.drop_accepted("stale", len(dropped)))
+            self._admit("drop", (len(dropped),))
+        if len(picked) < self.c.groups:
+            return
+        for item in picked:
+            self.queue.remove(item)
+        _now(self.mgr.took(len(picked)))
+        self._admit("took", (len(picked),))
+        self.hist.update(self.step - item[0] for item in picked for _ in range(self.c.group_size))
+        tokens = sum(item[3] for item in picked)
+        self.batch = (self.now - self.wait_since, self.now, tokens)
+        self.busy_until = self.now + tokens / self.c.trainer_tokens_per_s + self.c.step_overhead_s
+        self.publishing = False
+
+    def _trainer_event(self) -> None:
+        wait_s, t_batch, tokens = self.batch
+        if not self.publishing:
+            self.steps.append((t_batch, self.now, tokens))
+            self.step += 1
+            last = self.step == self.s.warmup + self.s.steps
+            if self.step % self.k == 0 or last:
+                self.publishing = True
+                self.frozen_since = self.now
+                self.weights_version = self.step
+                self.busy_until = self.now + self.c.publish_s
+                return
+        else:
+            self.frozen_s += self.now - self.frozen_since
+            self.frozen_since = None
+            _now(self.mgr.set_version(self.step))
+            self._admit("set_version", (self.step,))
+        _now(self.mgr.step_done(self.now - t_batch, wait_s))
+        self._admit("step_done", (round(self.now - t_batch, 9), round(wait_s, 9)))
+        self.busy_until, self.wait_since = None, self.now
+        self._try_train()
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self) -> SimResult:
+        total = self.s.warmup + self.s.steps
+        self._admit("start", ())
+        while self.step < total:
+            t_roll = self.rheap[0][0] + self.frozen_s if self.rheap and self.frozen_since is None else float("inf")
+            t_train = self.busy_until if self.busy_until is not None else float("inf")
+            if t_roll == t_train == float("inf"):
+                raise RuntimeError(f"simulation stalled at step {self.step} (mode {self.s.mode}, {len(self.queue)} groups queued)")
+            if t_train <= t_roll:
+                self.now = t_train
+                self._trainer_event()
+            else:
+                _, _, srv, gid, n = heapq.heappop(self.rheap)
+                self.now = t_roll
+                self._sample_done(srv, gid, n)
+        return self._measure()
+
+    def _measure(self) -> SimResult:
+        w = self.s.warmup
+        t0, t1 = (self.steps[w - 1][1] if w else self.steps[0][0]), self.steps[-1][1]
+        window = self.steps[w:]
+        span = t1 - t0
+        tokens = sum(s[2] for s in window)
+        busy = sum(s[1] - s[0] for s in window)
+        generated = sum(k for t, k in self.completions if t0 < t <= t1)
+        n = sum(self.hist.values())
+        drops = sum(self.mgr.dropped.values())
+        return SimResult(
+            trained_tokens_per_s=tokens / span, generated_tokens_per_s=generated / span,
+            trainer_idle_ratio=1 - busy / span, rollout_idle_ratio=1 - generated / (self.c.rollout_capacity * span),
+            step_s=span / len(window), staleness_hist=dict(sorted(self.hist.items())),
+            staleness_mean=sum(k * v for k, v in self.hist.items()) / n, staleness_max=max(self.hist),
+            drops=drops, dropped_fraction=drops / (drops + len(self.steps) * self.c.groups), trace=self.trace)
+
+
+def simulate(costs: Costs, schedule: Schedule, seeds: int = 3, seed: int = 0) -> dict[str, Any]:
+    """The mean of `seeds` simulated runs (their spread is the long tail's), as a JSON-able row."""
+    runs = [Simulator(costs, schedule, seed=seed + i).run() for i in range(seeds)]
+    mean = lambda key: sum(getattr(r, key) for r in runs) / len(runs)
+    hist: Counter[int] = Counter()
+    for r in runs:
+        hist.update(r.staleness_hist)
+    return {
+        "mode": schedule.mode,
+        "trained_tokens_per_s": round(mean("trained_tokens_per_s"), 1),
+        "ratio_to_bound": round(mean("trained_tokens_per_s") / costs.bound, 3),
+        "generated_tokens_per_s": round(mean("generated_tokens_per_s"), 1),
+        "trainer_idle_ratio": round(mean("trainer_idle_ratio"), 3),
+        "rollout_idle_ratio": round(mean("rollout_idle_ratio"), 3),
+        "step_s": round(mean("step_s"), 4),
+        "staleness_hist": {int(k): v for k, v in sorted(hist.items())},
+        "staleness_mean": round(mean("staleness_mean"), 3),
+        "staleness_max": max(r.staleness_max for r in runs),
+        "drops": round(mean("drops"), 2),
+        "dropped_fraction": round(mean("dropped_fraction"), 3),
+    }
