@@ -78,7 +78,7 @@ ALIASES: tuple[Alias, ...] = (
     _a("actor_rollout_ref.actor.clip_ratio", "algorithm.clip_ratio_low", "algorithm.clip_ratio_high", note="set both"),
     _a("actor_rollout_ref.actor.clip_ratio_low", "algorithm.clip_ratio_low"),
     _a("actor_rollout_ref.actor.clip_ratio_high", "algorithm.clip_ratio_high"),
-    _a("actor_rollout_ref.actor.loss_agg_mode", "algorithm.loss_agg", note="values with underscores: `token_mean`, `seq_mean_token_mean`, `seq_mean_token_sum`"),
+    _a("actor_rollout_ref.actor.loss_agg_mode", "algorithm.loss_agg", note="values with underscores: `token_mean`, `seq_mean_token_mean`, `seq_mean_token_sum`, `seq_mean_token_sum_norm`"),
     _a("actor_rollout_ref.actor.use_kl_loss", "algorithm.kl_coef", note="KL to the reference is on when algorithm.kl_coef > 0"),
     _a("actor_rollout_ref.actor.kl_loss_coef", "algorithm.kl_coef"),
     _a("actor_rollout_ref.actor.kl_loss_type", "algorithm.kl_estimator", note="`k1`, `k2`, `k3` (verl's `low_var_kl` is k3)"),
