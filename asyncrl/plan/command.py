@@ -4,7 +4,7 @@
     asyncrl plan --profile NAME --split 64:64 [--json]      one split beside colocated sync
     asyncrl plan --profile-from-bench [--mode M] [--trainer-ratio R] [--json]
                                                             the cost-model bench load, simulated
-    asyncrl plan --validate [--json]                        predictions against the real bench
+    asyncrl plan --validate [--validate-kind K] [--json]    predictions against the real bench and real demo runs
 """
 
 from __future__ import annotations
@@ -37,13 +37,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode", choices=MODES, help="with --profile-from-bench: one mode (default all)")
     p.add_argument("--trainer-ratio", type=float, default=1.0)
     p.add_argument("--eta", type=int, help="override the profile's / load's eta")
-    p.add_argument("--validate", action="store_true", help="run the real bench pipeline and report the prediction errors")
+    p.add_argument("--validate", action="store_true", help="run the real bench pipeline and real demo runs, and report the prediction errors")
+    p.add_argument("--validate-kind", choices=("all", "cost_model_bench", "demo_run"), default="all",
+                   help="with --validate: only the bench cases (~20 s) or only the demo runs (~70 s)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     if a.validate:
+        from asyncrl.plan.demo import demo_cases
         from asyncrl.plan.validate import bench_cases, summary
 
-        out = summary(bench_cases(quick=True))
+        rows = bench_cases(quick=True) if a.validate_kind in ("all", "cost_model_bench") else []
+        out = summary(rows + (demo_cases() if a.validate_kind in ("all", "demo_run") else []))
     elif a.profile_from_bench:
         out = _from_bench(a)
     else:

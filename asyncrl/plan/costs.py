@@ -10,7 +10,8 @@ turns into `Costs` for one split. It does not know about modes or admission (see
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+import math
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,10 @@ class Costs:
     length_seed: int | None = None
     """Draw lengths as `CostModelServer(seed=length_seed + i)` does (server i's j-th request), so a
     simulation of a bench run sees the same long samples it did; None: one seeded stream."""
+    requests_before: int = 0
+    """With `length_seed`: requests server 0 served before the first rollout (the pipeline's step-0
+    evaluation, one per eval sample, goes to the first server of an idle fleet). Each used up one of
+    its draws, so without them every later long sample of server 0 lands one request early."""
 
     def __post_init__(self) -> None:
         for key in ("servers", "max_concurrency", "groups", "group_size"):
@@ -57,14 +62,33 @@ class Costs:
     def bound(self) -> float:
         return min(self.rollout_capacity, self.trainer_tokens_per_s)
 
+    def slice_factor(self, max_groups: int) -> int:
+        """The smallest f dividing both `servers` and `groups` with `groups / f <= max_groups` (else the
+        largest f dividing both): the fleet is homogeneous and the batch grows with it, so 1/f of the
+        servers, of the groups and of the trainer pool run the same steps as the whole, at 1/f of its
+        tokens/s."""
+        if self.groups <= max_groups:
+            return 1
+        g = math.gcd(self.servers, self.groups)
+        divisors = [f for f in range(1, g + 1) if g % f == 0]
+        return min((f for f in divisors if self.groups / f <= max_groups), default=divisors[-1])
+
+    def sliced(self, f: int) -> "Costs":
+        """1/f of the run (see `slice_factor`); per-step and per-request costs are unchanged."""
+        if f == 1:
+            return self
+        if self.servers % f or self.groups % f:
+            raise ValueError(f"costs.servers {self.servers} and costs.groups {self.groups} must both divide by the slice {f}")
+        return replace(self, servers=self.servers // f, groups=self.groups // f, trainer_tokens_per_s=self.trainer_tokens_per_s / f)
+
     @classmethod
     def from_load(cls, load: Any, *, publish_s: float = 0.01, step_overhead_s: float = 0.0, request_overhead_s: float = 0.0,
-                  length_seed: int | None = None) -> "Costs":
+                  length_seed: int | None = None, requests_before: int = 0) -> "Costs":
         """The costs of an `asyncrl bench pipeline` load (`--profile-from-bench`): the same parameters the bench sleeps for."""
         return cls(servers=load.servers, max_concurrency=load.max_concurrency, token_cost_s=load.token_cost_s, lengths=load.lengths,
                    trainer_tokens_per_s=load.trainer_capacity, groups=load.groups, group_size=load.group_size,
                    publish_s=publish_s, step_overhead_s=step_overhead_s, request_overhead_s=request_overhead_s,
-                   length_seed=length_seed)
+                   length_seed=length_seed, requests_before=requests_before)
 
 
 @dataclass

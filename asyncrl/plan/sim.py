@@ -127,9 +127,11 @@ class Simulator:
         self.slots = costs.servers * costs.max_concurrency
         self.running_samples = 0
         self.inflight = [0] * costs.servers
+        self.least: list[tuple[int, int]] = [(0, i) for i in range(costs.servers)]  # (in flight, server), lazy: stale entries skipped
         self.active = [0] * costs.servers
         self.waiting: list[deque] = [deque() for _ in range(costs.servers)]
         self.requests = [0] * costs.servers
+        self.requests[0] = costs.requests_before  # the step-0 evaluation's request used up server 0's first draw
         self.rheap: list[tuple[float, int, int, int, int]] = []  # (rollout-clock end, seq, server, group, tokens)
         self.seq = 0
         self.groups: dict[int, list] = {}  # gid -> [acquire version, samples left, tokens, min token version]
@@ -164,10 +166,20 @@ class Simulator:
 
     def _submit(self, gid: int) -> None:
         self.running_samples += 1
-        srv = min(range(self.c.servers), key=self.inflight.__getitem__)
+        srv = self._least_inflight()
         self.inflight[srv] += 1
+        heapq.heappush(self.least, (self.inflight[srv], srv))
         self.waiting[srv].append((gid, self._draw(srv)))
         self._run_waiting(srv)
+
+    def _least_inflight(self) -> int:
+        """`min(range(servers), key=inflight)` (ties: the lowest index) in O(log servers): the heap
+        holds an entry per change; one whose count is no longer the server's is skipped."""
+        while True:
+            n, srv = self.least[0]
+            if self.inflight[srv] == n:
+                return srv
+            heapq.heappop(self.least)
 
     def _draw(self, srv: int) -> int:
         if self.c.length_seed is None:
@@ -189,6 +201,7 @@ class Simulator:
     def _sample_done(self, srv: int, gid: int, n: int) -> None:
         self.active[srv] -= 1
         self.inflight[srv] -= 1
+        heapq.heappush(self.least, (self.inflight[srv], srv))
         self.running_samples -= 1
         self.completions.append((self.now, n))
         self._run_waiting(srv)
@@ -298,24 +311,29 @@ class Simulator:
             drops=drops, dropped_fraction=drops / (drops + len(self.steps) * self.c.groups), trace=self.trace)
 
 
-def simulate(costs: Costs, schedule: Schedule, seeds: int = 3, seed: int = 0) -> dict[str, Any]:
-    """The mean of `seeds` simulated runs (their spread is the long tail's), as a JSON-able row."""
-    runs = [Simulator(costs, schedule, seed=seed + i).run() for i in range(seeds)]
+def simulate(costs: Costs, schedule: Schedule, seeds: int = 3, seed: int = 0, max_groups: int | None = None) -> dict[str, Any]:
+    """The mean of `seeds` simulated runs (their spread is the long tail's), as a JSON-able row.
+    `max_groups`: simulate a slice of at most that many groups per step (`Costs.slice_factor`) and
+    scale its tokens/s and drops back to the whole run (`slice` in the row says by how much)."""
+    f = 1 if max_groups is None else costs.slice_factor(max_groups)
+    part = costs.sliced(f)
+    runs = [Simulator(part, schedule, seed=seed + i).run() for i in range(seeds)]
     mean = lambda key: sum(getattr(r, key) for r in runs) / len(runs)
     hist: Counter[int] = Counter()
     for r in runs:
         hist.update(r.staleness_hist)
     return {
         "mode": schedule.mode,
-        "trained_tokens_per_s": round(mean("trained_tokens_per_s"), 1),
-        "ratio_to_bound": round(mean("trained_tokens_per_s") / costs.bound, 3),
-        "generated_tokens_per_s": round(mean("generated_tokens_per_s"), 1),
+        "trained_tokens_per_s": round(f * mean("trained_tokens_per_s"), 1),
+        "ratio_to_bound": round(mean("trained_tokens_per_s") / part.bound, 3),
+        "generated_tokens_per_s": round(f * mean("generated_tokens_per_s"), 1),
         "trainer_idle_ratio": round(mean("trainer_idle_ratio"), 3),
         "rollout_idle_ratio": round(mean("rollout_idle_ratio"), 3),
         "step_s": round(mean("step_s"), 4),
         "staleness_hist": {int(k): v for k, v in sorted(hist.items())},
         "staleness_mean": round(mean("staleness_mean"), 3),
         "staleness_max": max(r.staleness_max for r in runs),
-        "drops": round(mean("drops"), 2),
+        "drops": round(f * mean("drops"), 2),
         "dropped_fraction": round(mean("dropped_fraction"), 3),
+        "slice": f,
     }
