@@ -4,6 +4,7 @@
     asyncrl bench rollout|queue|weights|pipeline|planes [--json]
                                                   measurements, ratios against baselines
     asyncrl bench rollout --fleet [--json]        fleet scaling over 1, 2, 4 servers
+    asyncrl bench trainer [--json] [--quick]      a long-tail batch's step: padded vs packed, checkpointing
     asyncrl plan [--profile NAME] [--gpus 128,256] [--validate] [--json]
                                                   predicted throughput, staleness, best split (asyncrl/plan)
     asyncrl config [CONFIG.yaml] [key=value ...] [--doc]
@@ -28,6 +29,7 @@ BENCHES = {
     "pipeline": "asyncrl.bench.pipeline",
     "planes": "asyncrl.bench.planes",
     "chaos": "asyncrl.bench.chaos",
+    "trainer": "asyncrl.bench.trainer",
 }
 
 

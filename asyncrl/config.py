@@ -115,6 +115,14 @@ class TrainerConfig:
     """Optimizer steps per trainer step: the batch is cut into this many mini-batches (verl: train batch / ppo_mini_batch_size; AReaL: ppo_n_minibatches). Reference and proximal log-probs are computed once per trainer step, so the clip of decoupled PPO around the proximal policy binds from the second mini-batch on. Versions, `total_steps` and the LR schedule count trainer steps."""
     micro_batch_size: int = 64
     """Sequences per forward/backward; gradients accumulate over micro-batches."""
+    max_tokens_per_micro_batch: int = 0
+    """Token-budget micro-batches (verl: ppo_max_token_len_per_gpu): rows of a mini-batch, sorted by length, are grouped greedily so a micro-batch holds at most this many real tokens (a longer row goes alone); 0 cuts by `micro_batch_size` rows. The step is the same either way (global normalisers)."""
+    packing: bool = False
+    """Pack each micro-batch's sequences into one row (position ids restart per sequence, attention stays inside each; verl: use_remove_padding): padding costs nothing. Log-probs are unpacked to the [B, T] layout, so losses are unchanged."""
+    logit_chunk_tokens: int = 0
+    """Compute log-probs and entropy from the final hidden states this many tokens at a time (the LM head applied per chunk and recomputed in backward), so no full-vocabulary logits of a whole micro-batch exist at once; 0: full logits (e.g. 1024 for long sequences or large vocabularies)."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward instead of keeping them (less memory, about one more forward of compute)."""
     lr: float = 1e-3
     """Peak learning rate of AdamW."""
     weight_decay: float = 0.0
@@ -176,6 +184,8 @@ class TrainerConfig:
         _check(self.prompts_per_step >= 1, "trainer.prompts_per_step", "must be >= 1")
         _check(self.minibatches >= 1, "trainer.minibatches", f"must be >= 1, got {self.minibatches}")
         _check(self.micro_batch_size >= 1, "trainer.micro_batch_size", "must be >= 1")
+        _check(self.max_tokens_per_micro_batch >= 0, "trainer.max_tokens_per_micro_batch", f"must be >= 0 (0 = off), got {self.max_tokens_per_micro_batch}")
+        _check(self.logit_chunk_tokens >= 0, "trainer.logit_chunk_tokens", f"must be >= 0 (0 = full logits), got {self.logit_chunk_tokens}")
         _check(self.lr > 0, "trainer.lr", f"must be > 0, got {self.lr}")
         _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "trainer.betas", "must be two values in [0, 1)")
         _one_of(self.lr_schedule, "trainer.lr_schedule", ("constant", "cosine"))

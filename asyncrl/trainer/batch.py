@@ -171,8 +171,22 @@ class TrainBatch:
         keep = real.to(out.loss_mask.dtype).unsqueeze(1)
         return out.replace(loss_mask=out.loss_mask * keep, advantages=out.advantages * keep)
 
-    def micro_batches(self, size: int) -> list["TrainBatch"]:
-        return [self[i : i + size].trim() for i in range(0, len(self), size)]
+    def micro_batch_rows(self, size: int, max_tokens: int = 0) -> list[Tensor]:
+        """Row indices of each micro-batch: consecutive `size` rows, or with `max_tokens` > 0
+        (`trainer.max_tokens_per_micro_batch`) rows grouped by length so each holds at most that many
+        real tokens (a longer row alone; see `packing.token_budget_groups`)."""
+        if max_tokens <= 0:
+            return [torch.arange(i, min(i + size, len(self))) for i in range(0, len(self), size)]
+        from asyncrl.trainer.packing import token_budget_groups
+
+        lengths = self.attention_mask.sum(dim=1).tolist()
+        return [torch.tensor(g, dtype=torch.long) for g in token_budget_groups(lengths, max_tokens)]
+
+    def micro_batches(self, size: int, max_tokens: int = 0) -> list["TrainBatch"]:
+        """The micro-batches of `micro_batch_rows`, each trimmed to its longest row."""
+        if max_tokens <= 0:
+            return [self[i : i + size].trim() for i in range(0, len(self), size)]
+        return [self[idx].trim() for idx in self.micro_batch_rows(size, max_tokens)]
 
 
 def _take(t: Tensor | None, index: slice | Tensor | tuple[slice, slice]) -> Tensor | None:

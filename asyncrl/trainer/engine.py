@@ -35,6 +35,7 @@ from asyncrl.config import AlgorithmConfig, TrainerConfig
 from asyncrl.trainer.batch import TrainBatch, mask_stale_tokens, token_age_metrics
 from asyncrl.trainer.corrections import Corrector, age_metrics, age_sums, stat_max, stat_metrics, stat_sums
 from asyncrl.trainer.losses import POLICY_LOSSES, agg_loss, entropy_from_logits, kl_penalty, token_logprobs
+from asyncrl.trainer.packing import head_scores, pack
 from asyncrl.trainer.setup import ensure_process_group, free_port, load_sharded_model, lr_factor, pick_device  # noqa: F401  re-exported
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,8 @@ class TrainerEngine:
         self._owns_process_group = ensure_process_group(self.device)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         torch.manual_seed(seed)
-        self.model = load_sharded_model(model_path, self.device, self.dtype, trainable=True)
+        self.model = load_sharded_model(model_path, self.device, self.dtype, trainable=True,
+                                        gradient_checkpointing=trainer.gradient_checkpointing)
         self.ref_model = load_sharded_model(model_path, self.device, self.dtype, trainable=False) if algorithm.kl_coef > 0 else None
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=trainer.lr, betas=(trainer.betas[0], trainer.betas[1]), weight_decay=trainer.weight_decay,
@@ -113,20 +115,47 @@ class TrainerEngine:
         """Weight of the entropy bonus; adapted after each step when `algorithm.entropy_target` > 0 (checkpointed)."""
 
     # ---- scoring --------------------------------------------------------
-    def _logprobs_and_logits(self, model: torch.nn.Module, mb: TrainBatch) -> tuple[Tensor, Tensor]:
-        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
-        return token_logprobs(logits, mb.input_ids, self.temperature), logits
+    def _micro_batches(self, rows: TrainBatch) -> list[TrainBatch]:
+        """`trainer.micro_batch_size` rows each, or token-budget groups (`trainer.max_tokens_per_micro_batch`)."""
+        return rows.micro_batches(self.trainer.micro_batch_size, self.trainer.max_tokens_per_micro_batch)
+
+    def _micro_batch_rows(self, rows: TrainBatch) -> list[Tensor]:
+        return rows.micro_batch_rows(self.trainer.micro_batch_size, self.trainer.max_tokens_per_micro_batch)
+
+    def _logprobs_and_entropy(self, model: torch.nn.Module, mb: TrainBatch, *, entropy: bool = True,
+                              entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
+        """[b, T] log-probs and entropies (None without `entropy`) at `temperature` of one micro-batch,
+        aligned like `TrainBatch` (column 0 unscored); the entropy carries a gradient only with `entropy_grad`.
+
+        `trainer.packing`: the rows run as one packed row and the scores are unpacked (0 at padding);
+        `trainer.logit_chunk_tokens`: the LM head runs chunk by chunk (`packing.head_scores`)."""
+        ids, inputs = mb.input_ids, {"attention_mask": mb.attention_mask}
+        packed = pack(mb.input_ids, mb.attention_mask) if self.trainer.packing else None
+        if packed is not None:  # no attention mask: the restarting position ids delimit the sequences
+            ids, inputs = packed.input_ids, {"position_ids": packed.position_ids}
+        if self.trainer.logit_chunk_tokens:
+            with head_scores(model, ids, temperature=self.temperature, chunk=self.trainer.logit_chunk_tokens, entropy_grad=entropy_grad):
+                scores = model(input_ids=ids, use_cache=False, **inputs).logits
+            logprobs, ent = scores[..., 0], scores[..., 1] if entropy else None
+        else:
+            logits = model(input_ids=ids, use_cache=False, **inputs).logits
+            logprobs, ent = token_logprobs(logits, ids, self.temperature), None
+            if entropy:
+                with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                    ent = torch.nn.functional.pad(entropy_from_logits(logits[:, :-1] / self.temperature), (1, 0))
+        if packed is not None:
+            logprobs, ent = packed.unpack(logprobs), None if ent is None else packed.unpack(ent)
+        return logprobs, ent
 
     @torch.no_grad()
     def _score_local(self, model: torch.nn.Module, rows: TrainBatch) -> Tensor:
         """[b, T] log-probs of this rank's `rows` under `model` (on the device; 0 at t=0 and padding)."""
         rows = rows.to(self.device)
-        width = rows.input_ids.shape[1]
-        parts = []
-        for mb in rows.micro_batches(self.trainer.micro_batch_size):
-            lp, _ = self._logprobs_and_logits(model, mb)
-            parts.append(torch.nn.functional.pad(lp, (0, width - lp.shape[1])))
-        out = torch.cat(parts) * rows.attention_mask
+        out = torch.zeros(rows.input_ids.shape, dtype=torch.float32, device=self.device)
+        for idx in self._micro_batch_rows(rows):  # token-budget groups are not in row order
+            lp, _ = self._logprobs_and_entropy(model, rows[idx.to(self.device)].trim(), entropy=False)
+            out[idx.to(self.device), : lp.shape[1]] = lp.float()
+        out = out * rows.attention_mask
         out[:, 0] = 0.0
         return out
 
@@ -260,11 +289,9 @@ class TrainerEngine:
         sums = torch.zeros(12, dtype=torch.float64, device=self.device)
         extremes = torch.full((3,), -math.inf, dtype=torch.float64, device=self.device)
         by_age = torch.zeros(self.trainer.eta + 2, 3, dtype=torch.float64, device=self.device)
-        for mb in shard.micro_batches(self.trainer.micro_batch_size):
+        for mb in self._micro_batches(shard):
             mask = mb.loss_mask
-            logprobs, logits = self._logprobs_and_logits(self.model, mb)
-            with torch.set_grad_enabled(self.entropy_coef > 0):
-                entropy = torch.nn.functional.pad(entropy_from_logits(logits[:, :-1] / self.temperature), (1, 0))
+            logprobs, entropy = self._logprobs_and_entropy(self.model, mb, entropy_grad=self.entropy_coef > 0)
             corr = self.corrector(
                 logprobs, mb.old_logprobs, mask,
                 proximal_logprobs=mb.proximal_logprobs, token_versions=mb.token_versions, version=self.step,

@@ -55,10 +55,13 @@ def lr_factor(step: int, *, warmup: int, total: int, schedule: str, min_ratio: f
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def load_sharded_model(path: str, device: torch.device, dtype: torch.dtype, trainable: bool) -> torch.nn.Module:
+def load_sharded_model(path: str, device: torch.device, dtype: torch.dtype, trainable: bool,
+                       gradient_checkpointing: bool = False) -> torch.nn.Module:
     """HF causal LM in fp32 master weights, `fully_shard` per decoder layer and at the root.
 
-    Non-fp32 `dtype` becomes the FSDP compute dtype (gradients reduced in fp32).
+    Non-fp32 `dtype` becomes the FSDP compute dtype (gradients reduced in fp32). With
+    `gradient_checkpointing` (`trainer.gradient_checkpointing`) each decoder layer recomputes its
+    activations in backward (non-reentrant `torch.utils.checkpoint`, set before sharding).
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -67,6 +70,13 @@ def load_sharded_model(path: str, device: torch.device, dtype: torch.dtype, trai
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
     model.eval()  # no dropout: the trainer must score tokens as the rollout engine does
     model.requires_grad_(trainable)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # HF checkpoints a layer only while it is in training mode; the model stays in eval (no dropout), so
+        # only the checkpointed layers themselves are flagged training, their submodules (dropout) stay eval
+        for m in model.modules():
+            if getattr(m, "gradient_checkpointing", False) is True:
+                m.training = True
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype != torch.float32 else MixedPrecisionPolicy()
     layer_types = set(getattr(model, "_no_split_modules", None) or [])

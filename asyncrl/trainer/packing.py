@@ -1,0 +1,143 @@
+"""Long sequences without padding waste: token-budget micro-batches, packed rows, chunked log-probs.
+
+Three pure helpers the engine's forward path uses (`engine.py`); they know nothing about ranks,
+optimizers or losses:
+
+- `token_budget_groups`: row indices of a mini-batch grouped so no micro-batch holds more than a
+  budget of real tokens (`trainer.max_tokens_per_micro_batch`), rows sorted by length, greedy.
+- `pack` / `Packed.unpack`: a micro-batch's sequences concatenated into one `[1, N]` row with
+  position ids restarting at 0 per sequence (`trainer.packing`). Hugging Face models read the
+  restarts as packed sequences and keep attention inside each one (flash-attention varlen on GPU,
+  a block-diagonal causal mask with sdpa / eager; only with `use_cache=False` and no attention mask,
+  checked against padded logits in tests/unit/trainer/test_packing.py); scores come back in the
+  `[b, T]` layout, so losses and corrections never see the packing.
+- `chunked_scores`: per-token log-prob and entropy from final hidden states, `chunk` tokens at a
+  time, the LM head applied per chunk and recomputed in backward (`trainer.logit_chunk_tokens`):
+  no full-vocabulary logits of a whole micro-batch ever exist. `head_scores` puts it in place of a
+  model's output embeddings for one forward, so FSDP2 gathers and reduces the head's weight as usual
+  (a tied head shares the embedding's weight and works the same).
+
+    groups = token_budget_groups(lengths=[5, 300, 40, 2000], budget=2048)   # [[3], [1, 2, 0]]
+    packed = pack(mb)                       # packed.input_ids [1, 2345], packed.position_ids
+    lp = packed.unpack(lp_packed)           # [b, T], 0 at column 0 and padding
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+
+def token_budget_groups(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Row indices grouped so each group's lengths sum to at most `budget` (a longer row is alone).
+
+    Rows are taken longest first and each group is filled greedily, so rows of like length share a
+    micro-batch (little padding when they are padded, few groups when they are packed).
+
+    >>> token_budget_groups([5, 300, 40, 2000], budget=2048)
+    [[3], [1, 2, 0]]
+    """
+    if budget < 1:
+        raise ValueError(f"trainer.max_tokens_per_micro_batch: must be >= 1 here, got {budget}")
+    groups: list[list[int]] = []
+    used = 0
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        n = int(lengths[i])
+        if groups and used + n <= budget:
+            groups[-1].append(i)
+            used += n
+        else:
+            groups.append([i])
+            used = n
+    return groups
+
+
+@dataclass
+class Packed:
+    """One micro-batch as a single row: `input_ids` / `position_ids` [1, N], N = its real tokens."""
+
+    input_ids: Tensor
+    position_ids: Tensor
+    rows: Tensor
+    """[N] long: the micro-batch row each packed token came from."""
+    cols: Tensor
+    """[N] long: its column in that row."""
+    shape: tuple[int, int]
+    """(b, T) of the micro-batch."""
+
+    def unpack(self, packed: Tensor) -> Tensor:
+        """[1, N] per-token scores -> [b, T], 0 at padding and at each row's column 0 (never scored:
+        there the packed row holds the previous sequence's score of a token it did not predict)."""
+        out = packed.new_zeros(self.shape).index_put((self.rows, self.cols), packed[0])
+        return out * (torch.arange(self.shape[1], device=out.device) > 0)
+
+
+def pack(input_ids: Tensor, attention_mask: Tensor) -> Packed:
+    """Concatenate each row's real tokens (right padding dropped) into one row; positions restart per row."""
+    real = attention_mask.bool()
+    rows, cols = real.nonzero(as_tuple=True)  # row-major: each row's tokens in order, rows one after another
+    return Packed(input_ids[rows, cols].unsqueeze(0), cols.unsqueeze(0), rows, cols, tuple(input_ids.shape))
+
+
+def _chunk_scores(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float,
+                  entropy_grad: bool) -> tuple[Tensor, Tensor]:
+    z = torch.nn.functional.linear(hidden, weight, bias).float() / temperature
+    lse = torch.logsumexp(z, dim=-1)
+    lp = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        ent = lse - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
+    return lp, ent
+
+
+def chunked_scores(hidden: Tensor, weight: Tensor, bias: Tensor | None, input_ids: Tensor, *, temperature: float,
+                   chunk: int, entropy_grad: bool = True) -> tuple[Tensor, Tensor]:
+    """([B, T] log-prob, [B, T] entropy) aligned like `TrainBatch` (column t scores input_ids[:, t];
+    column 0 is 0) from final hidden states [B, T, H] and the LM head's `weight` [V, H] / `bias`.
+
+    Each chunk of `chunk` positions is a checkpoint: backward recomputes its logits, so at most one
+    chunk's [chunk, V] logits live at a time, forward or backward. The entropy carries a gradient
+    only with `entropy_grad`.
+    """
+    b, t, h = hidden.shape
+    flat = hidden[:, :-1].reshape(-1, h)
+    targets = input_ids[:, 1:].reshape(-1)
+    lps, ents = [], []
+    for s in range(0, flat.shape[0], chunk):
+        args = (flat[s : s + chunk], weight, bias, targets[s : s + chunk], temperature, entropy_grad)
+        if torch.is_grad_enabled():
+            lp, ent = checkpoint(_chunk_scores, *args, use_reentrant=False)
+        else:
+            lp, ent = _chunk_scores(*args)
+        lps.append(lp)
+        ents.append(ent)
+    pad = torch.nn.functional.pad
+    lp = pad(torch.cat(lps).view(b, t - 1), (1, 0)) if lps else hidden.new_zeros(b, t, dtype=torch.float32)
+    ent = pad(torch.cat(ents).view(b, t - 1), (1, 0)) if ents else hidden.new_zeros(b, t, dtype=torch.float32)
+    return lp, ent
+
+
+@contextmanager
+def head_scores(model: torch.nn.Module, input_ids: Tensor, *, temperature: float, chunk: int,
+                entropy_grad: bool) -> Iterator[None]:
+    """For one forward of `model` (an HF causal LM), its output embeddings return
+    `chunked_scores` stacked as [B, T, 2] (log-prob, entropy) instead of logits: the head runs
+    inside the model's forward, where FSDP2 has gathered its weight."""
+    head = model.get_output_embeddings()
+
+    def forward(hidden: Tensor) -> Tensor:
+        if hidden.shape[:2] != input_ids.shape:
+            raise ValueError(f"head_scores: hidden states {tuple(hidden.shape)} do not match input_ids {tuple(input_ids.shape)}")
+        lp, ent = chunked_scores(hidden, head.weight, head.bias, input_ids, temperature=temperature, chunk=chunk,
+                                 entropy_grad=entropy_grad)
+        return torch.stack([lp, ent], dim=-1)
+
+    head.forward = forward
+    try:
+        yield
+    finally:
+        del head.forward
