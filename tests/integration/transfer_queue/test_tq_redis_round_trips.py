@@ -1,6 +1,6 @@
 """The redis backend's round trips per verb, pinned: the queue's rate on a real Redis is bounded by them.
 
-Counted on the client (`asyncrl.bench.queue.RoundTrips`: every command, script call or pipeline the
+Counted on the client (`asyncrl.bench.redis_tools.RoundTrips`: every command, script call or pipeline the
 store sends) and cross-checked on the server (`INFO commandstats`), against a real redis-server.
 """
 
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from asyncrl.bench.queue import RoundTrips
+from asyncrl.bench.redis_tools import RoundTrips
 from tests.integration.transfer_queue._redis import RedisServer
 from transfer_queue import Record, TransferQueueConfig, connect
 
