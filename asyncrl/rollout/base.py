@@ -28,6 +28,12 @@ PauseMode = Literal["abort", "wait", "keep"]
 PAUSE_MODES = ("abort", "wait", "keep")
 
 
+def check_pause_mode(mode: str) -> None:
+    """Every server's `pause` refuses a mode it does not know, with the same message."""
+    if mode not in PAUSE_MODES:
+        raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
+
+
 @dataclass
 class SamplingParams:
     """How to sample one request."""

@@ -35,7 +35,7 @@ from typing import Any, Iterable
 
 import msgspec
 
-from asyncrl.rollout.base import PAUSE_MODES, GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats, TokenRate
+from asyncrl.rollout.base import GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats, TokenRate, check_pause_mode
 
 log = logging.getLogger("asyncrl.rollout")
 TOKEN_PREFIX = "token_id:"
@@ -219,8 +219,7 @@ class OpenAIRolloutServer(RolloutServer):
 
     # ---- pause / weights --------------------------------------------------------------------
     async def pause(self, mode: PauseMode = "wait") -> None:
-        if mode not in PAUSE_MODES:
-            raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
+        check_pause_mode(mode)
         self._paused = True
         self._admission().clear()
         if mode == "abort":

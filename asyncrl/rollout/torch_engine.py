@@ -32,7 +32,7 @@ from typing import Any, Iterable
 
 import torch
 
-from asyncrl.rollout.base import PAUSE_MODES, GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats
+from asyncrl.rollout.base import GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats, check_pause_mode
 from asyncrl.rollout.torch_kv import PrefixCache
 from asyncrl.rollout.torch_sampling import StopRule, draw_uniforms, load_tokenizer, model_eos_ids
 from asyncrl.rollout.torch_worker import Command, EngineWorker, Inbox, Request, resolve
@@ -153,8 +153,7 @@ class TorchRolloutServer(RolloutServer):
         and queued request at once with what it has; `wait` returns once the running requests have
         finished; `keep` freezes the running requests (no decode step until `resume`), keeping
         their state, so after an `update_weights` they continue under the new weights."""
-        if mode not in PAUSE_MODES:
-            raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
+        check_pause_mode(mode)
         with self._inbox.cv:
             self._inbox.paused = mode
             queued = list(self._inbox.pending) if mode == "abort" else []

@@ -58,13 +58,13 @@ import uuid
 from typing import Any, Iterable
 
 from asyncrl.rollout.base import (
-    PAUSE_MODES,
     GenerateOutput,
     PauseMode,
     RolloutServer,
     SamplingParams,
     ServerStats,
     TokenRate,
+    check_pause_mode,
 )
 
 _RATE_WINDOW_S = 10.0
@@ -185,8 +185,7 @@ class VLLMRolloutServer(RolloutServer):
     # ---- pause / weights --------------------------------------------------------------------
 
     async def pause(self, mode: PauseMode = "wait") -> None:
-        if mode not in PAUSE_MODES:
-            raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
+        check_pause_mode(mode)
         self._paused = True
         self._admission().clear()
         await self._engine.pause_generation(mode=mode, clear_cache=False)
