@@ -46,6 +46,17 @@ class Generation(msgspec.Struct, kw_only=True):
     """Response tokens."""
 
 
+def idle_ratio(idle_s: float, wall_s: float) -> float:
+    """The share of `wall_s` that a side of the pipeline (trainer waiting for a batch, rollout with
+    no group generating) stood idle, in [0, 1]: `trainer/idle_ratio`, `rollout/idle_ratio` and
+    `asyncrl status`' `idle_ratio`. A wall time of 0 (nothing measured yet) counts as 1 ns.
+
+    >>> idle_ratio(1.0, 4.0), idle_ratio(5.0, 4.0), idle_ratio(0.0, 0.0)
+    (0.25, 1.0, 0.0)
+    """
+    return min(idle_s / max(wall_s, 1e-9), 1.0)
+
+
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():

@@ -66,6 +66,7 @@ from collections import Counter, deque
 from typing import Any
 
 from asyncrl.admission import Pace
+from transfer_queue.rules import staleness
 
 
 class StalenessManager:
@@ -198,8 +199,8 @@ class StalenessManager:
 
     @staticmethod
     def staleness(min_version: int, step: int) -> int:
-        """Trainer step at use minus the oldest version that generated any token."""
-        return step - min_version
+        """Trainer step at use minus the oldest version that generated any token (`transfer_queue.rules.staleness`)."""
+        return staleness(min_version, step)
 
     def too_stale(self, min_version: int, step: int) -> bool:
         return self.staleness(min_version, step) > self.eta

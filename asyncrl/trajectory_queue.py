@@ -12,8 +12,8 @@ to the metadata store, `get` waits for `n` whole groups within the staleness bou
 (`max_staleness=eta` at the trainer's step), oldest first; with in-order consumption none
 newer than the oldest group still running (`max_version=StalenessManager.takeable_version()`,
 asked again whenever a group ends). It returns metadata and handles only: the trainer's ranks
-read the tensors themselves (`asyncrl.trainer.plan`). Groups the queue drops as too stale are
-reported to the `StalenessManager` so admission can replace them.
+read the tensors themselves (`asyncrl.trainer.plan`). Groups the queue drops as too stale (the
+`get`'s `Batch.stale_groups`) are reported to the `StalenessManager` so admission can replace them.
 
 Acknowledgement (who owns "trained exactly once"): with a durable queue (`redis`) the
 trainer acks at its checkpoint, so a crash between checkpoints redelivers what was not
@@ -103,7 +103,6 @@ class TrajectoryQueue:
         self._training: Batch | None = None
         self.pending: list[Batch] = []
         """Trained batches not yet acked (durable queue: until the next checkpoint)."""
-        self._stale_seen = 0
         self.metadata_bytes = 0
         """Bytes of the records this queue was handed (their msgpack size): the controller's share of a trajectory."""
         self.inline_tensor_bytes = 0
@@ -147,7 +146,8 @@ class TrajectoryQueue:
                 # a limit is only good until a running group ends: then ask again at once
                 timeout=poll_s if newest is None else 0.01,
             )
-            await self._sync_drops(group_size)
+            if batch.stale_groups:  # dropped by the queue as too stale: their admission slots are free again
+                await self.staleness.drop_accepted("stale", batch.stale_groups)
             if batch.samples:
                 self._training = batch
                 break
@@ -158,15 +158,6 @@ class TrajectoryQueue:
             by_group.setdefault(s.group_id, []).append(s)
         groups = [sorted(g, key=lambda s: s.meta["index_in_group"]) for g in by_group.values()]
         return batch, groups
-
-    async def _sync_drops(self, group_size: int) -> None:
-        """Groups the queue dropped as too stale free their admission slots."""
-        stats = await self.client.stats()
-        stale = int(stats.dropped.get(self.consumer, {}).get("stale", 0))  # records
-        groups = (stale - self._stale_seen) // group_size
-        if groups > 0:
-            self._stale_seen += groups * group_size
-            await self.staleness.drop_accepted("stale", groups)
 
     async def keep_leases(self) -> None:
         """Until cancelled, renew every third of `queue.lease_timeout_s` the leases this trainer

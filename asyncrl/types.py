@@ -2,8 +2,8 @@
 
 A `Trajectory` is the unit that crosses processes between rollout fleets, the
 TransferQueue and the trainer. It is a typed record with a schema version; it is
-encoded with msgpack (per-token arrays as raw little-endian buffers with dtype and
-length), never pickle, so a peer cannot make us execute anything.
+encoded with msgpack through a msgspec Struct (`TrajectoryWire`: per-token arrays as raw
+little-endian buffers with dtype and length), never pickle, so a peer cannot make us execute anything.
 
 This module knows nothing about queues, tensors on devices or models.
 """
@@ -14,8 +14,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
+import msgspec
 import numpy as np
+
+from transfer_queue.rules import staleness
 
 SCHEMA_VERSION = 1
 
@@ -88,53 +90,63 @@ class Trajectory:
         return int(sum(self.loss_mask))
 
     def staleness(self, current_version: int) -> int:
-        """Trainer version at use minus the oldest version that generated any token."""
-        return current_version - self.min_version
+        """Trainer version at use minus the oldest version that generated any token (`transfer_queue.rules.staleness`)."""
+        return staleness(self.min_version, current_version)
 
-    # ---- msgpack codec -------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        d = {}
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if f.name in _TOKEN_ARRAYS:
-                v = np.asarray(v, dtype=_TOKEN_ARRAYS[f.name]).astype("<" + np.dtype(_TOKEN_ARRAYS[f.name]).str[1:]).tobytes()
-            d[f.name] = v
-        d["_schema"] = SCHEMA_VERSION
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Trajectory":
-        if not isinstance(d, dict):
-            raise WireError(f"trajectory: expected a map, got {type(d).__name__}")
-        if d.get("_schema") != SCHEMA_VERSION:
-            raise WireError(f"trajectory: schema {d.get('_schema')!r}, expected {SCHEMA_VERSION}")
-        kwargs = {}
-        for f in dataclasses.fields(cls):
-            if f.name not in d:
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                    raise WireError(f"trajectory: missing field {f.name!r}")
-                continue
-            v = d[f.name]
-            if f.name in _TOKEN_ARRAYS:
-                if not isinstance(v, (bytes, bytearray)):
-                    raise WireError(f"trajectory: field {f.name!r} must be bytes")
-                dt = np.dtype(_TOKEN_ARRAYS[f.name]).newbyteorder("<")
-                if len(v) % dt.itemsize:
-                    raise WireError(f"trajectory: field {f.name!r} has a truncated buffer")
-                v = np.frombuffer(v, dtype=dt).tolist()
-            kwargs[f.name] = v
-        try:
-            return cls(**kwargs).validate()
-        except TypeError as e:  # wrong field types
-            raise WireError(f"trajectory: {e}") from e
-
+    # ---- msgpack codec (the `TrajectoryWire` Struct) ---------------------
     def to_bytes(self) -> bytes:
-        return msgpack.packb(self.to_dict(), use_bin_type=True)
+        w = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name, dt in _TOKEN_ARRAYS.items():
+            w[name] = np.asarray(w[name], dtype=np.dtype(dt).newbyteorder("<")).tobytes()
+        return _encoder.encode(TrajectoryWire(schema=SCHEMA_VERSION, **w))
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "Trajectory":
         try:
-            d = msgpack.unpackb(data, raw=False, strict_map_key=True)
-        except Exception as e:  # msgpack raises several unrelated types for bad input
-            raise WireError(f"trajectory: not a msgpack record ({e})") from e
-        return cls.from_dict(d)
+            w = _decoder.decode(data)
+        except msgspec.ValidationError as e:
+            raise WireError(f"trajectory: {e}") from None
+        except (msgspec.DecodeError, ValueError, RecursionError) as e:  # not msgpack, ext types refused
+            raise WireError(f"trajectory: not a msgpack record ({e})") from None
+        if w.schema != SCHEMA_VERSION:
+            raise WireError(f"trajectory: schema {w.schema!r}, expected {SCHEMA_VERSION}")
+        kw = {f.name: getattr(w, f.name) for f in dataclasses.fields(cls)}
+        for name, dt in _TOKEN_ARRAYS.items():
+            d = np.dtype(dt).newbyteorder("<")
+            if len(kw[name]) % d.itemsize:
+                raise WireError(f"trajectory: field {name!r} has a truncated buffer")
+            kw[name] = np.frombuffer(kw[name], dtype=d).tolist()
+        return cls(**kw).validate()
+
+
+class TrajectoryWire(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """`Trajectory` on the wire: the same fields, per-token arrays as raw little-endian buffers
+    (`response_ids` int32, `behavior_logprobs` float32, `loss_mask` int8, `token_versions` int32),
+    and `_schema` (`SCHEMA_VERSION`); types and required fields checked by msgspec on decode, the
+    invariants by `Trajectory.validate`."""
+
+    schema: int = msgspec.field(name="_schema")
+    uid: str
+    group_id: str
+    index_in_group: int
+    group_size: int
+    prompt_ids: list[int]
+    response_ids: bytes
+    behavior_logprobs: bytes
+    loss_mask: bytes
+    token_versions: bytes
+    min_version: int
+    max_version: int
+    reward: float = 0.0
+    reward_info: dict[str, Any] = {}
+    finish_reason: str = "stop"
+    meta: dict[str, Any] = {}
+    timings: dict[str, float] = {}
+
+
+def _no_ext(code: int, data: memoryview) -> Any:
+    raise ValueError(f"msgpack ext type {code} is not accepted")
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(TrajectoryWire, ext_hook=_no_ext)

@@ -65,7 +65,7 @@ class TransferQueueClient:
             if storage is None:
                 address = None
                 if config.storage == "zmq" and not config.storage_address and config.controller_address:
-                    address = self.metadata.call("info", {})["storage_address"]  # type: ignore[attr-defined]
+                    address = self.metadata.call("info", {}).storage_address  # type: ignore[attr-defined]
                 storage = make_storage(config, storage_address=address)
                 if config.metadata == "redis":
                     self.metadata.on_free = storage.free  # type: ignore[attr-defined]
@@ -122,7 +122,7 @@ class TransferQueueClient:
         arrays = self.storage.read([h for _, _, h in wanted])
         out: list[dict[str, Any]] = [{} for _ in batch.samples]
         for (i, f, h), arr in zip(wanted, arrays):
-            out[i][f] = as_output(arr, h["dtype"], as_torch)
+            out[i][f] = as_output(arr, h.dtype, as_torch)
         return out
 
     def ack(self, batch: Batch) -> int:

@@ -1,8 +1,10 @@
-"""Wire codec: msgpack for structure, raw buffers with dtype and shape for tensors.
+"""Wire codec: msgpack (msgspec) for structure, raw buffers with dtype and shape for tensors.
 
 Nothing here can execute what a peer sends: no pickle, no msgpack ext types, a closed
-list of dtypes, and explicit size limits. Every failure to decode raises `WireError`,
-which services count and answer with an error instead of crashing.
+list of dtypes, and explicit size limits. Wire records are msgspec Structs decoded by typed
+decoders (`decoder(T)`, `decode`), so types, required fields and ranges come from the Struct;
+every failure to decode raises `WireError`, which services count and answer with an error
+instead of crashing.
 
 Tensors are carried as numpy arrays internally; torch tensors are viewed as numpy
 without a copy (bfloat16, which numpy lacks, travels as int16 bits with the tag
@@ -13,11 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgpack
+import msgspec
 import numpy as np
 
 # numpy dtype strings accepted on the wire (little-endian, no objects)
-_DTYPES = {
+DTYPES = {
     "bool": "|b1", "int8": "|i1", "uint8": "|u1", "int16": "<i2", "uint16": "<u2",
     "int32": "<i4", "uint32": "<u4", "int64": "<i8", "uint64": "<u8",
     "float16": "<f2", "float32": "<f4", "float64": "<f8", "bfloat16": "<i2",
@@ -29,22 +31,49 @@ class WireError(ValueError):
     """A message or tensor header that does not decode into a valid value."""
 
 
+_encoder = msgspec.msgpack.Encoder()
+
+
 def pack(obj: Any) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)
+    """msgpack bytes of builtins and msgspec Structs (handles, records, requests)."""
+    return _encoder.encode(obj)
+
+
+def _no_ext(code: int, data: memoryview) -> Any:
+    raise ValueError(f"msgpack ext type {code} is not accepted")
+
+
+def decoder(t: Any) -> msgspec.msgpack.Decoder:
+    """A typed msgpack decoder for wire type `t` (ext types refused)."""
+    return msgspec.msgpack.Decoder(t, ext_hook=_no_ext)
+
+
+_any = decoder(Any)
+
+
+def decode(dec: msgspec.msgpack.Decoder, data: bytes | memoryview, max_bytes: int, what: str = "message") -> Any:
+    """Decode one message with typed decoder `dec`; malformed, truncated, mistyped or too big is a WireError."""
+    if len(data) > max_bytes:
+        raise WireError(f"{what} of {len(data)} bytes exceeds the limit of {max_bytes}")
+    try:
+        return dec.decode(data)
+    except msgspec.ValidationError as e:
+        raise WireError(f"{what}: {e}") from None
+    except (msgspec.DecodeError, ValueError, TypeError, RecursionError) as e:  # ext refused, bad bytes
+        raise WireError(f"not a msgpack message ({type(e).__name__}: {e})") from None
 
 
 def unpack(data: bytes | memoryview, max_bytes: int) -> Any:
-    """Decode one msgpack message; anything malformed, truncated or too big is a WireError."""
-    if len(data) > max_bytes:
-        raise WireError(f"message of {len(data)} bytes exceeds the limit of {max_bytes}")
+    """Decode one untyped msgpack message; anything malformed, truncated or too big is a WireError."""
+    return decode(_any, data, max_bytes)
+
+
+def convert(obj: Any, t: Any, what: str) -> Any:
+    """`obj` (builtins) as wire type `t`, by the same rules as `decode`; else WireError."""
     try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True, ext_hook=_no_ext)
-    except Exception as e:  # msgpack raises several unrelated types for bad input
-        raise WireError(f"not a msgpack message ({type(e).__name__}: {e})") from e
-
-
-def _no_ext(code: int, data: bytes) -> Any:
-    raise ValueError(f"msgpack ext type {code} is not accepted")
+        return msgspec.convert(obj, t)
+    except msgspec.ValidationError as e:
+        raise WireError(f"{what}: {e}") from None
 
 
 def expect_map(obj: Any, keys: dict[str, type | tuple[type, ...]], what: str) -> dict:
@@ -107,7 +136,7 @@ def to_numpy(t: Any) -> tuple[np.ndarray, str]:
     if arr.dtype.byteorder == ">":
         arr = arr.astype(arr.dtype.newbyteorder("<"))
     name = tag or arr.dtype.name
-    if name not in _DTYPES:
+    if name not in DTYPES:
         raise WireError(f"dtype {arr.dtype} cannot travel on the wire")
     return arr, name
 
@@ -117,23 +146,27 @@ def tensor_header(arr: np.ndarray, tag: str) -> dict[str, Any]:
 
 
 def check_header(h: Any, max_bytes: int) -> tuple[np.dtype, tuple[int, ...], int]:
-    """Validate a tensor header; returns (numpy dtype, shape, nbytes)."""
-    expect_map(h, {"dtype": str, "shape": list, "nbytes": int}, "tensor header")
-    if h["dtype"] not in _DTYPES:
-        raise WireError(f"tensor header: unknown dtype {h['dtype']!r}")
-    shape = h["shape"]
-    if len(shape) > _MAX_DIMS or any(not isinstance(d, int) or isinstance(d, bool) or d < 0 for d in shape):
+    """Validate a tensor header (a typed handle, or a map with dtype, shape, nbytes);
+    returns (numpy dtype, shape, nbytes)."""
+    if isinstance(h, dict):
+        expect_map(h, {"dtype": str, "shape": list, "nbytes": int}, "tensor header")
+        dtype, shape, nbytes = h["dtype"], h["shape"], h["nbytes"]
+    else:
+        dtype, shape, nbytes = h.dtype, h.shape, h.nbytes
+    if dtype not in DTYPES:
+        raise WireError(f"tensor header: unknown dtype {dtype!r}")
+    if len(shape) > _MAX_DIMS or any(type(d) is not int or d < 0 for d in shape):
         raise WireError(f"tensor header: bad shape {shape!r}")
-    dt = np.dtype(_DTYPES[h["dtype"]])
+    dt = np.dtype(DTYPES[dtype])
     n = dt.itemsize
     for d in shape:
         n *= d
-    if n != h["nbytes"] or n > max_bytes:
-        raise WireError(f"tensor header: nbytes {h['nbytes']} does not match shape {shape} (limit {max_bytes})")
+    if n != nbytes or n > max_bytes:
+        raise WireError(f"tensor header: nbytes {nbytes} does not match shape {shape} (limit {max_bytes})")
     return dt, tuple(shape), n
 
 
-def from_buffer(h: dict[str, Any], buf: Any, max_bytes: int) -> np.ndarray:
+def from_buffer(h: Any, buf: Any, max_bytes: int) -> np.ndarray:
     """A zero-copy numpy view of `buf` described by header `h`."""
     dt, shape, n = check_header(h, max_bytes)
     mv = memoryview(buf).cast("B")

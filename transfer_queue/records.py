@@ -3,16 +3,23 @@
 A record is generic: identity and scheduling fields (`uid`, `group_id`, `group_size`,
 `version`), a msgpack-able `meta` dict, and named tensor fields. Tensor bytes never pass
 through the controller: it holds one *handle* per field (a small map that tells the data
-plane where the bytes are). A trajectory of asyncrl is put as scalar fields in `meta` and
+plane where the bytes are: a typed `storage.handles.Handle`). `SampleMeta`, `Batch` and
+`QueueStats` are msgspec Structs: they travel as msgpack maps and are decoded, typed and
+validated by msgspec (`sample_decoder`, `batch_decoder`, `stats_decoder`). A trajectory of asyncrl is put as scalar fields in `meta` and
 per-token arrays as tensors; this module does not know that type.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
-from transfer_queue.codec import MAX_COUNT, MAX_INT, WireError, check_int, expect_map
+import msgspec
+
+from transfer_queue.codec import MAX_COUNT, MAX_INT, convert, decoder
+from transfer_queue.storage.handles import Handle
+
+Text = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
 
 
 @dataclass
@@ -50,50 +57,40 @@ class Record:
         return self
 
 
-@dataclass
-class SampleMeta:
-    """What the controller holds per record and `get` returns: everything but tensor bytes."""
+class SampleMeta(msgspec.Struct, forbid_unknown_fields=True):
+    """What the controller holds per record and `get` returns: everything but tensor bytes.
 
-    uid: str
-    group_id: str
-    group_size: int
-    version: int
+    On the wire a msgpack map decoded by `samples_decoder` / `convert`: the field set is exact,
+    `uid` and `group_id` are 1..1024 characters, `group_size` is in [1, MAX_COUNT], `version`
+    in [0, MAX_INT], `meta` has string keys and every handle is one of the typed plane handles
+    (`storage.handles.Handle`); the run's plane and the header are checked by the service."""
+
+    uid: Text
+    group_id: Text
+    group_size: Annotated[int, msgspec.Meta(ge=1, le=MAX_COUNT)]
+    version: Annotated[int, msgspec.Meta(ge=0, le=MAX_INT)]
     meta: dict[str, Any]
-    handles: dict[str, dict[str, Any]]
-    """Field name -> data-plane handle (see `transfer_queue.storage.base`)."""
+    handles: dict[str, Handle]
+    """Field name -> data-plane handle (see `transfer_queue.storage.handles`)."""
     sealed: bool = True
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"uid": self.uid, "group_id": self.group_id, "group_size": self.group_size,
-                "version": self.version, "meta": self.meta, "handles": self.handles, "sealed": self.sealed}
 
     @classmethod
     def from_wire(cls, d: Any) -> "SampleMeta":
-        expect_map(d, {"uid": str, "group_id": str, "group_size": int, "version": int,
-                       "meta": dict, "handles": dict, "sealed": bool}, "sample")
-        if not 0 < len(d["uid"]) <= 1024 or not 0 < len(d["group_id"]) <= 1024:
-            raise WireError("sample: uid and group_id must be 1..1024 characters")
-        check_int(d["group_size"], f"sample {d['uid']!r}: group_size", 1, MAX_COUNT)
-        check_int(d["version"], f"sample {d['uid']!r}: version", 0, MAX_INT)
-        if set(d) != {"uid", "group_id", "group_size", "version", "meta", "handles", "sealed"}:
-            raise WireError(f"sample {d['uid']!r}: unknown fields {sorted(set(d))}")
-        if not all(isinstance(k, str) for k in d["meta"]):
-            raise WireError(f"sample {d['uid']!r}: meta keys must be strings")
-        for name, h in d["handles"].items():
-            if not isinstance(name, str) or not isinstance(h, dict) or not isinstance(h.get("plane"), str):
-                raise WireError(f"sample {d['uid']!r}: bad handle for field {name!r}")
-        return cls(**{k: d[k] for k in ("uid", "group_id", "group_size", "version", "meta", "handles", "sealed")})
+        """A record from builtins (a decoded map); WireError naming what is wrong."""
+        return convert(d, cls, "sample")
 
 
-@dataclass
-class Batch:
+class Batch(msgspec.Struct, forbid_unknown_fields=True):
     """Whole groups delivered to one consumer under one lease; `ack` or `nack` it."""
 
     consumer: str
     """Consumer group the batch was delivered to."""
     lease_id: str
     samples: list[SampleMeta]
-    current_version: int | None = None
+    current_version: Annotated[int, msgspec.Meta(ge=0, le=MAX_INT)] | None = None
+    stale_groups: Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)] = 0
+    """Groups this `get` dropped as too stale on the way (`rules.select_groups`), so a consumer
+    frees their admission slots without diffing `stats()`; counted there as records."""
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -106,21 +103,12 @@ class Batch:
     def group_ids(self) -> list[str]:
         return list(dict.fromkeys(s.group_id for s in self.samples))
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"consumer": self.consumer, "lease_id": self.lease_id,
-                "samples": [s.to_wire() for s in self.samples], "current_version": self.current_version}
-
     @classmethod
     def from_wire(cls, d: Any) -> "Batch":
-        expect_map(d, {"consumer": str, "lease_id": str, "samples": list}, "batch")
-        cv = d.get("current_version")
-        if cv is not None and not isinstance(cv, int):
-            raise WireError("batch: current_version must be an int or nil")
-        return cls(d["consumer"], d["lease_id"], [SampleMeta.from_wire(s) for s in d["samples"]], cv)
+        return convert(d, cls, "batch")
 
 
-@dataclass
-class QueueStats:
+class QueueStats(msgspec.Struct, forbid_unknown_fields=True):
     """A snapshot of the queue, the same for every backend (`stats()`)."""
 
     capacity: int
@@ -148,21 +136,13 @@ class QueueStats:
     """Peers refused by the service's CURVE handler (no or wrong `queue.secret`)."""
     handshake_failed: int = 0
     """Connections whose handshake failed (peers without CURVE, or with a wrong key)."""
-    rates: dict[str, float] = field(default_factory=dict)
+    rates: dict[str, float] = msgspec.field(default_factory=dict)
     """`put_per_s`, `ack_per_s` since the controller started."""
 
     def in_flight(self, consumer: str) -> int:
         return sum(self.depth[consumer].values())
 
-    def to_wire(self) -> dict[str, Any]:
-        d = dict(self.__dict__)
-        d["staleness"] = {c: {str(k): v for k, v in h.items()} for c, h in self.staleness.items()}
-        return d
 
-    @classmethod
-    def from_wire(cls, d: Any) -> "QueueStats":
-        if not isinstance(d, dict):
-            raise WireError("stats: expected a map")
-        d = dict(d)
-        d["staleness"] = {c: {int(k): v for k, v in h.items()} for c, h in d["staleness"].items()}
-        return cls(**d)
+sample_decoder = decoder(SampleMeta)
+batch_decoder = decoder(Batch)
+stats_decoder = decoder(QueueStats)

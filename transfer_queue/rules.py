@@ -9,6 +9,10 @@ is the same rule for the `redis` backend's scripts.
 
 Both are plain objects driven under the controller's lock; neither knows about
 storage, groups or wires.
+
+`staleness` is the one staleness formula (asyncrl's `StalenessManager` and `Trajectory` call it
+too) and `select_groups` the one group-selection rule of `get` (oldest first, none newer than
+`max_version`, stale ones dropped): pure functions over plain values, applied by every backend.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Sequence
 
 
 class BackPressure:
@@ -164,3 +169,85 @@ class LeaseTable:
 
     def leased(self, consumer: str) -> int:
         return sum(len(lease.uids) for lease in self._leases.values() if lease.consumer == consumer)
+
+
+def staleness(version: int, current_version: int) -> int:
+    """Versions a record is behind: the version at use minus the oldest version that generated
+    any of its tokens. `staleness(3, 5) == 2`; a record is too stale when this exceeds `max_staleness`."""
+    return current_version - version
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A group a `get` may deliver: what `select_groups` needs to know of it, nothing more."""
+
+    key: str
+    """How the backend names it (group id in `memory`, stream entry id in `redis`)."""
+    version: int
+    """Its oldest deliverable record's version."""
+    records: int
+    """Records it would deliver."""
+    group_size: int = 1
+    ready: bool = True
+    """Every record holds the asked fields (or is sealed); a group not ready is skipped, not dropped."""
+
+
+@dataclass
+class Selection:
+    """What `select_groups` decided: `take` to deliver, `stale` to drop (counted `stale`), in order."""
+
+    take: list[str] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)
+    enough: bool = False
+    """The batch is full (with what the caller held already)."""
+
+
+def select_groups(candidates: Sequence[Candidate], *, num_groups: int | None = None, num_samples: int | None = None,
+                  group_size: int | None = None, max_staleness: int | None = None,
+                  current_version: int | None = None, max_version: int | None = None,
+                  held_groups: int = 0, held_records: int = 0) -> Selection:
+    """The group selection of `get`, the same for every backend.
+
+    `candidates` come in offer order (redeliveries first, then arrival); they are taken lowest
+    version first, ties in that order, until `num_groups` groups (or at least `num_samples`
+    records) are held, counting `held_groups` / `held_records` the caller already holds (one
+    given, not both). Walking up the versions: a group newer than `max_version` stops the walk
+    (every later one is newer too; they stay deliverable); one of another `group_size` or not
+    `ready` is passed over; one older than `max_staleness` at `current_version` is dropped as
+    stale. Oldest first keeps a group that finished late (a long sample) from being passed over by
+    younger ones until it is too stale.
+
+    Trace (max_staleness 1, current_version 5, num_groups 2, max_version 5):
+        a v3, b v5, c v4 (not ready), d v4, e v6
+        -> sorted a3 c4 d4 b5 e6: a stale (5-3 > 1), c skipped, d taken, b taken: enough
+        -> Selection(take=[d, b], stale=[a], enough=True); c, e stay
+    """
+    if (num_groups is None) == (num_samples is None):
+        raise ValueError("select_groups: give num_groups or num_samples, not both")
+    if max_staleness is not None and current_version is None:
+        raise ValueError("select_groups: max_staleness needs current_version")
+    groups, records = held_groups, held_records
+
+    def full() -> bool:
+        return groups >= num_groups if num_groups is not None else records >= num_samples  # type: ignore[operator]
+
+    out = Selection()
+    if full():
+        out.enough = True
+        return out
+    for c in sorted(candidates, key=lambda c: c.version):  # stable: offer order within a version
+        if max_version is not None and c.version > max_version:
+            break
+        if group_size is not None and c.group_size != group_size:
+            continue
+        if max_staleness is not None and staleness(c.version, current_version) > max_staleness:  # type: ignore[arg-type]
+            out.stale.append(c.key)
+            continue
+        if not c.ready:
+            continue
+        out.take.append(c.key)
+        groups, records = groups + 1, records + c.records
+        if full():
+            break
+    out.enough = full()
+    return out

@@ -6,11 +6,12 @@ workers send replies back through an inproc socket. A malformed, truncated or ov
 (`stats().rejected`) and answered with an error; it never reaches the controller.
 `RemoteController` implements the same `MetadataStore` over that socket.
 
-Wire: request `{"id": int, "op": str, "args": map}`, reply `{"id", "ok", "result" | "error", "kind"}`.
-Every op's args are an exact field set; ops that change or finish records carry the
-caller's `client_id` (ownership: `rules.may_act`). Numbers are checked (NaN, inf,
-negatives, absurd counts are rejected and counted); handles are checked per plane
-(`storage.handles`, `StoragePlane.verify`) before they are stored.
+Wire (`transfer_queue/protocol.py`): request `{"id": int, "op": str, "args": map}`, reply
+`{"id", "ok", "result" | "error", "kind"}`. Every op's args are one msgspec Struct, decoded by
+that op's typed decoder: an exact field set, numbers checked (NaN, inf, negatives, absurd
+counts are rejected and counted); ops that change or finish records carry the caller's
+`client_id` (ownership: `rules.may_act`); handles are typed per plane, then checked against
+the run's plane (`storage.handles`, `StoragePlane.verify`) before they are stored.
 
 Workers: `get` and `put` calls that may wait (timeout > 0 or nil) run in two pools of
 `queue.max_blocking_ops` threads each; one more such call is refused at once
@@ -34,15 +35,19 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
+import msgspec
 import zmq
 
 from transfer_queue import auth
-from transfer_queue.codec import MAX_COUNT, WireError, check_int, check_seconds, expect_map, pack, unpack
+from transfer_queue.codec import WireError, decode, pack
 from transfer_queue.config import TransferQueueConfig
 from transfer_queue.metadata.base import GetRequest, MetadataStore, default_consumer_id
 from transfer_queue.metadata.memory import MemoryController
+from transfer_queue.protocol import (ARGS, RESULTS, AckArgs, DropArgs, GetArgs, Info, NackArgs, PutArgs, Reply,
+                                     UpdateArgs, reply_decoder, request_decoder)
 from transfer_queue.records import Batch, QueueStats, SampleMeta
 from transfer_queue.storage import make_storage
+from transfer_queue.storage.handles import Handle
 
 _ERRORS: dict[str, type[Exception]] = {"ValueError": ValueError, "KeyError": KeyError, "TimeoutError": TimeoutError,
                                        "WireError": WireError, "PermissionError": PermissionError}
@@ -85,7 +90,7 @@ class ControllerService:
             "put": (ThreadPoolExecutor(cap, thread_name_prefix="tq-ctl-put"), cap),
             "quick": (ThreadPoolExecutor(quick_workers, thread_name_prefix="tq-ctl"), None)}
         self._in_flight = {name: 0 for name in self._pools}
-        self._ops: dict[str, Callable[[dict], Any]] = {
+        self._ops: dict[str, Callable[[Any], Any]] = {
             "put": self._put, "update": self._update, "get": self._get, "ack": self._ack, "nack": self._nack,
             "drop": self._drop, "renew": self._renew, "stats": self._stats, "info": self._info}
         self._stop = threading.Event()
@@ -104,20 +109,19 @@ class ControllerService:
                     continue
                 frames = self._sock.recv_multipart()
                 ident, body = frames[0], frames[1:]
+                rid = -1
                 try:
                     if len(body) != 1:
                         raise WireError(f"expected 1 frame, got {len(body)}")
-                    req = expect_map(unpack(body[0], self.config.max_message_bytes),
-                                     {"id": int, "op": str, "args": dict}, "request")
-                    check_int(req["id"], "request id")
-                    if set(req) != {"id", "op", "args"}:
-                        raise WireError(f"request: unknown fields {sorted(req)}")
-                    if req["op"] not in self._ops:
-                        raise WireError(f"unknown op {req['op']!r}")
-                    pool = _pool_of(req["op"], req["args"])
+                    req = decode(request_decoder, body[0], self.config.max_message_bytes, "request")
+                    if req.op not in self._ops:
+                        raise WireError(f"unknown op {req.op!r}")
+                    rid = req.id
+                    args = decode(ARGS[req.op], req.args, self.config.max_message_bytes, req.op)
+                    pool = _pool_of(req.op, args)
                 except WireError as e:
                     self._count("rejected")
-                    self._sock.send_multipart([ident, pack({"id": -1, "ok": False, "error": str(e), "kind": "WireError"})])
+                    self._sock.send_multipart([ident, pack(Reply(rid, False, error=str(e), kind="WireError"))])
                     continue
                 executor, cap = self._pools[pool]
                 with self._count_lock:
@@ -127,9 +131,9 @@ class ControllerService:
                 if full:
                     self._count("busy")
                     msg = f"busy: {cap} waiting {pool} calls in flight (queue.max_blocking_ops)"
-                    self._sock.send_multipart([ident, pack({"id": req["id"], "ok": False, "error": msg, "kind": "BusyError"})])
+                    self._sock.send_multipart([ident, pack(Reply(rid, False, error=msg, kind="BusyError"))])
                     continue
-                executor.submit(self._run, ident, req, pool)
+                executor.submit(self._run, ident, rid, req.op, args, pool)
         self._sock.close(0)
         self._replies.close(0)
 
@@ -137,13 +141,13 @@ class ControllerService:
         with self._count_lock:
             setattr(self, what, getattr(self, what) + 1)
 
-    def _run(self, ident: bytes, req: dict, pool: str) -> None:
+    def _run(self, ident: bytes, rid: int, op: str, args: Any, pool: str) -> None:
         try:
-            rep = {"id": req["id"], "ok": True, "result": self._ops[req["op"]](req["args"])}
+            rep = Reply(rid, True, self._ops[op](args))
         except Exception as e:  # translated into an error reply; the caller re-raises it
             if isinstance(e, (WireError, TypeError, ValueError, KeyError)):
                 self._count("rejected")  # (PermissionError is counted by the controller as `not_owner`)
-            rep = {"id": req["id"], "ok": False, "error": str(e), "kind": type(e).__name__}
+            rep = Reply(rid, False, error=str(e), kind=type(e).__name__)
         finally:
             with self._count_lock:
                 self._in_flight[pool] -= 1
@@ -153,59 +157,49 @@ class ControllerService:
             out.connect(self._inproc)
         out.send_multipart([ident, pack(rep)])
 
-    # ---- ops: arguments are checked here, before they reach the controller -----
-    def _put(self, a: dict) -> None:
-        _exact(a, {"samples": list, "timeout": (int, float, type(None)), "client_id": str}, "put")
-        check_int(len(a["samples"]), "put: number of samples", 0, self.config.capacity)
-        samples = [SampleMeta.from_wire(s) for s in a["samples"]]
-        for s in samples:
-            for h in s.handles.values():
-                self.plane.check(h)
-        self.controller.put(samples, check_seconds(a["timeout"], "put: timeout"), _client(a))
+    # ---- ops: arguments arrive typed (protocol.ARGS); what a type cannot say is checked here -----
+    def _put(self, a: PutArgs) -> None:
+        if len(a.samples) > self.config.capacity:
+            raise WireError(f"put: number of samples must be an integer in [0, {self.config.capacity}], got {len(a.samples)}")
+        for smp in a.samples:
+            smp.handles = self._checked(smp.handles)
+        self.controller.put(a.samples, a.timeout, a.client_id)
 
-    def _update(self, a: dict) -> None:
-        _exact(a, {"uid": str, "handles": dict, "meta": dict, "seal": bool, "client_id": str}, "update")
-        SampleMeta.from_wire({"uid": a["uid"], "group_id": "-", "group_size": 1, "version": 0,
-                              "meta": a["meta"], "handles": {}, "sealed": True})
-        for name, h in a["handles"].items():
-            if not isinstance(name, str):
-                raise WireError("update: field names must be strings")
-            self.plane.check(h)
-        self.controller.update(a["uid"], a["handles"], a["meta"], a["seal"], _client(a))
+    def _update(self, a: UpdateArgs) -> None:
+        self.controller.update(a.uid, self._checked(a.handles), a.meta, a.seal, a.client_id)
 
-    def _get(self, a: dict) -> dict:
-        req = GetRequest.from_wire(a)
+    def _checked(self, handles: dict[str, Handle]) -> dict[str, Handle]:
+        return {name: self.plane.check(h) for name, h in handles.items()}
+
+    def _get(self, a: GetArgs) -> Batch:
+        try:
+            req = GetRequest(**msgspec.structs.asdict(a))
+        except (TypeError, ValueError) as e:
+            raise WireError(f"get request: {e}") from e
         if (req.num_groups or 0) > self.config.capacity or (req.num_samples or 0) > self.config.capacity:
             raise WireError(f"get: batch size exceeds queue.capacity={self.config.capacity}")
-        return self.controller.get(req).to_wire()
+        return self.controller.get(req)
 
-    def _ack(self, a: dict) -> int:
-        _exact(a, {"consumer": str, "uids": list, "client_id": str}, "ack")
-        return self.controller.ack(a["consumer"], _strs(a["uids"]), _client(a))
+    def _ack(self, a: AckArgs) -> int:
+        return self.controller.ack(a.consumer, a.uids, a.client_id)
 
-    def _nack(self, a: dict) -> int:
-        _exact(a, {"consumer": str, "lease_id": str, "uids": list, "client_id": str}, "nack")
-        return self.controller.nack(a["consumer"], a["lease_id"], _strs(a["uids"]), _client(a))
+    def _nack(self, a: NackArgs) -> int:
+        return self.controller.nack(a.consumer, a.lease_id, a.uids, a.client_id)
 
-    def _drop(self, a: dict) -> int:
-        _exact(a, {"consumer": str, "uids": list, "cause": str, "client_id": str}, "drop")
-        return self.controller.drop(a["consumer"], _strs(a["uids"]), a["cause"], _client(a))
+    def _drop(self, a: DropArgs) -> int:
+        return self.controller.drop(a.consumer, a.uids, a.cause, a.client_id)
 
-    def _renew(self, a: dict) -> bool:
-        _exact(a, {"consumer": str, "lease_id": str, "uids": list, "client_id": str}, "renew")
-        return self.controller.renew(a["consumer"], a["lease_id"], _strs(a["uids"]), _client(a))
+    def _renew(self, a: NackArgs) -> bool:
+        return self.controller.renew(a.consumer, a.lease_id, a.uids, a.client_id)
 
-    def _stats(self, a: dict) -> dict:
-        _exact(a, {}, "stats")
+    def _stats(self, a: Any) -> QueueStats:
         s = self.controller.stats()
         s.rejected, s.busy = self.rejected, self.busy
         s.auth_refused, s.handshake_failed = self.gate.refused, self.gate.handshake_failed
-        return s.to_wire()
+        return s
 
-    def _info(self, a: dict) -> dict:
-        _exact(a, {}, "info")
-        return {"storage": self.config.storage, "storage_address": self.plane.address(),
-                "consumer_groups": self.config.consumer_groups, "capacity": self.config.capacity}
+    def _info(self, a: Any) -> Info:
+        return Info(self.config.storage, self.plane.address(), list(self.config.consumer_groups), self.config.capacity)
 
     def close(self) -> None:
         self._stop.set()
@@ -216,32 +210,11 @@ class ControllerService:
         self.plane.close()
 
 
-def _pool_of(op: str, args: dict) -> str:
+def _pool_of(op: str, args: Any) -> str:
     """`get` / `put` calls that may wait (timeout > 0 or nil) run in their own bounded pool."""
-    if op in ("get", "put") and check_seconds(args.get("timeout", 0.0), f"{op}: timeout") != 0:
+    if op in ("get", "put") and args.timeout != 0:
         return op
     return "quick"
-
-
-def _exact(a: dict, keys: dict[str, Any], what: str) -> dict:
-    expect_map(a, keys, what)
-    if set(a) != set(keys):
-        raise WireError(f"{what}: unknown fields {sorted(set(a) - set(keys))}")
-    return a
-
-
-def _client(a: dict) -> str:
-    c = a["client_id"]
-    if not 0 < len(c) <= 1024:
-        raise WireError("client_id must be 1..1024 characters")
-    return c
-
-
-def _strs(xs: list) -> list[str]:
-    check_int(len(xs), "number of uids", 0, MAX_COUNT)
-    if not all(isinstance(x, str) for x in xs):
-        raise WireError("uids must be strings")
-    return xs
 
 
 class RemoteController(MetadataStore):
@@ -257,9 +230,10 @@ class RemoteController(MetadataStore):
         self._ids = itertools.count(1)
         self._grace_ms = int(rpc_grace_s * 1000)
         self._secret, self._max_frame = secret, max_frame_bytes
-        self.consumer_groups = self.call("info", {})["consumer_groups"]
+        self.consumer_groups = self.call("info", {}).consumer_groups
 
-    def call(self, op: str, args: dict[str, Any], timeout: float | None = 0.0) -> Any:
+    def call(self, op: str, args: Any, timeout: float | None = 0.0) -> Any:
+        """One op; `args` a map or that op's args Struct; returns the op's typed result."""
         sock = self._local.__dict__.get("sock")
         if sock is None:
             sock = self._local.sock = auth.client(self._ctx.socket(zmq.DEALER), self._secret, self._max_frame)
@@ -272,23 +246,22 @@ class RemoteController(MetadataStore):
         while True:
             if not sock.poll(wait):
                 raise TimeoutError(f"controller {self.address} did not answer {op}")
-            rep = unpack(sock.recv(), self._max_frame)
-            if rep.get("id") in (rid, -1):
+            rep = decode(reply_decoder, sock.recv(), self._max_frame, "reply")
+            if rep.id in (rid, -1):
                 break  # replies to calls that timed out earlier are skipped
-        if not rep["ok"]:
-            raise _ERRORS.get(rep.get("kind"), RuntimeError)(f"controller: {rep.get('error')}")
-        return rep["result"]
+        if not rep.ok:
+            raise _ERRORS.get(rep.kind, RuntimeError)(f"controller: {rep.error}")
+        return decode(RESULTS[op], rep.result, self._max_frame, f"{op} reply") if op in RESULTS else rep.result
 
     def put(self, samples: list[SampleMeta], timeout: float | None = None, client_id: str = "") -> None:
-        self.call("put", {"samples": [s.to_wire() for s in samples], "timeout": timeout,
-                          "client_id": client_id or default_consumer_id()}, timeout)
+        self.call("put", PutArgs(samples=samples, timeout=timeout, client_id=client_id or default_consumer_id()), timeout)
 
     def update(self, uid: str, handles: dict, meta: dict | None = None, seal: bool = True, client_id: str = "") -> None:
         self.call("update", {"uid": uid, "handles": handles, "meta": meta or {}, "seal": seal,
                              "client_id": client_id or default_consumer_id()})
 
     def get(self, req: GetRequest) -> Batch:
-        return Batch.from_wire(self.call("get", req.to_wire(), req.timeout))
+        return self.call("get", req.to_wire(), req.timeout)
 
     def ack(self, consumer: str, uids: list[str], client_id: str = "") -> int:
         return self.call("ack", {"consumer": consumer, "uids": uids, "client_id": client_id or default_consumer_id()})
@@ -306,7 +279,7 @@ class RemoteController(MetadataStore):
                                    "client_id": client_id or default_consumer_id()})
 
     def stats(self) -> QueueStats:
-        return QueueStats.from_wire(self.call("stats", {}))
+        return self.call("stats", {})
 
     def close(self) -> None:
         for s in self._socks:

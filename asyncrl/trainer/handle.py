@@ -14,7 +14,10 @@ interleave (FSDP all-gathers in a publish would otherwise meet a step's collecti
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from asyncrl.trainer.plan import BatchPlan
 
 
 class TrainerDied(RuntimeError):
@@ -40,7 +43,8 @@ class TrainerHandle:
         async with self._lock:
             return await asyncio.to_thread(getattr(self.impl, verb), *args)
 
-    async def train(self, plan: Any) -> dict[str, float]:
+    async def train(self, plan: BatchPlan | bytes) -> dict[str, float]:
+        """One step on `plan` (or its `to_bytes`): its rows carry typed handles, never tensors."""
         return await self._call("train", plan)
 
     async def publish(self, version: int, receivers: list[str]) -> dict[str, Any]:

@@ -5,8 +5,9 @@ base with the same semantics, defined by `MemoryController`:
 
 - `put` waits for space (back-pressure) and never drops;
 - `get` returns whole groups whose records hold the asked fields (or are sealed), drops
-  groups older than `max_staleness` with a counted `stale` drop, leaves groups newer than
-  `max_version` ready for a later `get`, and leases the batch;
+  groups older than `max_staleness` with a counted `stale` drop (and says how many in
+  `Batch.stale_groups`), leaves groups newer than `max_version` ready for a later `get`, and
+  leases the batch: the selection is `rules.select_groups`, the same function in every backend;
 - `ack` / `drop` finish records for one consumer group (idempotent); `nack` or lease expiry
   makes them deliverable again; a record is freed (its storage handles passed to `on_free`)
   once every consumer group finished it.

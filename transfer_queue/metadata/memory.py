@@ -9,7 +9,8 @@ Per consumer group a record is in exactly one state:
     waiting (group incomplete or fields missing) -> ready -> leased -> acked | dropped
                                                      ^----------'  (nack, lease expiry)
 so `put == acked + dropped + in flight` holds for every consumer group at any time.
-Ready groups are delivered oldest version first (ties: redeliveries, then arrival order).
+Ready groups are delivered oldest version first (ties: redeliveries, then arrival order), as
+`rules.select_groups` decides; the drops it decides are counted and returned in `Batch.stale_groups`.
 
 Ownership (`rules.may_act`): a record is updated or finished only by its producer (the
 `client_id` of its `put`) or its lease holder; anything else raises `PermissionError`,
@@ -29,7 +30,7 @@ from typing import Any
 
 from transfer_queue.metadata.base import DROP_CAUSES, FreeHook, GetRequest, MetadataStore, default_consumer_id
 from transfer_queue.records import Batch, QueueStats, SampleMeta
-from transfer_queue.rules import BackPressure, LeaseTable, may_act
+from transfer_queue.rules import BackPressure, Candidate, LeaseTable, may_act, select_groups, staleness
 from transfer_queue.storage.handles import identity
 
 
@@ -159,15 +160,17 @@ class MemoryController(MetadataStore):
         self._check_consumer(req.consumer)
         deadline = None if req.timeout is None else time.monotonic() + req.timeout
         freed: list[dict[str, Any]] = []
+        stale = 0
         with self._cond:
             while True:
                 now = time.monotonic()
                 self._expire(now)
-                picked, full = self._take(req, freed)
+                picked, full, dropped = self._take(req, freed)
+                stale += dropped
                 if full or (deadline is not None and now >= deadline):
                     if not full and not req.allow_partial:
                         picked = []
-                    batch = self._lease(req, picked, now)
+                    batch = self._lease(req, picked, now, stale)
                     break
                 waits = [t - now for t in (deadline, self._leases.next_deadline()) if t is not None]
                 self._cond.wait(max(min(waits), 0.001) if waits else None)
@@ -175,15 +178,14 @@ class MemoryController(MetadataStore):
             self._on_free(freed)
         return batch
 
-    def _take(self, req: GetRequest, freed: list[dict[str, Any]]) -> tuple[list[str], bool]:
-        """Pick ready whole groups oldest first (lowest version; ties in arrival order, redeliveries
-        first), none newer than `max_version`; drop stale ones on the way. Oldest first keeps a group that finished late (a long
-        sample) from being passed over by younger ones until it is too stale."""
+    def _take(self, req: GetRequest, freed: list[dict[str, Any]]) -> tuple[list[str], bool, int]:
+        """Apply `rules.select_groups` to the ready groups (offer order: redeliveries first, then
+        arrival); finish the stale ones (counted `stale`). Returns the records picked, whether the
+        batch is full, and how many groups were dropped as stale."""
         c, avail = req.consumer, self._avail[req.consumer]
-        picked: list[str] = []
-        groups = 0
         gone = []
-        candidates: list[tuple[int, str, list[str]]] = []
+        candidates: dict[str, list[str]] = {}
+        offer: list[Candidate] = []
         for gid in avail:
             if gid not in self._complete:  # freed, or a reused id not yet complete
                 gone.append(gid)
@@ -193,44 +195,35 @@ class MemoryController(MetadataStore):
             if not members:
                 gone.append(gid)
                 continue
-            candidates.append((min(self._records[u].sample.version for u in members), gid, members))
-        for version, gid, members in sorted(candidates, key=lambda x: x[0]):  # stable: arrival order within a version
-            if req.max_version is not None and version > req.max_version:
-                break  # sorted: every later group is newer too
-            first = self._records[members[0]].sample
-            if req.group_size is not None and first.group_size != req.group_size:
-                continue
-            if req.max_staleness is not None:
-                if req.current_version - version > req.max_staleness:  # type: ignore[operator]
-                    gone.append(gid)
-                    self._dropped[c]["stale"] += len(members)
-                    freed.extend(self._finish(c, members))
-                    continue
-            if not all(self._ready(self._records[u].sample, req.fields) for u in members):
-                continue
-            picked.extend(members)
-            groups += 1
-            if req.enough(groups, len(picked)):
-                break
-        for gid in gone:
+            samples = [self._records[u].sample for u in members]
+            candidates[gid] = members
+            offer.append(Candidate(gid, min(s.version for s in samples), len(members), samples[0].group_size,
+                                   all(self._ready(s, req.fields) for s in samples)))
+        sel = select_groups(offer, num_groups=req.num_groups, num_samples=req.num_samples, group_size=req.group_size,
+                            max_staleness=req.max_staleness, current_version=req.current_version,
+                            max_version=req.max_version)
+        for gid in sel.stale:
+            self._dropped[c]["stale"] += len(candidates[gid])
+            freed.extend(self._finish(c, candidates[gid]))
+        for gid in gone + sel.stale:
             avail.pop(gid, None)
-        return picked, req.enough(groups, len(picked))
+        return [u for gid in sel.take for u in candidates[gid]], sel.enough, len(sel.stale)
 
     @staticmethod
     def _ready(s: SampleMeta, fields: list[str] | None) -> bool:
         return s.sealed if fields is None else all(f in s.handles for f in fields)
 
-    def _lease(self, req: GetRequest, picked: list[str], now: float) -> Batch:
+    def _lease(self, req: GetRequest, picked: list[str], now: float, stale: int) -> Batch:
         if not picked:
-            return Batch(req.consumer, "", [], req.current_version)
+            return Batch(req.consumer, "", [], req.current_version, stale_groups=stale)
         lease = self._leases.grant(req.consumer, req.consumer_id, picked, now)
         for u in picked:
             self._avail[req.consumer].pop(self._records[u].sample.group_id, None)
         samples = [self._records[u].sample for u in picked]
         if req.current_version is not None:
-            self._staleness[req.consumer].update(req.current_version - s.version for s in samples)
+            self._staleness[req.consumer].update(staleness(s.version, req.current_version) for s in samples)
         # copies: the caller may be in this process and must not alias the table
-        return Batch(req.consumer, lease.lease_id, [_copy(s) for s in samples], req.current_version)
+        return Batch(req.consumer, lease.lease_id, [_copy(s) for s in samples], req.current_version, stale_groups=stale)
 
     def _expire(self, now: float) -> None:
         for lease in self._leases.expired(now):

@@ -21,8 +21,9 @@ Layout (P = `tq:<run_id>:`):
 Differences from the memory backend (documented, not hidden): a group is published once
 all its records are sealed, so `fields` does not make unsealed records deliverable; acks
 and drops apply to whole groups. Oldest first and `max_version` apply to the entries this
-client has read: an entry it read but did not deliver (newer than `max_version`, or a
-batch that did not fill before its timeout) stays leased to it ("parked", counted as
+client has read (the selection is `rules.select_groups`, as in memory): an entry it read but did
+not deliver (newer than `max_version`, of another `group_size`, or a batch that did not fill before
+its timeout) stays leased to it ("parked", counted as
 leased in `stats`) and is offered first, oldest version first, at its next `get`; another
 consumer gets it only once that lease expires. Scripts touch keys they compute, so a single Redis
 (not Redis Cluster) is assumed. Back-pressure polls: `put` retries every few ms while full.
@@ -61,8 +62,9 @@ import redis
 from transfer_queue.codec import pack
 from transfer_queue.config import TransferQueueConfig
 from transfer_queue.metadata.base import DROP_CAUSES, FreeHook, GetRequest, MetadataStore, default_consumer_id
-from transfer_queue.records import Batch, QueueStats, SampleMeta
+from transfer_queue.records import Batch, QueueStats, SampleMeta, sample_decoder
 from transfer_queue.metadata.redis_scripts import FINISH, LOAD, NACK, PUT, READ, RENEW, UPDATE
+from transfer_queue.rules import Candidate, select_groups, staleness
 from transfer_queue.storage.handles import identity
 
 
@@ -78,7 +80,7 @@ def _memory_ids(handles: Any) -> list[str]:
 
 
 def _sample(blob: bytes) -> SampleMeta:
-    return SampleMeta(**msgpack.unpackb(blob))  # written by `put` of this module, not by a peer
+    return sample_decoder.decode(blob)  # written by `put` of this module, not by a peer
 
 
 def _stream(data: bytes) -> msgpack.Unpacker:
@@ -88,11 +90,29 @@ def _stream(data: bytes) -> msgpack.Unpacker:
     return it
 
 
+def _records(data: bytes) -> list[SampleMeta]:
+    """The concatenated record blobs of a script's reply, each decoded by the typed decoder."""
+    it, out = _stream(data), []
+    start = 0
+    while start < len(data):
+        it.skip()
+        end = it.tell()
+        out.append(sample_decoder.decode(memoryview(data)[start:end]))
+        start = end
+    return out
+
+
 def _entries(data: bytes) -> list[tuple[str, list[SampleMeta]]]:
     """READ's answer: per stream entry its id, its number of records k, then k records."""
-    it, out = _stream(data), []
-    for eid in it:
-        out.append((eid, [SampleMeta(**next(it)) for _ in range(next(it))]))
+    it, out, mv = _stream(data), [], memoryview(data)
+    while it.tell() < len(data):
+        eid, k = it.unpack(), it.unpack()
+        samples = []
+        for _ in range(k):
+            start = it.tell()
+            it.skip()
+            samples.append(sample_decoder.decode(mv[start:it.tell()]))
+        out.append((eid, samples))
     return out
 
 
@@ -135,7 +155,7 @@ class RedisController(MetadataStore):
         for s in samples:
             head += [s.uid, s.group_id, s.group_size, int(s.sealed), ",".join(_memory_ids(s.handles.values()))]
         args = [self.p, self.config.capacity, len(samples), client_id or default_consumer_id(), pack(head),
-                *(pack(s.to_wire()) for s in samples)]
+                *(pack(s) for s in samples)]
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = 0.001
         while self._call(self._put, args) == -1:  # full: back-pressure by polling
@@ -152,13 +172,13 @@ class RedisController(MetadataStore):
             blob, version = self.r.hmget(self.p + f"grp:{gid.decode()}", f"r:{uid}", f"v:{uid}") if gid else (None, None)
             if blob is None:
                 raise KeyError(f"update: no record {uid!r} in the queue")
-            s = SampleMeta.from_wire(msgpack.unpackb(blob))
+            s = sample_decoder.decode(blob)
             old = [s.handles[k] for k in handles if k in s.handles]
             s.handles.update(handles)
             s.meta.update(meta or {})
             s.sealed = s.sealed or seal
             res = self._call(self._update, [
-                self.p, uid, version, pack(s.to_wire()), int(seal), client_id, ",".join(_memory_ids(old)),
+                self.p, uid, version, pack(s), int(seal), client_id, ",".join(_memory_ids(old)),
                 ",".join(_memory_ids(handles.values())), ",".join(_memory_ids(s.handles.values())),
                 *self.consumer_groups])
             if res == -2:
@@ -186,6 +206,7 @@ class RedisController(MetadataStore):
         held: list[tuple[str, list[SampleMeta]]] = []
         parked = self._parked.setdefault(cg, {})
         given: list[Any] = []  # (stream id, group id) pairs a blocking read returned, for READ to load
+        stale = 0  # groups dropped as too stale
         refreshed = not parked  # what this call reads is freshly leased; what it finds parked is refreshed once
         last_refresh = time.monotonic()
         while True:
@@ -203,16 +224,16 @@ class RedisController(MetadataStore):
             for eid, samples in _entries(data):
                 if eid not in taken:
                     parked[eid] = samples
-            for eid, samples in sorted(parked.items(), key=lambda kv: min(s.version for s in kv[1])):  # oldest first
-                version = min(s.version for s in samples)
-                if req.max_staleness is not None and req.current_version - version > req.max_staleness:  # type: ignore[operator]
-                    del parked[eid]
-                    self._settle(cg, [samples[0].uid], "stale", "")
-                    continue
-                if (req.max_version is not None and version > req.max_version) or req.enough(len(held), sum(len(g) for _, g in held)):
-                    break
-                held.append((eid, parked.pop(eid)))
-            if req.enough(len(held), sum(len(g) for _, g in held)):
+            sel = select_groups(
+                [Candidate(eid, min(s.version for s in g), len(g), g[0].group_size) for eid, g in parked.items()],
+                num_groups=req.num_groups, num_samples=req.num_samples, group_size=req.group_size,
+                max_staleness=req.max_staleness, current_version=req.current_version, max_version=req.max_version,
+                held_groups=len(held), held_records=sum(len(g) for _, g in held))
+            if sel.stale:  # one FINISH for all of them (it finishes whole groups by any of their uids)
+                self._settle(cg, [parked.pop(eid)[0].uid for eid in sel.stale], "stale", "")
+                stale += len(sel.stale)
+            held += [(eid, parked.pop(eid)) for eid in sel.take]
+            if sel.enough:
                 break
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
@@ -235,11 +256,11 @@ class RedisController(MetadataStore):
         samples = [s for _, g in held for s in g]
         if req.current_version is not None and samples:
             pipe = self.r.pipeline(transaction=False)
-            for staleness, n in Counter(req.current_version - s.version for s in samples).items():
-                pipe.hincrby(self.p + f"hist:{cg}", str(staleness), n)
+            for age, n in Counter(staleness(s.version, req.current_version) for s in samples).items():
+                pipe.hincrby(self.p + f"hist:{cg}", str(age), n)
             pipe.execute()
         lease = f"{me}|{','.join(e for e, _ in held)}" if held else ""
-        return Batch(cg, lease, samples, req.current_version)
+        return Batch(cg, lease, samples, req.current_version, stale_groups=stale)
 
     def _load(self, entries: list[tuple[bytes, dict]]) -> list[list[SampleMeta]]:
         if not entries:
@@ -266,7 +287,7 @@ class RedisController(MetadataStore):
             raise PermissionError(f"{what} of {out[1].decode()!r} for {consumer!r}: client {client_id!r} is neither "
                                   "the producer nor the lease holder")
         if out[1]:  # the records freed that held memory
-            self.on_free([h for d in _stream(out[1]) for h in SampleMeta(**d).handles.values()])
+            self.on_free([h for s in _records(out[1]) for h in s.handles.values()])
         return int(out[0])
 
     def nack(self, consumer: str, lease_id: str, uids: list[str], client_id: str = "") -> int:

@@ -27,7 +27,11 @@ import numpy as np
 import zmq
 
 from transfer_queue import auth
-from transfer_queue.codec import WireError, pack, unpack
+from transfer_queue.codec import WireError, decode, decoder, pack
+from transfer_queue.storage.handles import U63
+
+_frees = decoder(list[tuple[U63, U63, U63]])
+"""A free message: [[offset, nbytes, slot], ...]."""
 
 ALIGN = 256
 
@@ -111,10 +115,7 @@ class FreeEndpoint:
             if not sock.poll(100):
                 continue
             try:
-                msg = unpack(sock.recv(), 1 << 24)
-                if not isinstance(msg, list) or not all(
-                        isinstance(e, list) and len(e) == 3 and all(type(x) is int and x >= 0 for x in e) for e in msg):
-                    raise WireError("free: expected a list of [offset, nbytes, slot]")
+                msg = decode(_frees, sock.recv(), 1 << 24, "free: expected a list of [offset, nbytes, slot]")
             except WireError:
                 self.rejected += 1
                 continue

@@ -1,10 +1,10 @@
 """Data planes: where tensor bytes live between `put` and `fetch`.
 
-A plane writes each tensor field once and returns a *handle*: a small msgpack map that
-the controller stores and hands to consumers. Every handle carries
-    {"plane": <kind>, "dtype": <tag>, "shape": [...], "nbytes": <int>, ...plane fields}
-so any process holding a handle can read or free it with a plane of the same kind.
-Tensors of at most `inline_max_bytes` travel inside the handle (`plane: "inline"`) and
+A plane writes each tensor field once and returns a *handle*: a small typed Struct
+(`storage.handles`, tagged by `plane`) that the controller stores and hands to consumers.
+Every handle carries `dtype`, `shape`, `nbytes` and its plane's fields, so any process
+holding a handle can read or free it with a plane of the same kind.
+Tensors of at most `inline_max_bytes` travel inside the handle (`InlineHandle`) and
 never touch the plane: small per-record fields (a reward, a few token ids) cost no
 segment, socket round trip or registration.
 
@@ -19,10 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from transfer_queue.codec import WireError, check_header, from_buffer, tensor_header, to_numpy
-from transfer_queue.storage.handles import check_handle
-
-Handle = dict[str, Any]
+from transfer_queue.codec import from_buffer, to_numpy
+from transfer_queue.storage.handles import Handle, InlineHandle, as_handle, check_handle
 
 
 class StoragePlane(ABC):
@@ -43,8 +41,9 @@ class StoragePlane(ABC):
         """`queue.max_frame_bytes`: limit of this plane's control sockets (free endpoints)."""
 
     def check(self, h: Any) -> Handle:
-        """`h` if it is a well-formed handle of this plane (or inline) that `verify` accepts; else WireError."""
-        self.verify(check_handle(h, self.kind, self.max_tensor_bytes))
+        """`h` (typed) if it is a well-formed handle of this plane (or inline) that `verify` accepts; else WireError."""
+        h = check_handle(h, self.kind, self.max_tensor_bytes)
+        self.verify(h)
         return h
 
     def verify(self, h: Handle) -> None:
@@ -68,11 +67,11 @@ class StoragePlane(ABC):
     def read(self, handles: list[Handle]) -> list[np.ndarray]:
         """Arrays for `handles`, in order; views of plane memory where possible."""
         out: list[np.ndarray | None] = [None] * len(handles)
+        handles = [check_handle(h, self.kind, self.max_tensor_bytes) for h in handles]
         remote = []
         for i, h in enumerate(handles):
-            check_handle(h, self.kind, self.max_tensor_bytes)
-            if h["plane"] == "inline":
-                out[i] = from_buffer(h, h["data"], self.max_tensor_bytes)
+            if isinstance(h, InlineHandle):
+                out[i] = from_buffer(h, h.data, self.max_tensor_bytes)
             else:
                 remote.append(i)
         if remote:
@@ -83,7 +82,7 @@ class StoragePlane(ABC):
 
     def free(self, handles: list[Handle]) -> None:
         """Release the memory behind `handles` (any process may call it)."""
-        mine = [h for h in handles if h.get("plane") == self.kind]
+        mine = [h for h in map(as_handle, handles) if h.plane == self.kind]
         if mine:
             self._free(mine)
 
@@ -105,14 +104,15 @@ class StoragePlane(ABC):
 
 
 def inline_bytes(handles: dict[str, Handle]) -> int:
-    """Tensor bytes carried inside `handles` themselves (`plane: "inline"`): bytes that travel
+    """Tensor bytes carried inside `handles` themselves (`InlineHandle`): bytes that travel
     with the metadata to whoever holds it."""
-    return sum(int(h.get("nbytes", 0)) for h in handles.values() if h.get("plane") == "inline")
+    return sum(h.nbytes for h in handles.values() if isinstance(h, InlineHandle))
 
 
 def _inline(arr: np.ndarray, tag: str) -> Handle:
-    return {"plane": "inline", **tensor_header(arr, tag), "data": arr.tobytes()}
+    return InlineHandle(dtype=tag, shape=list(arr.shape), nbytes=int(arr.nbytes), data=arr.tobytes())
 
 
-def handle_of(kind: str, arr: np.ndarray, tag: str, **where: Any) -> Handle:
-    return {"plane": kind, **tensor_header(arr, tag), **where}
+def handle_of(cls: type, arr: np.ndarray, tag: str, **where: Any) -> Any:
+    """A handle of plane class `cls` for `arr` (dtype tag `tag`) at `where` (the plane's fields)."""
+    return cls(dtype=tag, shape=list(arr.shape), nbytes=int(arr.nbytes), **where)

@@ -1,77 +1,160 @@
-"""Typed handles: the exact fields of each plane's handle, checked before a handle is trusted.
+"""Typed handles: one msgspec Struct per plane, tagged by `plane`, checked before a handle is trusted.
 
-A handle arrives from a peer (a producer's `put`, a consumer's `ack`), so the controller
-checks it with `check_handle` before storing it: the plane must be `inline` or the run's
-plane, the field set must be exactly that plane's, every field must have its type and
-range, and the tensor header must be consistent. `identity` names the memory a handle
-refers to, so the controller can refuse a second live record that points at memory a
-first one already holds (a forged or replayed handle).
+A handle tells a data plane where the bytes of one tensor field are. It is a msgpack map on the
+wire, `{"plane": <kind>, "dtype", "shape", "nbytes", ...plane fields}`, decoded by msgspec into
+exactly one of `InlineHandle`, `LocalHandle`, `ShmHandle`, `ZmqHandle`, `NixlHandle` (the tagged
+union `Handle`): the decoder refuses unknown planes, unknown or missing fields, wrong types and
+out-of-range numbers. `check_handle` adds what a type cannot say: the plane must be `inline` or
+the run's plane, an `shm` arena slot carries all of `offset`/`slot`/`free` or none, and the tensor
+header must be consistent. `identity` names the memory a handle refers to, so the controller can
+refuse a second live record that points at memory a first one already holds (a forged or replayed
+handle).
 
 Whether the memory was really allocated by that plane's producer is checked where the
 memory lives: a storage unit or arena releases only allocations it made itself
 (`arena.Arena.release`, `zmq.ZmqStorageUnit`), and `StoragePlane.verify` checks what the
 controller's process can see (an `shm` file exists, has that size, belongs to the run).
+
+A handle reads like a read-only map too (`h["nbytes"]`, `h.get("free")`, `dict(h)`), so code
+that only inspects a field need not know the plane's class.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Iterator, Literal, Union
 
-from transfer_queue.codec import WireError, check_header
+import msgspec
 
-_HEADER = {"plane": str, "dtype": str, "shape": list, "nbytes": int}
+from transfer_queue.codec import DTYPES, WireError, check_header
+
 _U63 = (1 << 63) - 1
-# plane -> field -> type (beyond the header); `None` marks optional groups below
-FIELDS: dict[str, dict[str, type]] = {
-    "inline": {"data": bytes},
-    "local": {"key": str},
-    "shm": {"path": str},
-    "shm-arena": {"path": str, "offset": int, "free": str, "slot": int},
-    "zmq": {"address": str, "key": str},
-    "nixl": {"agent": str, "md": bytes, "descs": bytes, "addr": int, "offset": int, "free": str, "slot": int},
-}
+U63 = Annotated[int, msgspec.Meta(ge=0, le=_U63)]
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+Address = Annotated[str, msgspec.Meta(pattern="^tcp://", max_length=4096)]
+Dtype = Literal[tuple(DTYPES)]  # type: ignore[valid-type]
+Shape = Annotated[list[Annotated[int, msgspec.Meta(ge=0, le=_U63)]], msgspec.Meta(max_length=16)]
 
 
-def _variant(h: dict[str, Any]) -> str:
-    plane = h.get("plane")
-    if plane == "shm" and "offset" in h:
-        return "shm-arena"
-    return str(plane)
+class _HandleBase(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True,
+                  tag_field="plane"):
+    """The tensor header every handle carries: dtype tag, shape, byte count (consistent: `check_handle`)."""
+
+    dtype: Dtype
+    shape: Shape
+    nbytes: U63
+
+    @property
+    def plane(self) -> str:
+        return self.__struct_config__.tag  # type: ignore[return-value]
+
+    # read-only map view: `h["key"]`, `h.get(...)`, `dict(h)`, `{**h}`
+    def keys(self) -> list[str]:
+        return ["plane", *(f for f in self.__struct_fields__ if getattr(self, f) is not None)]
+
+    def __getitem__(self, k: str) -> Any:
+        if k == "plane":
+            return self.plane
+        v = getattr(self, k, None) if k in self.__struct_fields__ else None
+        if v is None:
+            raise KeyError(k)
+        return v
+
+    def get(self, k: str, default: Any = None) -> Any:
+        try:
+            return self[k]
+        except KeyError:
+            return default
+
+    def __contains__(self, k: object) -> bool:
+        return k in self.keys()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
 
 
-def check_handle(h: Any, plane: str, max_tensor_bytes: int) -> dict[str, Any]:
-    """`h` if it is a well-formed handle of `plane` (or inline); WireError naming what is wrong."""
-    if not isinstance(h, dict):
-        raise WireError(f"handle: expected a map, got {type(h).__name__}")
-    if h.get("plane") not in ("inline", plane):
-        raise WireError(f"handle of plane {h.get('plane')!r}: this queue's plane is {plane!r} (queue.storage)")
-    spec = {**_HEADER, **FIELDS[_variant(h)]}
-    if set(h) != set(spec):
-        raise WireError(f"{h['plane']} handle: fields {sorted(h)} are not {sorted(spec)}")
-    for k, t in spec.items():
-        v = h[k]
-        if not isinstance(v, t) or (isinstance(v, bool) and t is not bool):
-            raise WireError(f"{h['plane']} handle: {k!r} has type {type(v).__name__}")
-        if t is int and not 0 <= v <= _U63:
-            raise WireError(f"{h['plane']} handle: {k!r}={v} out of range")
-        if t is str and not 0 < len(v) <= 4096:
-            raise WireError(f"{h['plane']} handle: {k!r} is empty or too long")
-    for k in ("address", "free"):
-        if k in h and not h[k].startswith("tcp://"):
-            raise WireError(f"{h['plane']} handle: {k!r}={h[k]!r} is not a tcp:// address")
+class InlineHandle(_HandleBase, frozen=True, tag="inline"):
+    """The tensor itself (at most `queue.inline_max_bytes`): no plane memory behind it."""
+
+    data: bytes
+
+
+class LocalHandle(_HandleBase, frozen=True, tag="local"):
+    """A key of one process's `LocalStorage` (meaningless elsewhere)."""
+
+    key: Name
+
+
+class ShmHandle(_HandleBase, frozen=True, tag="shm"):
+    """A tmpfs file (`path` alone), or a slot of a producer's arena file (`offset`, `slot`, `free`:
+    all three or none)."""
+
+    path: Name
+    offset: U63 | None = None
+    slot: U63 | None = None
+    """Random number of the allocation; the arena releases only the exact (offset, nbytes, slot)."""
+    free: Address | None = None
+    """The producer's free endpoint."""
+
+    @property
+    def in_arena(self) -> bool:
+        return self.offset is not None
+
+
+class ZmqHandle(_HandleBase, frozen=True, tag="zmq"):
+    """A key held by the storage unit at `address`."""
+
+    address: Address
+    key: Name
+
+
+class NixlHandle(_HandleBase, frozen=True, tag="nixl"):
+    """A slot of a producer's NIXL-registered arena: what a consumer needs to READ it."""
+
+    agent: Name
+    md: bytes
+    """The producer agent's metadata (added as a remote agent once)."""
+    descs: bytes
+    addr: U63
+    offset: U63
+    free: Address
+    slot: U63
+
+
+Handle = Union[InlineHandle, LocalHandle, ShmHandle, ZmqHandle, NixlHandle]
+
+
+def as_handle(h: Any) -> Handle:
+    """`h` as a typed handle: a Struct as is, a map (a test, a caller's dict) decoded by the same rules."""
+    if isinstance(h, _HandleBase):
+        return h  # type: ignore[return-value]
+    try:
+        return msgspec.convert(h, Handle)  # type: ignore[arg-type]
+    except msgspec.ValidationError as e:
+        raise WireError(f"handle: {e}") from None
+
+
+def check_handle(h: Any, plane: str, max_tensor_bytes: int) -> Handle:
+    """`h` (typed) if it is a well-formed handle of `plane` (or inline); WireError naming what is wrong."""
+    h = as_handle(h)
+    if h.plane not in ("inline", plane):
+        raise WireError(f"handle of plane {h.plane!r}: this queue's plane is {plane!r} (queue.storage)")
+    if isinstance(h, ShmHandle) and ((h.offset is None) != (h.slot is None) or (h.offset is None) != (h.free is None)):
+        raise WireError(f"shm handle: offset, slot and free come together (fields {h.keys()})")
     _, _, n = check_header(h, max_tensor_bytes)
-    if h["plane"] == "inline" and len(h["data"]) != n:
-        raise WireError(f"inline handle: {len(h['data'])} data bytes, header says {n}")
+    if isinstance(h, InlineHandle) and len(h.data) != n:
+        raise WireError(f"inline handle: {len(h.data)} data bytes, header says {n}")
     return h
 
 
-def identity(h: dict[str, Any]) -> tuple[Any, ...] | None:
+def identity(h: Handle) -> tuple[Any, ...] | None:
     """What memory `h` refers to (None for inline handles, which refer to none)."""
-    v = _variant(h)
-    if v == "inline":
+    h = as_handle(h)
+    if isinstance(h, InlineHandle):
         return None
-    if v in ("shm-arena", "nixl"):
-        return (v, h["free"], h["offset"])
-    if v == "zmq":
-        return (v, h["address"], h["key"])
-    return (v, h.get("path") or h.get("key"))
+    if isinstance(h, NixlHandle):
+        return ("nixl", h.free, h.offset)
+    if isinstance(h, ShmHandle):
+        return ("shm-arena", h.free, h.offset) if h.offset is not None else ("shm", h.path)
+    if isinstance(h, ZmqHandle):
+        return ("zmq", h.address, h.key)
+    return ("local", h.key)  # type: ignore[union-attr]

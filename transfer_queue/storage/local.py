@@ -12,7 +12,8 @@ import threading
 
 import numpy as np
 
-from transfer_queue.storage.base import Handle, StoragePlane, handle_of
+from transfer_queue.storage.base import StoragePlane, handle_of
+from transfer_queue.storage.handles import Handle, LocalHandle
 
 
 class LocalStorage(StoragePlane):
@@ -30,17 +31,17 @@ class LocalStorage(StoragePlane):
             for name, (arr, tag) in arrays.items():
                 key = f"{next(self._ids)}"
                 self._data[key] = arr.copy()
-                out[name] = handle_of(self.kind, arr, tag, key=key)
+                out[name] = handle_of(LocalHandle, arr, tag, key=key)
         return out
 
     def _read(self, handles: list[Handle]) -> list[np.ndarray]:
         with self._lock:
-            return [self._data[h["key"]] for h in handles]
+            return [self._data[h.key] for h in handles]
 
     def _free(self, handles: list[Handle]) -> None:
         with self._lock:
             for h in handles:
-                self._data.pop(h["key"], None)
+                self._data.pop(h.key, None)
 
     @property
     def nbytes(self) -> int:

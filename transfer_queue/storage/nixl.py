@@ -26,7 +26,8 @@ import numpy as np
 
 from transfer_queue.codec import check_header
 from transfer_queue.storage.arena import Arena, FreeEndpoint, FreeSender, aligned
-from transfer_queue.storage.base import Handle, StoragePlane, handle_of
+from transfer_queue.storage.base import StoragePlane, handle_of
+from transfer_queue.storage.handles import Handle, NixlHandle
 
 
 def _nixl_api():
@@ -82,7 +83,7 @@ class NixlStorage(StoragePlane):
             addr = arena.buf.ctypes.data + off
             with self._lock:
                 descs = self._agent.get_serialized_descs(self._agent.get_xfer_descs([(addr, arr.nbytes, 0)], "DRAM"))
-            out[name] = handle_of(self.kind, arr, tag, agent=self.name, md=self._meta, descs=descs, addr=addr,
+            out[name] = handle_of(NixlHandle, arr, tag, agent=self.name, md=self._meta, descs=descs, addr=addr,
                                   offset=off, slot=slot, free=self._endpoint.address)  # type: ignore[union-attr]
         return out
 
@@ -96,13 +97,13 @@ class NixlStorage(StoragePlane):
             reg = agent.register_memory(agent.get_reg_descs([(base, len(dst), 0, "")], "DRAM"))
             try:
                 xfers = []
-                for peer in dict.fromkeys(str(h.get("agent")) for h in handles):
-                    idx = [i for i, h in enumerate(handles) if h.get("agent") == peer]
+                for peer in dict.fromkeys(h.agent for h in handles):
+                    idx = [i for i, h in enumerate(handles) if h.agent == peer]
                     if peer not in self._peers:
-                        agent.add_remote_agent(handles[idx[0]]["md"])
+                        agent.add_remote_agent(handles[idx[0]].md)
                         self._peers.add(peer)
                     local = agent.get_xfer_descs([(base + int(offs[i]), sizes[i], 0) for i in idx], "DRAM")
-                    remote = agent.get_xfer_descs([(int(handles[i]["addr"]), sizes[i], 0) for i in idx], "DRAM")
+                    remote = agent.get_xfer_descs([(handles[i].addr, sizes[i], 0) for i in idx], "DRAM")
                     x = agent.initialize_xfer("READ", local, remote, peer, b"")
                     if agent.transfer(x) == "ERR":
                         raise RuntimeError(f"nixl READ from {peer} failed to start")
@@ -124,7 +125,7 @@ class NixlStorage(StoragePlane):
     def _free(self, handles: list[Handle]) -> None:
         slots: dict[str, list[list[int]]] = {}
         for h in handles:
-            slots.setdefault(str(h.get("free")), []).append([int(h["offset"]), int(h["nbytes"]), int(h["slot"])])
+            slots.setdefault(h.free, []).append([h.offset, h.nbytes, h.slot])
         self._sender.send(slots)
 
     def arena_used(self) -> int:

@@ -34,7 +34,8 @@ import numpy as np
 
 from transfer_queue.codec import WireError, check_header
 from transfer_queue.storage.arena import Arena, FreeEndpoint, FreeSender
-from transfer_queue.storage.base import Handle, StoragePlane, handle_of
+from transfer_queue.storage.base import StoragePlane, handle_of
+from transfer_queue.storage.handles import Handle, ShmHandle
 
 
 class ShmStorage(StoragePlane):
@@ -84,7 +85,7 @@ class ShmStorage(StoragePlane):
                 arena = self._producer_arena()
                 off, slot = arena.alloc(arr.nbytes, self.timeout_s)
                 np.copyto(arena.buf[off:off + arr.nbytes], src)
-                out[name] = handle_of(self.kind, arr, tag, path=self._arena_path, offset=off, slot=slot,
+                out[name] = handle_of(ShmHandle, arr, tag, path=self._arena_path, offset=off, slot=slot,
                                       free=self._endpoint.address)  # type: ignore[union-attr]
                 continue
             path = os.path.join(self.dir, f"{self.prefix}{next(self._ids)}")
@@ -93,7 +94,7 @@ class ShmStorage(StoragePlane):
             np.copyto(dst, src)
             del dst
             mm.close()
-            out[name] = handle_of(self.kind, arr, tag, path=path)
+            out[name] = handle_of(ShmHandle, arr, tag, path=path)
         return out
 
     def _read(self, handles: list[Handle]) -> list[np.ndarray]:
@@ -101,10 +102,8 @@ class ShmStorage(StoragePlane):
         for h in handles:
             path = self._path(h)
             dt, shape, n = check_header(h, self.max_tensor_bytes)
-            off = h.get("offset", 0)
-            if not isinstance(off, int) or off < 0:
-                raise WireError(f"shm handle: bad offset {off!r}")
-            mm = self._map(path) if "offset" in h else self._map_once(path)
+            off = h.offset or 0
+            mm = self._map(path) if h.offset is not None else self._map_once(path)
             if off + n > len(mm):
                 raise WireError(f"shm handle: {off}+{n} bytes outside {path} ({len(mm)} bytes)")
             out.append(np.frombuffer(mm, dtype=dt, count=n // dt.itemsize, offset=off).reshape(shape))
@@ -127,7 +126,7 @@ class ShmStorage(StoragePlane):
     def verify(self, h: Handle) -> None:
         """The file exists under `shm_dir` with this run's prefix, is a regular file of ours, and
         holds the bytes the handle names (the whole file, or the slot inside the arena)."""
-        if h["plane"] == "inline":
+        if h.plane == "inline":
             return
         path = self._path(h)
         if not os.path.basename(path).startswith(self.run_prefix):
@@ -138,17 +137,17 @@ class ShmStorage(StoragePlane):
             raise WireError(f"shm handle path {path!r} does not exist") from None
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
             raise WireError(f"shm handle path {path!r} is not a regular file of this user")
-        if "offset" in h:
-            if not path.endswith("-arena") or h["offset"] + h["nbytes"] > st.st_size:
-                raise WireError(f"shm handle: slot {h['offset']}+{h['nbytes']} is outside arena {path!r}")
-        elif path.endswith("-arena") or st.st_size != h["nbytes"]:
-            raise WireError(f"shm handle: {path!r} has {st.st_size} bytes, handle says {h['nbytes']}")
+        if h.offset is not None:
+            if not path.endswith("-arena") or h.offset + h.nbytes > st.st_size:
+                raise WireError(f"shm handle: slot {h.offset}+{h.nbytes} is outside arena {path!r}")
+        elif path.endswith("-arena") or st.st_size != h.nbytes:
+            raise WireError(f"shm handle: {path!r} has {st.st_size} bytes, handle says {h.nbytes}")
 
     def _free(self, handles: list[Handle]) -> None:
         slots: dict[str, list[list[int]]] = {}
         for h in handles:
-            if "offset" in h:
-                slots.setdefault(str(h.get("free")), []).append([int(h["offset"]), int(h["nbytes"]), int(h["slot"])])
+            if h.offset is not None:
+                slots.setdefault(h.free, []).append([h.offset, h.nbytes, h.slot])
                 continue
             if self._path(h).endswith("-arena"):
                 continue  # an arena is removed by its producer only
@@ -160,8 +159,8 @@ class ShmStorage(StoragePlane):
             self._sender.send(slots)
 
     def _path(self, h: Handle) -> str:
-        path = h.get("path")
-        if not isinstance(path, str) or os.path.dirname(path) != self.dir or not os.path.basename(path).startswith("tq-"):
+        path = h.path
+        if os.path.dirname(path) != self.dir or not os.path.basename(path).startswith("tq-"):
             raise WireError(f"shm handle path {path!r} is outside {self.dir}/tq-*")
         return path
 

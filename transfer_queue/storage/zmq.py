@@ -7,8 +7,8 @@ use: it sends tensors as separate frames without copying them (ZeroMQ copies fra
 below its `COPY_THRESHOLD`, 64 KiB, anyway) and returns arrays that are views of the
 received frames.
 
-Wire (after the ROUTER identity): [msgpack header, data frame, ...]; header
-`{"op": "put"|"get"|"free"|"stats", "keys": [...]}`. Anything else (garbage, truncated,
+Wire (after the ROUTER identity): [msgpack header, data frame, ...]; header `UnitRequest`
+`{"op": "put"|"get"|"free"|"stats", "keys": [...]}`, reply `UnitReply`. Anything else (garbage, truncated,
 too many or too big frames) is rejected, counted in `rejected`, and answered with an error.
 The unit holds each key once: a `put` under a key it already holds is refused (nobody
 overwrites a record's bytes), and a `free` of a key it does not hold frees nothing and is
@@ -21,16 +21,42 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import msgspec
 import numpy as np
 import zmq
 
 from transfer_queue import auth
-from transfer_queue.codec import WireError, from_buffer, pack, unpack
-from transfer_queue.storage.base import Handle, StoragePlane, handle_of
+from transfer_queue.codec import WireError, decode, decoder, from_buffer, pack
+from transfer_queue.storage.base import StoragePlane, handle_of
+from transfer_queue.storage.handles import Handle, ZmqHandle
 
-_OPS = ("put", "get", "free", "stats")
+
+
+class UnitRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """The header of a storage-unit request; data frames (one per key, `put` only) follow it."""
+
+    op: Literal["put", "get", "free", "stats"]
+    keys: list[Annotated[str, msgspec.Meta(min_length=1, max_length=256)]] = []
+    """Keys of this request: unique, at most the unit's `max_keys`."""
+
+
+class UnitReply(msgspec.Struct, omit_defaults=True):
+    """A storage unit's answer (`get`: the data frames follow it; `stats`: the counters)."""
+
+    ok: bool
+    error: str = ""
+    count: int = 0
+    nbytes: int = 0
+    rejected: int = 0
+    auth_refused: int = 0
+    handshake_failed: int = 0
+
+
+_requests = decoder(UnitRequest)
+_replies = decoder(UnitReply)
+_OK = pack(UnitReply(True))
 
 
 class ZmqStorageUnit:
@@ -72,7 +98,7 @@ class ZmqStorageUnit:
                 reply = self._handle(rest)
             except WireError as e:
                 self.rejected += 1
-                reply = [pack({"ok": False, "error": str(e)})]
+                reply = [pack(UnitReply(False, str(e)))]
             if reply is not None:
                 self._sock.send_multipart([ident, *reply], copy=False)
         self._sock.close(0)
@@ -82,18 +108,13 @@ class ZmqStorageUnit:
     def _handle(self, frames: list[zmq.Frame]) -> list[Any] | None:
         if not frames:
             raise WireError("empty message")
-        req = unpack(frames[0].buffer, self.max_message_bytes)
-        if not isinstance(req, dict) or req.get("op") not in _OPS:
-            raise WireError("header must be a map with op in put/get/free/stats")
-        if set(req) - {"op", "keys"}:
-            raise WireError(f"header: unknown fields {sorted(set(req) - {'op', 'keys'})}")
-        keys = req.get("keys", [])
-        if not isinstance(keys, list) or len(keys) > self.max_keys or not all(
-                isinstance(k, str) and 0 < len(k) <= 256 for k in keys):
+        req = decode(_requests, frames[0].buffer, self.max_message_bytes, "storage unit header")
+        keys = req.keys
+        if len(keys) > self.max_keys:
             raise WireError(f"keys must be a list of at most {self.max_keys} non-empty strings of <= 256 chars")
         if len(set(keys)) != len(keys):
             raise WireError("keys: duplicates in one request")
-        op, data = req["op"], frames[1:]
+        op, data = req.op, frames[1:]
         if op != "put" and data:
             raise WireError(f"{op}: {len(data)} unexpected data frames")
         if op == "put":
@@ -103,12 +124,12 @@ class ZmqStorageUnit:
             if taken:
                 raise WireError(f"put: keys {taken[:3]} are already held (a key is written once)")
             self._frames.update(zip(keys, data))
-            return [pack({"ok": True})]
+            return [_OK]
         if op == "get":
             missing = [k for k in keys if k not in self._frames]
             if missing:
                 raise WireError(f"get: unknown keys {missing[:3]}")
-            return [pack({"ok": True}), *[self._frames[k] for k in keys]]
+            return [_OK, *[self._frames[k] for k in keys]]
         if op == "free":
             unknown = [k for k in keys if k not in self._frames]
             for k in keys:
@@ -116,8 +137,8 @@ class ZmqStorageUnit:
             if unknown:  # counted, never answered: frees are one-way
                 self.rejected += 1
             return None
-        return [pack({"ok": True, "count": len(self._frames), "nbytes": self.nbytes, "rejected": self.rejected,
-                      "auth_refused": self.gate.refused, "handshake_failed": self.gate.handshake_failed})]
+        return [pack(UnitReply(True, count=len(self._frames), nbytes=self.nbytes, rejected=self.rejected,
+                               auth_refused=self.gate.refused, handshake_failed=self.gate.handshake_failed))]
 
     def close(self) -> None:
         self._stop.set()
@@ -162,30 +183,30 @@ class ZmqStorage(StoragePlane):
             self._socks.append(s)
         return socks[address]
 
-    def _call(self, address: str, header: dict[str, Any], data: list[Any]) -> tuple[dict, list[zmq.Frame]]:
+    def _call(self, address: str, header: UnitRequest, data: list[Any]) -> tuple[UnitReply, list[zmq.Frame]]:
         s = self._sock(address)
         s.send_multipart([pack(header), *data], copy=False)
         if not s.poll(self._timeout_ms):
-            raise TimeoutError(f"zmq storage unit {address} did not answer {header['op']}")
+            raise TimeoutError(f"zmq storage unit {address} did not answer {header.op}")
         frames = s.recv_multipart(copy=False)
-        rep = unpack(frames[0].buffer, 1 << 20)
-        if not rep.get("ok"):
-            raise WireError(f"zmq storage unit {address}: {rep.get('error')}")
+        rep = decode(_replies, frames[0].buffer, 1 << 20, "storage unit reply")
+        if not rep.ok:
+            raise WireError(f"zmq storage unit {address}: {rep.error}")
         return rep, frames[1:]
 
     def _write(self, uid: str, arrays: dict[str, tuple[np.ndarray, str]]) -> dict[str, Handle]:
         keys = {name: f"{self._prefix}{next(self._ids)}" for name in arrays}
         address = self.address()
-        self._call(address, {"op": "put", "keys": list(keys.values())}, [a for a, _ in arrays.values()])
-        return {n: handle_of(self.kind, a, t, address=address, key=keys[n]) for n, (a, t) in arrays.items()}
+        self._call(address, UnitRequest("put", list(keys.values())), [a for a, _ in arrays.values()])
+        return {n: handle_of(ZmqHandle, a, t, address=address, key=keys[n]) for n, (a, t) in arrays.items()}
 
     def _read(self, handles: list[Handle]) -> list[np.ndarray]:
         out: list[np.ndarray | None] = [None] * len(handles)
         by_addr: dict[str, list[int]] = {}
         for i, h in enumerate(handles):
-            by_addr.setdefault(str(h.get("address")), []).append(i)
+            by_addr.setdefault(h.address, []).append(i)
         for addr, idx in by_addr.items():
-            _, frames = self._call(addr, {"op": "get", "keys": [handles[i]["key"] for i in idx]}, [])
+            _, frames = self._call(addr, UnitRequest("get", [handles[i].key for i in idx]), [])
             for i, f in zip(idx, frames):
                 out[i] = from_buffer(handles[i], f.buffer, self.max_tensor_bytes)
         return out  # type: ignore[return-value]
@@ -193,13 +214,13 @@ class ZmqStorage(StoragePlane):
     def _free(self, handles: list[Handle]) -> None:
         by_addr: dict[str, list[str]] = {}
         for h in handles:
-            by_addr.setdefault(str(h.get("address")), []).append(h["key"])
+            by_addr.setdefault(h.address, []).append(h.key)
         for addr, keys in by_addr.items():
-            self._sock(addr).send_multipart([pack({"op": "free", "keys": keys})])
+            self._sock(addr).send_multipart([pack(UnitRequest("free", keys))])
 
     def unit_stats(self, address: str | None = None) -> dict[str, Any]:
         """`count`, `nbytes` and `rejected` of a storage unit."""
-        return self._call(address or self.address(), {"op": "stats"}, [])[0]
+        return msgspec.structs.asdict(self._call(address or self.address(), UnitRequest("stats"), [])[0])
 
     def close(self) -> None:
         for s in self._socks:
