@@ -10,7 +10,9 @@ that `transformers` (`from_pretrained`) and vLLM load: `config.json`, `model.saf
 Boundary: the run's resolved `config.yaml` says which model the run started from
 (`model.path`, or the demo model built under `model.cache_dir`); that folder supplies the
 architecture and tokenizer, the checkpoint supplies every weight. Only the model entries
-of the checkpoint are read (not the optimizer state). Nothing about the run is changed.
+of the checkpoint are read (not the optimizer state). A LoRA run (`model.lora_rank` > 0) is
+written merged: plain weights under the base model's names (W + lora_alpha / lora_rank * B @ A),
+no adapter files. Nothing about the run is changed.
 
     asyncrl export runs/fully_async-20250101-120000 exported/       # newest checkpoint
     asyncrl export runs/r --step 20 --dtype bfloat16 exported/
@@ -88,6 +90,20 @@ def run_model(run_dir: Path) -> tuple[str, str]:
     return path, cfg.model.dtype
 
 
+def merged_lora(weights: dict[str, "object"], run_dir: Path) -> dict[str, "object"]:
+    """The checkpoint's weights under the base model's names: a LoRA run's adapters merged in (`trainer.lora`)."""
+    from asyncrl.trainer.lora import is_adapter_key, merge_state_dict
+
+    if not any(is_adapter_key(k) for k in weights):
+        return weights
+    from asyncrl.config import load
+
+    model = load(str(run_dir / "config.yaml")).model
+    if not model.lora_rank:
+        raise ExportError(f"{run_dir}: the checkpoint holds LoRA adapters but config.yaml has model.lora_rank=0")
+    return merge_state_dict(weights, model.lora_alpha / model.lora_rank)  # type: ignore[arg-type]
+
+
 def export(run_dir: str | Path, out: str | Path, *, step: int | None = None, dtype: str | None = None) -> Path:
     """Write the HF folder `out` from a checkpoint of `run_dir`; returns `out`. `dtype` None: the run's `model.dtype`."""
     import torch
@@ -104,6 +120,7 @@ def export(run_dir: str | Path, out: str | Path, *, step: int | None = None, dty
     if dtype not in DTYPES:
         raise ExportError(f"--dtype: must be one of {', '.join(DTYPES)}, got {dtype!r}")
     weights = load_policy_weights(ckpt / "trainer")
+    weights = merged_lora(weights, run_dir)
 
     config = AutoConfig.from_pretrained(model_path)
     with torch.device("meta"):

@@ -13,8 +13,16 @@ freed through `discard`), so a broken reward function shows up in the metrics in
 silently training on zeros. With `filter_groups` (DAPO dynamic sampling,
 `algorithm.filter_groups`) a group whose rewards are all equal carries no advantage signal
 and is dropped the same way, counted as `dropped["filtered"]`; its place under the admission
-rule is freed, so a new group is started and the batch is refilled. An exception inside a
+rule is freed, so a new group is started and the batch is refilled. A task the policy always
+solves (or always fails) would refill forever: `filter_groups_max_batches` batches' worth of
+groups filtered in a row (`algorithm.filter_groups_max_batches` x the batch's groups) raise
+`EndlessFiltering`, which stops the run; a queued group resets the count. With `shaping`
+(`OverlongShaping`, `agent.overlong_buffer_len`) each queued record's reward is shaped after the
+filter, which compares the unshaped scores (DAPO filters on accuracy). An exception inside a
 sample stops the run loudly (errors propagate through `run`).
+
+Trace (filter on, 2 groups per batch, max 2 batches -> limit 4): filtered, filtered, filtered,
+queued (count back to 0), filtered x 4 -> `EndlessFiltering` at the fourth, counted as dropped.
 """
 
 from __future__ import annotations
@@ -23,13 +31,18 @@ import asyncio
 import uuid
 from typing import Any, Awaitable, Callable, Iterator
 
-from agents.base import Sample
+from asyncrl.rollout.sample import Sample
 from asyncrl.data.datasets import Prompt
+from asyncrl.rollout.shaping import OverlongShaping
 from asyncrl.staleness import StalenessManager
 from asyncrl.trajectory_queue import generated_tokens, reward, reward_failed
 
 Group = list[Any]
 """The queue records (`SampleMeta`) of one group's samples, in index order."""
+
+
+class EndlessFiltering(RuntimeError):
+    """`algorithm.filter_groups` dropped so many groups in a row that the batch would never fill."""
 
 
 class Rollouter:
@@ -44,12 +57,19 @@ class Rollouter:
         group_size: int,
         max_running_samples: int = 0,
         filter_groups: bool = False,
+        filter_groups_max_batches: int = 0,
+        shaping: OverlongShaping | None = None,
     ) -> None:
+        """`filter_groups_max_batches`: filtered groups in a row that stop the run, in batches of
+        `staleness.batch_groups` groups (0: no limit). `shaping`: applied to every queued record."""
         if filter_groups and group_size < 2:
             raise ValueError(f"algorithm.filter_groups needs rollout.group_size >= 2 (a group of one always has equal rewards), got {group_size}")
         self.run_sample, self.prompts = run_sample, prompts
         self.staleness, self.sink, self.discard, self.group_size = staleness, sink, discard, group_size
         self.max_running_samples, self.filter_groups = max_running_samples, filter_groups
+        self.filter_groups_max_batches, self.shaping = filter_groups_max_batches, shaping
+        self.filtered_in_a_row = 0
+        """Groups dropped by the filter since the last queued group."""
         self.running_samples = 0
         self._slot_freed = asyncio.Condition()
         self.reward_failures = 0
@@ -128,6 +148,25 @@ class Rollouter:
         if self.filter_groups and len({reward(m) for m in group}) == 1:
             await self.discard(group)
             await self.staleness.finish(accepted=False, cause="filtered", version=version)
+            self._filtered(reward(group[0]))
             return
+        self.filtered_in_a_row = 0
+        if self.shaping is not None:
+            for m in group:
+                self.shaping.apply(m)
         await self.sink(group)  # queued before it stops counting as running: in-order consumption waits on it
         await self.staleness.finish(accepted=True, version=version)
+
+    def _filtered(self, value: float) -> None:
+        """Count a filtered group; the limit's worth in a row raise `EndlessFiltering` (stops the run)."""
+        self.filtered_in_a_row += 1
+        per_batch = self.staleness.batch_groups
+        limit = self.filter_groups_max_batches * per_batch
+        if limit and self.filtered_in_a_row >= limit:
+            raise EndlessFiltering(
+                f"algorithm.filter_groups: {self.filtered_in_a_row} groups in a row were dropped because all of their rewards "
+                f"were equal (the last one's: every reward {value:g}), so the batch never fills (the policy always solves or "
+                f"always fails these prompts, or the reward does not vary). Stopping at "
+                f"algorithm.filter_groups_max_batches={self.filter_groups_max_batches} x {per_batch} groups per batch "
+                f"(trainer.prompts_per_step); raise it (0 = no limit), change the data or the reward, "
+                f"or set algorithm.filter_groups=false")

@@ -107,6 +107,8 @@ class TrainerGroup:
         dtype: str = "float32",
         temperature: float = 1.0,
         seed: int = 0,
+        critic: Any = None,
+        lora: Any = None,
         placement_timeout_s: float = 300.0,
     ) -> None:
         if num_ranks < 1:
@@ -127,7 +129,7 @@ class TrainerGroup:
             for r in range(num_ranks)
         ]
         addr, port = ray.get(self.workers[0].rendezvous_address.remote())
-        kwargs = dict(trainer=trainer, algorithm=algorithm, dtype=dtype, temperature=temperature, seed=seed)
+        kwargs = dict(trainer=trainer, algorithm=algorithm, critic=critic, lora=lora, dtype=dtype, temperature=temperature, seed=seed)
         wcfg = dataclasses.asdict(weights) if weights is not None else None
         infos = self._all("setup", addr, port, model_path, kwargs, dataclasses.asdict(queue), wcfg)
         self.step: int = infos[0]["step"]

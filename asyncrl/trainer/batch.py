@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from asyncrl.trainer.gae import token_rewards
 from asyncrl.types import Trajectory
 
 
@@ -46,6 +47,12 @@ class TrainBatch:
     """[B, T] long: policy version that generated token t; -1 for prompt, tool tokens and padding (None: unknown)."""
     proximal_logprobs: Tensor | None = None
     """[B, T] float log-probs under the proximal policy, or None (the engine recomputes them if the correction needs them)."""
+    token_rewards: Tensor | None = None
+    """[B, T] float: the sequence reward on the row's last policy token (`gae.token_rewards`), 0 elsewhere; what GAE reads."""
+    values: Tensor | None = None
+    """[B, T] float: the critic's values at the start of the step (`algorithm.advantage=gae`; `critic.py`)."""
+    returns: Tensor | None = None
+    """[B, T] float: GAE returns, the critic's regression targets."""
 
     def __post_init__(self) -> None:
         shape = self.input_ids.shape
@@ -58,7 +65,8 @@ class TrainBatch:
 
     @classmethod
     def from_trajectories(cls, trajs: Sequence[Trajectory], advantages: Sequence[float], pad_id: int) -> "TrainBatch":
-        """Concatenate prompt + response per trajectory and right-pad to the longest."""
+        """Concatenate prompt + response per trajectory and right-pad to the longest; each
+        trajectory's `reward` becomes its `token_rewards`."""
         if len(trajs) != len(advantages):
             raise ValueError(f"{len(trajs)} trajectories but {len(advantages)} advantages")
         if not trajs:
@@ -85,13 +93,17 @@ class TrainBatch:
                 old_logprobs[b, p : p + r] = torch.tensor(t.behavior_logprobs, dtype=torch.float32) * m
                 adv[b, p : p + r] = float(a)
                 versions[b, p : p + r] = torch.where(m > 0, torch.tensor(t.token_versions, dtype=torch.long), -1)
-        return cls(input_ids, attention_mask, loss_mask, old_logprobs, adv, token_versions=versions)
+        scores = torch.tensor([float(t.reward) for t in trajs], dtype=torch.float32)
+        return cls(input_ids, attention_mask, loss_mask, old_logprobs, adv, token_versions=versions,
+                   token_rewards=token_rewards(scores, loss_mask))
 
     @classmethod
-    def from_arrays(cls, rows: Sequence[dict[str, Any] | None], advantages: Sequence[float], pad_id: int) -> "TrainBatch":
+    def from_arrays(cls, rows: Sequence[dict[str, Any] | None], advantages: Sequence[float], pad_id: int,
+                    scores: Sequence[float] | None = None) -> "TrainBatch":
         """The same layout from per-row numpy arrays as the data plane delivers them (`prompt_ids`,
         `response_ids`, `behavior_logprobs`, `loss_mask`, `token_versions`); a None row is a
-        two-token padding row with loss mask 0. Arrays are copied once, into the padded tensors."""
+        two-token padding row with loss mask 0. Arrays are copied once, into the padded tensors.
+        `scores` (one reward per row) become `token_rewards`."""
         if len(rows) != len(advantages):
             raise ValueError(f"{len(rows)} rows but {len(advantages)} advantages")
         if not rows:
@@ -129,7 +141,9 @@ class TrainBatch:
                 adv[b, p : p + n] = float(a)
                 versions[b, p : p + n] = np.where(m, r["token_versions"], -1)
         t = torch.from_numpy
-        return cls(t(input_ids), t(attention_mask), t(loss_mask), t(old_logprobs), t(adv), token_versions=t(versions))
+        rewards = None if scores is None else token_rewards(torch.tensor(list(scores), dtype=torch.float32), t(loss_mask))
+        return cls(t(input_ids), t(attention_mask), t(loss_mask), t(old_logprobs), t(adv), token_versions=t(versions),
+                   token_rewards=rewards)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

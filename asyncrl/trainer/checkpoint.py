@@ -1,5 +1,6 @@
 """Trainer checkpoints with torch.distributed.checkpoint (DCP): model, optimizer, LR schedule, step,
-adapted entropy weight.
+adapted entropy weight; with a critic (`algorithm.advantage=gae`) its model, optimizer, schedule and
+KL-in-reward beta too (`critic.CriticState`).
 
 Each rank writes and reads only its own shards, so a checkpoint costs no gather and
 scales with the pool; DCP reshards on load, so a run saved with N ranks resumes on M.
@@ -45,11 +46,21 @@ class TrainerState(Stateful):
         e.entropy_coef = float(state_dict.get("entropy_coef", e.entropy_coef))
 
 
+def _states(engine: "TrainerEngine") -> dict[str, Stateful]:
+    """What a checkpoint holds: the policy's state, and the critic's (`algorithm.advantage=gae`)."""
+    critic = getattr(engine, "critic", None)
+    if critic is None:
+        return {"trainer": TrainerState(engine)}
+    from asyncrl.trainer.critic import CriticState
+
+    return {"trainer": TrainerState(engine), "critic": CriticState(critic)}
+
+
 def save(engine: "TrainerEngine", path: str) -> None:
     """Write the engine's state under the folder `path` (collective: every rank calls it)."""
-    dcp.save({"trainer": TrainerState(engine)}, checkpoint_id=str(path))
+    dcp.save(_states(engine), checkpoint_id=str(path))
 
 
 def load(engine: "TrainerEngine", path: str) -> None:
     """Restore model, optimizer, schedule and step from `path` into an engine built with the same model."""
-    dcp.load({"trainer": TrainerState(engine)}, checkpoint_id=str(path))
+    dcp.load(_states(engine), checkpoint_id=str(path))

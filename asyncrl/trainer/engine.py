@@ -31,9 +31,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from asyncrl.config import AlgorithmConfig, TrainerConfig
+from asyncrl.config import AlgorithmConfig, CriticConfig, TrainerConfig
 from asyncrl.trainer.batch import TrainBatch, mask_stale_tokens, token_age_metrics
+from asyncrl.trainer.critic import CriticEngine
 from asyncrl.trainer.corrections import Corrector, age_metrics, age_sums, stat_max, stat_metrics, stat_sums
+from asyncrl.trainer.lora import LoraSpec
+from asyncrl.trainer.step_metrics import merge_minibatch_metrics  # noqa: F401  re-exported
 from asyncrl.trainer.losses import POLICY_LOSSES, agg_loss, entropy_from_logits, kl_penalty, token_logprobs
 from asyncrl.trainer.packing import head_scores, pack
 from asyncrl.trainer.setup import ensure_process_group, free_port, load_sharded_model, lr_factor, pick_device  # noqa: F401  re-exported
@@ -41,26 +44,6 @@ from asyncrl.trainer.setup import ensure_process_group, free_port, load_sharded_
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def merge_minibatch_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
-    """One trainer step's metrics from its mini-batches' (means; sums for counts; extremes kept).
-
-    >>> merge_minibatch_metrics([{"loss": 1.0, "tokens": 4, "ratio_max": 1.5}, {"loss": 3.0, "tokens": 6, "ratio_max": 1.2}])
-    {'loss': 2.0, 'tokens': 10, 'ratio_max': 1.5}
-    """
-    out: dict[str, float] = {}
-    for key in dict.fromkeys(k for p in parts for k in p):  # a key some mini-batches lack (a token age none of theirs has) merges over the others
-        vals = [p[key] for p in parts if key in p]
-        if key in ("tokens", "seqs") or key.endswith("/tokens"):
-            out[key] = sum(vals)
-        elif key.endswith("_max"):
-            out[key] = max(vals)
-        elif key.endswith("_min"):
-            out[key] = min(vals)
-        else:
-            out[key] = sum(vals) / len(vals)
-    return out
 
 
 class TrainerEngine:
@@ -81,9 +64,10 @@ class TrainerEngine:
         dtype: str = "float32",
         temperature: float = 1.0,
         seed: int = 0,
+        critic: CriticConfig | None = None,
+        lora: LoraSpec | None = None,
     ) -> None:
-        if algorithm.loss not in POLICY_LOSSES:
-            raise KeyError(f"algorithm.loss: unknown {algorithm.loss!r}, known {sorted(POLICY_LOSSES)}")
+        self.loss_fn = POLICY_LOSSES.get(algorithm.loss)  # an unknown name raises, naming algorithm.loss
         if dtype not in DTYPES:
             raise ValueError(f"model.dtype: must be one of {sorted(DTYPES)}, got {dtype!r}")
         self.trainer, self.algorithm, self.temperature = trainer, algorithm, temperature
@@ -96,10 +80,12 @@ class TrainerEngine:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         torch.manual_seed(seed)
         self.model = load_sharded_model(model_path, self.device, self.dtype, trainable=True,
-                                        gradient_checkpointing=trainer.gradient_checkpointing)
-        self.ref_model = load_sharded_model(model_path, self.device, self.dtype, trainable=False) if algorithm.kl_coef > 0 else None
+                                        gradient_checkpointing=trainer.gradient_checkpointing, lora=lora)
+        needs_ref = algorithm.kl_coef > 0 or algorithm.use_kl_in_reward
+        self.ref_model = load_sharded_model(model_path, self.device, self.dtype, trainable=False, lora=lora,
+                                            adapters_of=self.model) if needs_ref else None  # LoRA: the base, adapters off
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=trainer.lr, betas=(trainer.betas[0], trainer.betas[1]), weight_decay=trainer.weight_decay,
+            [p for p in self.model.parameters() if p.requires_grad], lr=trainer.lr, betas=(trainer.betas[0], trainer.betas[1]), weight_decay=trainer.weight_decay,
             foreach=True,  # one dispatch per op over all DTensor shards: much cheaper on CPU than a per-param loop
         )
         schedule = partial(
@@ -113,6 +99,9 @@ class TrainerEngine:
         self.bad_steps_in_a_row = 0
         self.entropy_coef = algorithm.entropy_coef
         """Weight of the entropy bonus; adapted after each step when `algorithm.entropy_target` > 0 (checkpointed)."""
+        self.critic_cfg = critic or CriticConfig()
+        self.critic: CriticEngine | None = CriticEngine(model_path, engine=self) if algorithm.advantage == "gae" else None
+        """PPO's value model (`algorithm.advantage=gae`): GAE advantages and its own update each mini-batch."""
 
     # ---- scoring --------------------------------------------------------
     def _micro_batches(self, rows: TrainBatch) -> list[TrainBatch]:
@@ -210,6 +199,10 @@ class TrainerEngine:
         """
         if len(parts) != len(real_rows) or not parts:
             raise ValueError(f"train_local: {len(parts)} parts, {len(real_rows)} row counts")
+        parts = [self._with_fixed_logprobs(p) for p in parts]
+        critic_metrics: dict[str, float] = {}
+        if self.critic is not None:  # GAE over every policy token, before stale tokens leave the loss
+            parts, critic_metrics = self.critic.prepare(parts)
         parts, age = mask_stale_tokens(parts, self.step, self.trainer.eta, self.trainer.staleness_level == "token")
         age = age.to(self.device)
         # num_seqs: rows with a loss token (padding rows, tool-only or all-stale responses add nothing to a sequence mean)
@@ -218,11 +211,13 @@ class TrainerEngine:
         if self.world > 1:
             dist.all_reduce(counts)  # each mini-batch's global normalisers
             dist.all_reduce(age)
-        parts = [self._with_fixed_logprobs(p) for p in parts]
         out = []
         for i, (part, (num_tokens, num_seqs)) in enumerate(zip(parts, counts.tolist())):
             m = self.forward_backward(part, num_tokens=num_tokens, num_seqs=num_seqs)
-            m.update(self.optimizer_step(end_of_step=i == len(parts) - 1))
+            last = i == len(parts) - 1
+            if self.critic is not None:
+                m.update(self.critic.update(part, num_tokens=num_tokens, num_seqs=num_seqs, end_of_step=last))
+            m.update(self.optimizer_step(end_of_step=last))
             out.append(m)
         metrics = merge_minibatch_metrics(out) if len(out) > 1 else out[0]
         skipped = sum(m["skipped"] for m in out)
@@ -231,6 +226,7 @@ class TrainerEngine:
         self._count_bad_step(skipped > 0, metrics["grad_norm"])
         metrics["entropy_coef"] = self.adapt_entropy_coef(metrics["entropy"]) if not skipped else self.entropy_coef
         metrics.update(token_age_metrics(age))
+        metrics.update(critic_metrics)
         return metrics
 
 
@@ -250,9 +246,7 @@ class TrainerEngine:
 
     def _with_fixed_logprobs(self, rows: TrainBatch) -> TrainBatch:
         """Fill in the reference and proximal log-probs of this rank's rows, with the current weights."""
-        if self.algorithm.kl_coef > 0 and rows.ref_logprobs is None:
-            if self.ref_model is None:
-                raise RuntimeError("no reference model (algorithm.kl_coef is 0)")
+        if self.ref_model is not None and rows.ref_logprobs is None:
             rows = rows.replace(ref_logprobs=self._score_local(self.ref_model, rows).float().cpu())
         if self.corrector.needs_proximal and rows.proximal_logprobs is None:
             rows = rows.replace(proximal_logprobs=self._score_local(self.model, rows).float().cpu())
@@ -276,17 +270,17 @@ class TrainerEngine:
         loss tokens and sequences over every rank.
 
         Metrics: `loss`, `pg_loss` (aggregated as `algorithm.loss_agg`), token means over the
-        batch's loss tokens of `kl`, `entropy`, `clip_frac`, `ratio_mean`, and `ratio_max`,
+        batch's loss tokens of `kl`, `entropy`, `clip_frac`, `clip_frac_lower` (dual clip bound: verl's
+        `pg_clipfrac_lower`), `ratio_mean`, and `ratio_max`,
         `ratio_min`, `tokens` (loss tokens), `seqs`; plus the off-policy `correction/*`
         statistics (`corrections.stat_metrics`).
         """
         alg = self.algorithm
         rows = self._with_fixed_logprobs(rows)
         norm = dict(num_tokens=num_tokens, num_seqs=num_seqs, norm_len=alg.loss_agg_norm_len)
-        loss_fn = POLICY_LOSSES[alg.loss]
         shard = rows.to(self.device)
-        # sums: loss, pg_loss, kl, entropy, clipped, ratio, then correction sums; extremes: max ratio, -min ratio, max IS weight
-        sums = torch.zeros(12, dtype=torch.float64, device=self.device)
+        # sums: loss, pg_loss, kl, entropy, clipped, ratio, dual-clipped, then correction sums; extremes: max ratio, -min ratio, max IS weight
+        sums = torch.zeros(13, dtype=torch.float64, device=self.device)
         extremes = torch.full((3,), -math.inf, dtype=torch.float64, device=self.device)
         by_age = torch.zeros(self.trainer.eta + 2, 3, dtype=torch.float64, device=self.device)
         for mb in self._micro_batches(shard):
@@ -296,7 +290,7 @@ class TrainerEngine:
                 logprobs, mb.old_logprobs, mask,
                 proximal_logprobs=mb.proximal_logprobs, token_versions=mb.token_versions, version=self.step,
             )
-            out = loss_fn(
+            out = self.loss_fn(
                 logprobs, mb.old_logprobs, mb.advantages,
                 clip_ratio_low=alg.clip_ratio_low, clip_ratio_high=alg.clip_ratio_high, proximal_logprobs=corr.proximal_logprobs,
                 mask=mask, clip_ratio_c=alg.clip_ratio_c,
@@ -318,7 +312,8 @@ class TrainerEngine:
             # (a divide factor of 1 would need PREMUL_SUM, which gloo lacks)
             (loss * self.world).backward()
             with torch.no_grad():
-                per_tok = torch.stack([kl, entropy, out.clipped, out.ratio]).double() * mask
+                dual = out.dual_clipped if out.dual_clipped is not None else torch.zeros_like(out.ratio)
+                per_tok = torch.stack([kl, entropy, out.clipped, out.ratio, dual]).double() * mask
                 sums += torch.cat([torch.stack([loss, pg_loss]).double(), per_tok.sum(dim=(1, 2)), stat_sums(corr, mask)])
                 if mb.token_versions is not None:
                     by_age += age_sums(corr, mask, self.step - mb.token_versions, self.trainer.eta)
@@ -333,9 +328,9 @@ class TrainerEngine:
         per_token = 1.0 / max(num_tokens, 1.0)
         return {
             "loss": s[0], "pg_loss": s[1], "kl": s[2] * per_token, "entropy": s[3] * per_token,
-            "clip_frac": s[4] * per_token, "ratio_mean": s[5] * per_token,
+            "clip_frac": s[4] * per_token, "ratio_mean": s[5] * per_token, "clip_frac_lower": s[6] * per_token,
             "ratio_max": e[0] if num_tokens else 0.0, "ratio_min": -e[1] if num_tokens else 0.0,
-            "tokens": num_tokens, "seqs": num_seqs, **stat_metrics(s[6:], e[2], num_tokens), **age_metrics(by_age),
+            "tokens": num_tokens, "seqs": num_seqs, **stat_metrics(s[7:], e[2], num_tokens), **age_metrics(by_age),
         }  # fmt: skip
 
     def optimizer_step(self, end_of_step: bool = True) -> dict[str, float]:
@@ -370,11 +365,6 @@ class TrainerEngine:
 
         return local_shards(self.model, self.rank, self.world, self.dtype, device)
 
-    def state_dict_for_save(self) -> dict[str, object]:
-        from asyncrl.trainer.checkpoint import TrainerState
-
-        return {"trainer": TrainerState(self)}
-
     def save(self, path: str) -> None:
         from asyncrl.trainer.checkpoint import save
 
@@ -387,13 +377,8 @@ class TrainerEngine:
 
     def close(self) -> None:
         """Release the models; tear down the process group only if this engine started it."""
-        self.model = self.ref_model = None  # type: ignore[assignment]
+        self.model = self.ref_model = self.critic = None  # type: ignore[assignment]
         if self._owns_process_group and dist.is_initialized():
             dist.destroy_process_group()
             self._owns_process_group = False
 
-
-if __name__ == "__main__":
-    from asyncrl.trainer.smoke import main
-
-    main()

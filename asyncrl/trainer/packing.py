@@ -76,6 +76,11 @@ class Packed:
         out = packed.new_zeros(self.shape).index_put((self.rows, self.cols), packed[0])
         return out * (torch.arange(self.shape[1], device=out.device) > 0)
 
+    def unpack_positions(self, packed: Tensor) -> Tensor:
+        """[1, N] per-position outputs (e.g. the critic's values, not scores of a predicted token) ->
+        [b, T], 0 at padding only."""
+        return packed.new_zeros(self.shape).index_put((self.rows, self.cols), packed[0])
+
 
 def pack(input_ids: Tensor, attention_mask: Tensor) -> Packed:
     """Concatenate each row's real tokens (right padding dropped) into one row; positions restart per row."""

@@ -30,6 +30,8 @@ from typing import Any, Sequence
 import msgspec
 import numpy as np
 
+from transfer_queue.storage.handles import Handle
+
 FIELDS = ("prompt_ids", "response_ids", "behavior_logprobs", "loss_mask", "token_versions")
 """Tensor fields of a trajectory record that a rank reads (see `asyncrl.trajectory_queue`)."""
 
@@ -39,10 +41,12 @@ class PlanRow:
     """One trajectory of the batch."""
 
     uid: str
-    handles: dict[str, dict[str, Any]]
-    """Field name -> data-plane handle, for every name in `FIELDS`."""
+    handles: dict[str, Handle]
+    """Field name -> data-plane handle (typed, tagged by plane), for every name in `FIELDS`."""
     advantage: float
     """The sequence advantage, broadcast over the response's loss tokens by the rank."""
+    score: float = 0.0
+    """The sequence reward: what GAE (`algorithm.advantage=gae`, computed on the rank with the critic) reads."""
 
 
 @dataclass
@@ -100,11 +104,13 @@ def load_shard(plan: BatchPlan, plane: Any, rank: int, world: int) -> tuple[list
         for i in range(len(mine)):
             per_row.append(dict(zip(FIELDS, arrays[i * len(FIELDS):(i + 1) * len(FIELDS)])))
         per_row += [None] * (len(rows) - len(mine))
-        parts.append(TrainBatch.from_arrays(per_row, [r.advantage if r else 0.0 for r in rows], pad_id=plan.pad_id))
+        parts.append(TrainBatch.from_arrays(per_row, [r.advantage if r else 0.0 for r in rows], pad_id=plan.pad_id,
+                                            scores=[r.score if r else 0.0 for r in rows]))
         real.append(len(mine))
     return parts, real
 
 
-def plan_rows(samples: Sequence[Any], advantages: Sequence[float]) -> list[PlanRow]:
-    """Rows of a plan from queue `SampleMeta`s (in group order) and their advantages."""
-    return [PlanRow(s.uid, {f: s.handles[f] for f in FIELDS}, float(a)) for s, a in zip(samples, advantages)]
+def plan_rows(samples: Sequence[Any], advantages: Sequence[float], scores: Sequence[float] | None = None) -> list[PlanRow]:
+    """Rows of a plan from queue `SampleMeta`s (in group order), their advantages and rewards."""
+    scores = [0.0] * len(samples) if scores is None else scores
+    return [PlanRow(s.uid, {f: s.handles[f] for f in FIELDS}, float(a), float(r)) for s, a, r in zip(samples, advantages, scores)]

@@ -9,9 +9,13 @@ from __future__ import annotations
 import math
 import os
 import socket
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from asyncrl.trainer.lora import LoraSpec
 
 
 def free_port() -> int:
@@ -56,22 +60,34 @@ def lr_factor(step: int, *, warmup: int, total: int, schedule: str, min_ratio: f
 
 
 def load_sharded_model(path: str, device: torch.device, dtype: torch.dtype, trainable: bool,
-                       gradient_checkpointing: bool = False) -> torch.nn.Module:
-    """HF causal LM in fp32 master weights, `fully_shard` per decoder layer and at the root.
+                       gradient_checkpointing: bool = False, auto_class: str = "AutoModelForCausalLM", *,
+                       lora: "LoraSpec | None" = None, adapters_of: torch.nn.Module | None = None) -> Any:
+    """HF causal LM (or `auto_class`, e.g. the critic's `AutoModelForTokenClassification` with one label)
+    in fp32 master weights, `fully_shard` per decoder layer and at the root.
 
     Non-fp32 `dtype` becomes the FSDP compute dtype (gradients reduced in fp32). With
     `gradient_checkpointing` (`trainer.gradient_checkpointing`) each decoder layer recomputes its
     activations in backward (non-reentrant `torch.utils.checkpoint`, set before sharding).
+    With `lora` (`model.lora_rank` > 0) a trainable model is peft's wrapper, made before sharding, with
+    only its adapters trainable (`lora.py`); a frozen one asked for with `adapters_of` (the LoRA policy)
+    is not loaded at all: it is that policy with its adapters disabled (the KL reference).
     """
+    from asyncrl.trainer.lora import AdaptersDisabled, wrap
+
+    if lora is not None and adapters_of is not None and not trainable:
+        return AdaptersDisabled(adapters_of)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from transformers import AutoModelForCausalLM
+    import transformers
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
+    kwargs = {"num_labels": 1} if auto_class == "AutoModelForTokenClassification" else {}  # the critic's value head
+    hf = model = getattr(transformers, auto_class).from_pretrained(path, dtype=torch.float32, **kwargs).to(device)
     model.eval()  # no dropout: the trainer must score tokens as the rollout engine does
     model.requires_grad_(trainable)
+    if lora is not None and trainable:
+        model = wrap(hf, lora).eval()  # freezes the base, adds trainable lora_A / lora_B (in eval: no dropout)
     if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         # HF checkpoints a layer only while it is in training mode; the model stays in eval (no dropout), so
         # only the checkpointed layers themselves are flagged training, their submodules (dropout) stay eval
         for m in model.modules():
@@ -79,7 +95,7 @@ def load_sharded_model(path: str, device: torch.device, dtype: torch.dtype, trai
                 m.training = True
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype != torch.float32 else MixedPrecisionPolicy()
-    layer_types = set(getattr(model, "_no_split_modules", None) or [])
+    layer_types = set(getattr(hf, "_no_split_modules", None) or [])
     layers = [m for m in model.modules() if type(m).__name__ in layer_types]
     if not layers:
         raise ValueError(f"{path}: no decoder layers found to shard (model._no_split_modules={sorted(layer_types)})")

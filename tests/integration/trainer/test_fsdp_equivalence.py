@@ -16,13 +16,13 @@ ARGS = ["--num-seqs", "7", "--micro-batch-size", "2", "--steps", "2", "--kl-coef
 
 
 def test_two_ranks_match_one_rank(tiny_model_path, tmp_path):
-    from asyncrl.trainer.smoke import main
+    from tests.integration.trainer.smoke import main
 
     out2 = tmp_path / "r2.pt"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     proc = subprocess.Popen(
-        cmd + ["-m", "asyncrl.trainer.engine", "--model", tiny_model_path, "--out", str(out2), "--save", str(tmp_path / "ckpt2")] + ARGS,
+        cmd + [os.path.join(os.path.dirname(__file__), "smoke.py"), "--model", tiny_model_path, "--out", str(out2), "--save", str(tmp_path / "ckpt2")] + ARGS,
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
@@ -58,3 +58,30 @@ def test_two_ranks_match_one_rank(tiny_model_path, tmp_path):
     finally:
         engine.close()
     print(f"1-vs-2 ranks: max grad diff {grad_diff:.2e}, max param diff after 2 steps {param_diff:.2e}")
+
+
+def test_two_ranks_match_one_rank_with_the_critic(tmp_path, tiny_model_path):
+    """`algorithm.advantage=gae` with the KL in the reward: whole trainer steps (2 mini-batches per
+    step, GAE whitened over the ranks, the critic's own update) on 2 ranks equal 1 rank's."""
+    from tests.integration.trainer.smoke import main
+
+    args = ["--num-seqs", "8", "--micro-batch-size", "2", "--steps", "2", "--seed", "3", "--advantage", "gae", "--lr", "1e-4"]
+    out2 = tmp_path / "r2.pt"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    proc = subprocess.Popen(cmd + [os.path.join(os.path.dirname(__file__), "smoke.py"), "--model", tiny_model_path, "--out", str(out2)] + args,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        main(["--model", tiny_model_path, "--out", str(tmp_path / "r1.pt")] + args)
+        log, _ = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, log[-4000:]
+    one, two = torch.load(tmp_path / "r1.pt"), torch.load(out2)
+    for m1, m2 in zip(one["metrics"], two["metrics"], strict=True):
+        for key in ("loss", "critic/vf_loss", "critic/values_mean", "critic/returns_mean", "critic/advantages_mean", "reward/kl", "grad_norm"):
+            assert abs(m1[key] - m2[key]) < 1e-5, (key, m1[key], m2[key])
+    assert one["metrics"][1]["critic/vf_loss"] > 0 and one["metrics"][1]["reward/kl"] > 0
+    for part in ("params", "critic_params"):
+        diff = max((one[part][k] - two[part][k]).abs().max().item() for k in one[part])
+        assert diff < 1e-5, (part, diff)
