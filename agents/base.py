@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import abc
 import time
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from asyncrl.rollout.base import GenerateOutput, SamplingParams
+from asyncrl.rollout.sample import Sample  # re-exported: defined below the rollouter, which hands it out
 from asyncrl.types import Trajectory
 
 __all__ = ["AgentLoop", "LLMClient", "RewardBroken", "RewardPool", "Sample", "Scorer", "reward_name", "reward_pool",
@@ -25,20 +25,6 @@ class LLMClient(Protocol):
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, session_id: str | None = None
     ) -> GenerateOutput: ...
-
-
-@dataclass
-class Sample:
-    """One member of a GRPO group, as handed to an AgentLoop."""
-
-    uid: str
-    group_id: str
-    index_in_group: int
-    group_size: int
-    prompt_ids: list[int]
-    answer: str
-    """Reference answer for the reward function."""
-    meta: dict[str, Any] = field(default_factory=dict)
 
 
 class AgentLoop(abc.ABC):

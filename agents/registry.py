@@ -7,12 +7,12 @@ A `reward` given as a name or import path (with `reward_kwargs`) is resolved thr
 `agents.rewards.get_reward` and passed on as `reward_fn` (and its name as `reward_name`, to
 factories that take it, so errors such as `RewardBroken` name it as configured), so config can
 stay plain data.
-Register more with `@register_agent("name")`.
+Register more with `@register_agent("name")`. `AGENTS` is an `asyncrl.registry.Registry` (the
+`module:attr` lookup and the unknown-name error naming `agent.name` live there).
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from typing import Any, Callable
 
@@ -20,34 +20,21 @@ from agents.base import AgentLoop
 from agents.rewards import get_reward
 from agents.single_turn import SingleTurnAgent
 from agents.tool_agent import ToolAgent
+from asyncrl.registry import Registry
 
-AGENTS: dict[str, Callable[..., AgentLoop]] = {
-    "single_turn": SingleTurnAgent,
-    "tool": ToolAgent,
-}
+AGENTS: Registry[Callable[..., AgentLoop]] = Registry("agent", "agent.name")
+AGENTS.add("single_turn", SingleTurnAgent)
+AGENTS.add("tool", ToolAgent)
 
 
 def register_agent(name: str) -> Callable[[Callable[..., AgentLoop]], Callable[..., AgentLoop]]:
-    """Decorator: `@register_agent("my_loop")` makes a class or factory selectable by name."""
-
-    def deco(factory: Callable[..., AgentLoop]) -> Callable[..., AgentLoop]:
-        AGENTS[name] = factory
-        return factory
-
-    return deco
+    """Decorator: `@register_agent("my_loop")` makes a class or factory selectable by name (a name is taken once)."""
+    return AGENTS.register(name)
 
 
-def resolve(name: str, registry: dict[str, Any], what: str) -> Any:
-    """A registry entry, or the object at import path `module:attr`."""
-    if name in registry:
-        return registry[name]
-    if ":" in name:
-        mod, _, attr = name.partition(":")
-        obj = getattr(importlib.import_module(mod), attr, None)
-        if obj is None:
-            raise ValueError(f"{what} {name!r}: module {mod!r} has no {attr!r}")
-        return obj
-    raise ValueError(f"unknown {what} {name!r}; registered: {sorted(registry)} (or give module:attr)")
+def resolve(name: str, registry: Registry[Any], what: str = "") -> Any:
+    """`registry.get(name)`: kept for callers written before `Registry` (`what` is the registry's own now)."""
+    return registry.get(name)
 
 
 def accepts(factory: Callable[..., Any], key: str) -> bool:
@@ -61,7 +48,7 @@ def accepts(factory: Callable[..., Any], key: str) -> bool:
 
 def build_agent(name_or_path: str, **kwargs: Any) -> AgentLoop:
     """Build an agent loop; `reward` (+ `reward_kwargs`) becomes `reward_fn`."""
-    factory = resolve(name_or_path, AGENTS, "agent")
+    factory = AGENTS.get(name_or_path)
     if "reward" in kwargs:
         if "reward_fn" in kwargs:
             raise ValueError("give an agent either 'reward' (a name or import path) or 'reward_fn', not both")

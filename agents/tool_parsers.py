@@ -11,17 +11,19 @@ Built in: `hermes` (Qwen2.5 / Qwen3 / Hermes chat templates)::
     </tool_call>
 
 More formats: subclass `ToolParser` and decorate with `@register_parser("name")`, or
-give an import path (`package.module:MyParser`) in config.
+give an import path (`package.module:MyParser`) in config (both through `PARSERS`, an
+`asyncrl.registry.Registry`).
 """
 
 from __future__ import annotations
 
 import abc
-import importlib
 import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+from asyncrl.registry import Registry
 
 
 @dataclass
@@ -38,12 +40,14 @@ class ToolParser(abc.ABC):
         """Every tool call in `text` (one model turn), in order; [] when there is none."""
 
 
-PARSERS: dict[str, Callable[..., ToolParser]] = {}
+PARSERS: Registry[Callable[..., ToolParser]] = Registry("tool parser", "agent.kwargs.parser")
 
 
 def register_parser(name: str) -> Callable[[type[ToolParser]], type[ToolParser]]:
+    """Class decorator: `@register_parser("my_format")` makes the parser selectable by name (a name is taken once)."""
+
     def deco(cls: type[ToolParser]) -> type[ToolParser]:
-        PARSERS[name] = cls
+        PARSERS.add(name, cls)
         return cls
 
     return deco
@@ -51,15 +55,7 @@ def register_parser(name: str) -> Callable[[type[ToolParser]], type[ToolParser]]
 
 def get_parser(name: str, **kwargs: Any) -> ToolParser:
     """A registered parser name, or a `module:ClassName` import path, built with `kwargs`."""
-    if name in PARSERS:
-        return PARSERS[name](**kwargs)
-    if ":" in name:
-        mod, _, attr = name.partition(":")
-        factory = getattr(importlib.import_module(mod), attr, None)
-        if not callable(factory):
-            raise ValueError(f"tool parser {name!r}: {attr!r} is not a class in module {mod!r}")
-        return factory(**kwargs)
-    raise ValueError(f"unknown tool parser {name!r}; registered: {sorted(PARSERS)} (or give module:ClassName)")
+    return PARSERS.get(name)(**kwargs)
 
 
 def call_from_json(payload: str) -> ToolCall:
@@ -97,4 +93,4 @@ class HermesParser(ToolParser):
         return calls
 
 
-PARSERS["qwen"] = HermesParser
+PARSERS.add("qwen", HermesParser)

@@ -52,7 +52,7 @@ def _seed(seed: int) -> None:
 
 def train(args: list[str]) -> int:
     from asyncrl.config import ConfigError, dump_resolved, load, to_dict
-    from asyncrl.config_checks import preflight
+    from asyncrl.preflight import preflight
     from asyncrl.run_dir import resolve_run_dir, write_status
 
     if args and args[0] in ("-h", "--help"):

@@ -1,6 +1,6 @@
 """The map from verl's config keys (and a few other common names) to asyncrl's, and the hint an unknown key gets.
 
-Job: one table, `ALIASES`, read by two readers: `hint(key)` (the error of an unknown key, raised by
+Job: one table, `ALIASES`, read by two readers: `hint(key, keys)` (the error of an unknown key, raised by
 `config_io.load`) and `docs/verl.md` (its table is `markdown_table()`, written there by
 `python -m asyncrl.config_aliases --write docs/verl.md`; a test keeps the two equal and checks that
 every asyncrl key named here exists). A key the table does not know gets the closest keys of its
@@ -14,7 +14,6 @@ Boundary: names only. No value is translated (verl's `loss_agg_mode=token-mean` 
 from __future__ import annotations
 
 import difflib
-import functools
 import sys
 from dataclasses import dataclass
 
@@ -38,6 +37,9 @@ def _a(key: str, *asyncrl: str, note: str = "") -> Alias:
 ALIASES: tuple[Alias, ...] = (
     # model and data
     _a("actor_rollout_ref.model.path", "model.path", note="a local folder only; nothing is downloaded"),
+    _a("actor_rollout_ref.model.lora_rank", "model.lora_rank", note="0 is off; adapters reach the servers merged into full weights"),
+    _a("actor_rollout_ref.model.lora_alpha", "model.lora_alpha"),
+    _a("actor_rollout_ref.model.target_modules", "model.target_modules", note="a list; `[all-linear]` is the default"),
     _a("data.train_files", "data.train_path", note="one path (not a list): a parquet or jsonl file, or a `datasets` save_to_disk folder"),
     _a("data.val_files", "data.eval_path", note="one file; empty holds out `data.eval_size` training rows"),
     _a("data.train_batch_size", "trainer.prompts_per_step", note="prompts (groups) per step; samples = prompts x rollout.group_size"),
@@ -89,10 +91,14 @@ ALIASES: tuple[Alias, ...] = (
     _a("actor_rollout_ref.actor.entropy_coeff", "algorithm.entropy_coef",
        note="with algorithm.entropy_target > 0 (the default) it is the start of an adapted weight"),
     # algorithm
-    _a("algorithm.adv_estimator", "algorithm.advantage", note="`grpo`, `rloo`, `reinforce_pp`"),
+    _a("algorithm.adv_estimator", "algorithm.advantage", note="`grpo`, `rloo`, `reinforce_pp`, `gae` (with the critic)"),
     _a("algorithm.norm_adv_by_std_in_grpo", "algorithm.norm_adv_by_std"),
-    _a("algorithm.kl_ctrl.kl_coef", "algorithm.kl_coef", note="a KL loss term; there is no KL in the reward"),
-    _a("algorithm.use_kl_in_reward", "algorithm.kl_coef", note="a KL loss term; there is no KL in the reward"),
+    # critic (algorithm.gamma, algorithm.lam, algorithm.use_kl_in_reward and algorithm.kl_ctrl.* keep verl's names)
+    _a("critic.optim.lr", "critic.lr", note="0 takes trainer.lr"),
+    _a("critic.optim.weight_decay", "critic.weight_decay"),
+    _a("critic.model.path", "critic.model_path", note="empty: the policy's model; a value head is added"),
+    _a("critic.ppo_micro_batch_size_per_gpu", "trainer.micro_batch_size", note="the critic runs on the trainer's ranks with their micro-batches"),
+    _a("trainer.critic_warmup", note="not implemented: the actor and the critic update from the first step"),
     _a("algorithm.rollout_correction.rollout_is", "algorithm.correction", note="`tis`, `mis` or `decoupled_ppo`"),
     # verl's fully-async recipe
     _a("async_training.staleness_threshold", "trainer.max_staleness",
@@ -103,6 +109,10 @@ ALIASES: tuple[Alias, ...] = (
     _a("custom_reward_function.path", "agent.reward", note="`module:function`, or a registered name"),
     _a("custom_reward_function.name", "agent.reward"),
     _a("reward_model.reward_manager", "agent.reward"),
+    _a("reward_model.overlong_buffer.enable", "agent.overlong_buffer_len", note="DAPO overlong shaping is on when agent.overlong_buffer_len > 0"),
+    _a("reward_model.overlong_buffer.len", "agent.overlong_buffer_len", note="must be < rollout.max_tokens (the tool agent's: agent.kwargs.max_response_tokens)"),
+    _a("reward_model.overlong_buffer.penalty_factor", "agent.overlong_penalty_factor"),
+    _a("reward_model.overlong_buffer.log", note="always on: each record's reward_info keeps `score` (unshaped) and `overlong_penalty`"),
     # trainer and logging
     _a("trainer.total_training_steps", "trainer.total_steps"),
     _a("trainer.total_epochs", "trainer.total_steps", note="asyncrl counts steps; the prompt stream repeats"),
@@ -131,24 +141,15 @@ SECTIONS: dict[str, str] = {
 `rollout.top_p`)."""
 
 
-@functools.lru_cache(maxsize=1)
-def asyncrl_keys() -> frozenset[str]:
-    """Every key of the config tree (what `asyncrl config --doc` lists)."""
-    from asyncrl.config_io import document
-
-    return frozenset(k for k, _, _ in document())
-
-
 def _point(a: Alias) -> str:
     where = " and ".join(a.asyncrl) if a.asyncrl else "no asyncrl key"
     return f"in asyncrl it is {where}" + (f" ({a.note})" if a.note else "")
 
 
-def hint(key: str) -> str:
-    """What to set instead of the unknown `key`; '' when nothing is close."""
+def hint(key: str, keys: frozenset[str]) -> str:
+    """What to set instead of the unknown `key`, given every asyncrl key (`config_io.asyncrl_keys`); '' when nothing is close."""
     if key in BY_KEY:
         return _point(BY_KEY[key])
-    keys = asyncrl_keys()
     for verl, ours in SECTIONS.items():
         if key.startswith(verl):
             for section in dict.fromkeys((ours, "trainer.", "algorithm.", "rollout.")):

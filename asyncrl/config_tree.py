@@ -1,6 +1,7 @@
 """The typed config tree of a run: one dataclass per component, a docstring under every field.
+Import it through `asyncrl.config`, which also holds `load` and friends (`config_io`).
 
-`load(path, overrides)` (in `config_io`, re-exported here) merges the dataclass defaults, an optional YAML recipe and
+`load(path, overrides)` merges the dataclass defaults, an optional YAML recipe and
 `key=value` overrides with OmegaConf and turns the result back into dataclasses. An
 unknown key, a value of the wrong type or an out-of-range value fails here, with a
 `ConfigError` naming the key (e.g. `trainer.lr`). Recipes state only what differs
@@ -13,19 +14,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
-from asyncrl.config_checks import ConfigError, check as _check, check_resources as _check_resources, one_of as _one_of  # noqa: F401 (ConfigError: re-exported)
+from asyncrl.config_checks import ConfigError, check as _check, check_literals as _check_literals, check_overlong as _check_overlong, check_resources as _check_resources  # noqa: F401 (ConfigError: re-exported)
+from asyncrl.config_algorithm import AlgorithmConfig  # noqa: F401 (re-exported)
+from asyncrl.config_critic import CriticConfig, KLCtrlConfig  # noqa: F401 (re-exported)
 from asyncrl.config_rollout import CostModelConfig, RolloutConfig  # noqa: F401 (re-exported)
 from checkpoint_engine.config import WeightSyncConfig
 from transfer_queue.config import TransferQueueConfig
 
-MODES = ("sync", "one_step_off", "fully_async")
+Mode = Literal["sync", "one_step_off", "fully_async"]
+MODES: tuple[str, ...] = get_args(Mode)
 
 
 @dataclass
 class TinyModelConfig:
-    """Sizes of the locally built demo model (used when `model.path` is empty)."""
+    """Sizes of the locally built demo model (used when `model.path` is empty); the one type
+    `asyncrl.data.tiny_model` builds from (same sizes and seed, same folder, same bytes)."""
 
     hidden_size: int = 128
     """Width of the transformer."""
@@ -37,6 +42,8 @@ class TinyModelConfig:
     """Key/value heads (grouped-query attention)."""
     intermediate_size: int = 512
     """MLP width."""
+    max_position_embeddings: int = 512
+    """Longest sequence (prompt + response tokens) the model's position embeddings cover."""
     seed: int = 0
     """Seed of the random initialisation: same seed, same weights."""
 
@@ -45,22 +52,31 @@ class TinyModelConfig:
 class ModelConfig:
     path: str = ""
     """Local folder of a HF causal LM (config.json, weights, tokenizer). Empty: build the tiny demo model. Never downloaded."""
-    dtype: str = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype for trainer and rollout: float32, bfloat16 or float16."""
     cache_dir: str = "~/.cache/asyncrl/models"
     """Where the tiny demo model is built (once per size/seed)."""
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     """Sizes of the tiny demo model."""
+    lora_rank: int = 0
+    """LoRA (peft) rank of the trainer's adapters; 0: off (full fine-tuning). With LoRA only the adapters train, and the servers still get plain full weights under the base model's names (each adapted weight merged, W + lora_alpha / lora_rank * B @ A), so every rollout backend works unchanged; the KL reference is the base with the adapters disabled."""
+    lora_alpha: int = 16
+    """LoRA alpha: the adapters' update is scaled by lora_alpha / lora_rank."""
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    """Modules that get adapters (peft's `target_modules`): `[all-linear]` (every linear layer of the decoder, not the LM head) or module names such as `[q_proj, v_proj]`."""
 
     def __post_init__(self) -> None:
-        _one_of(self.dtype, "model.dtype", ("float32", "bfloat16", "float16"))
+        _check_literals(self, "model")  # dtype
+        _check(self.lora_rank >= 0, "model.lora_rank", f"must be >= 0 (0: LoRA off), got {self.lora_rank}")
+        _check(self.lora_alpha > 0, "model.lora_alpha", f"must be > 0, got {self.lora_alpha}")
+        _check(bool(self.target_modules), "model.target_modules", "must name at least one module (or [all-linear])")
         if self.path:
             _check(Path(self.path).expanduser().is_dir(), "model.path", f"{self.path!r} is not a local folder")
 
 
 @dataclass
 class DataConfig:
-    task: str = "increment"
+    task: Literal["reverse", "increment", "jsonl"] = "increment"
     """Task: `increment` (add 1 to every digit, mod 10: the demo), `reverse` (reverse a digit string; harder for a tiny model under RL, see `asyncrl/data/tasks.py`) or `jsonl` (prompt data: jsonl, parquet or a `datasets` save_to_disk folder, flat or verl's layout; the reward by `data_source`, see `agent.reward`)."""
     train_path: str = ""
     """Training prompts (task `jsonl`): a jsonl or parquet file, or a folder written by `datasets`' `save_to_disk` (one split)."""
@@ -84,7 +100,7 @@ class DataConfig:
     """Seed of the prompt order and of the synthetic task."""
 
     def __post_init__(self) -> None:
-        _one_of(self.task, "data.task", ("reverse", "increment", "jsonl"))
+        _check_literals(self, "data")  # task
         if self.task == "jsonl":
             _check(bool(self.train_path), "data.train_path", "required when data.task=jsonl")
         _check(1 <= self.num_digits <= 32, "data.num_digits", f"must be in [1, 32], got {self.num_digits}")
@@ -95,15 +111,15 @@ class DataConfig:
 
 @dataclass
 class TrainerConfig:
-    mode: str = "fully_async"
+    mode: Mode = "fully_async"
     """Pipeline mode: `sync` (on-policy baseline: generate, train, publish), `one_step_off` (generate batch t+1 while training batch t), `fully_async` (rollouts stream; staleness <= `max_staleness`)."""
     max_staleness: int = 4
     """fully_async: eta, the most versions a trained sample may lag the trainer (sync uses 0, one_step_off 1)."""
-    admission: str = "pace"
+    admission: Literal["pace", "bound"] = "pace"
     """fully_async: `pace` keeps groups in flight plus queued to what the trainer consumes while a group generates (from measured rates; staleness rises only when the trainer would otherwise wait, eta stays the hard bound; see `asyncrl/admission.py`), `bound` admits up to eta alone."""
     admission_slack: float = 0.25
     """fully_async with `admission=pace`: headroom on the measured in-flight need (0.25: 25% more groups in flight than rate x latency)."""
-    staleness_level: str = "group"
+    staleness_level: Literal["group", "token"] = "group"
     """What eta bounds: `group` (a group's staleness counts from its oldest token; a group older than eta at the trainer's step is dropped), `token` (only tokens generated under a version older than eta are masked out of the loss, kept as context; a group is dropped only when a sample has no token within eta, so with `rollout.update_mode=keep` the later, fresh tokens of a long sample are trained)."""
     publish_every: int = 1
     """fully_async: publish weights to the rollout servers every this many optimizer steps (sync and one_step_off: 1)."""
@@ -131,7 +147,7 @@ class TrainerConfig:
     """AdamW betas."""
     warmup_steps: int = 0
     """Linear warm-up steps."""
-    lr_schedule: str = "constant"
+    lr_schedule: Literal["constant", "cosine"] = "constant"
     """After warm-up: `constant` or `cosine` (to `min_lr_ratio * lr` at `total_steps`)."""
     min_lr_ratio: float = 0.1
     """Floor of the cosine schedule as a fraction of `lr`."""
@@ -139,7 +155,7 @@ class TrainerConfig:
     """Clip the global gradient norm to this (0 disables)."""
     num_ranks: int = 1
     """FSDP2 data-parallel ranks of the trainer pool (more than 1 needs `ray.enabled=true`, or torchrun)."""
-    device: str = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     """`auto` (cuda if available else cpu), `cpu` or `cuda`. With Ray a rank gets a GPU only with `cuda` (`trainer.gpus_per_rank` each); `cuda` where no GPU can be had is a config error."""
     cpus_per_rank: float = 1.0
     """Ray placement: CPUs in each trainer rank's bundle."""
@@ -147,7 +163,7 @@ class TrainerConfig:
     """Ray placement with `trainer.device=cuda`: GPUs in each rank's bundle (a fraction shares the GPU with a rollout server, see `rollout.gpus_per_worker`)."""
     ray_resources: dict[str, float] = field(default_factory=dict)
     """Ray placement: custom resources added to each rank's bundle, e.g. `{trainer_node: 1}`: ranks then run only on nodes started with that resource (`ray start --resources '{"trainer_node": 8}'`, see deploy/README.md)."""
-    engine: str = "fsdp"
+    engine: Literal["fsdp", "cost_model"] = "fsdp"
     """The step: `fsdp` (FSDP2 forward/backward) or `cost_model` (the real model is loaded and its weights published, but a step only reads its shard and sleeps `trainer.cost_model_token_s` per loss token: benchmarks of the pipeline)."""
     cost_model_token_s: float = 1e-4
     """`trainer.engine=cost_model`: seconds per trained (loss) token of a step."""
@@ -172,10 +188,8 @@ class TrainerConfig:
         return {"sync": 0, "one_step_off": 1}.get(self.mode, self.max_staleness)
 
     def __post_init__(self) -> None:
-        _one_of(self.mode, "trainer.mode", MODES)
+        _check_literals(self, "trainer")  # mode, admission, staleness_level, lr_schedule, device, engine
         _check(self.max_staleness >= 0, "trainer.max_staleness", f"must be >= 0, got {self.max_staleness}")
-        _one_of(self.admission, "trainer.admission", ("pace", "bound"))
-        _one_of(self.staleness_level, "trainer.staleness_level", ("group", "token"))
         _check(self.admission_slack >= 0, "trainer.admission_slack", f"must be >= 0, got {self.admission_slack}")
         _check(self.publish_every >= 1, "trainer.publish_every", f"must be >= 1, got {self.publish_every}")
         _check(self.publish_every <= self.max_staleness + 1 or self.mode != "fully_async", "trainer.publish_every",
@@ -188,96 +202,16 @@ class TrainerConfig:
         _check(self.logit_chunk_tokens >= 0, "trainer.logit_chunk_tokens", f"must be >= 0 (0 = full logits), got {self.logit_chunk_tokens}")
         _check(self.lr > 0, "trainer.lr", f"must be > 0, got {self.lr}")
         _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "trainer.betas", "must be two values in [0, 1)")
-        _one_of(self.lr_schedule, "trainer.lr_schedule", ("constant", "cosine"))
         _check(self.grad_clip >= 0, "trainer.grad_clip", "must be >= 0")
         _check(self.num_ranks >= 1, "trainer.num_ranks", "must be >= 1")
-        _one_of(self.device, "trainer.device", ("auto", "cpu", "cuda"))
         _check(self.cpus_per_rank > 0, "trainer.cpus_per_rank", f"must be > 0, got {self.cpus_per_rank}")
         _check(0 < self.gpus_per_rank <= 1, "trainer.gpus_per_rank", f"must be in (0, 1], got {self.gpus_per_rank}")
         _check_resources(self.ray_resources, "trainer.ray_resources")
-        _one_of(self.engine, "trainer.engine", ("fsdp", "cost_model"))
         _check(self.cost_model_token_s >= 0, "trainer.cost_model_token_s", "must be >= 0")
         _check(self.eval_every >= 1, "trainer.eval_every", "must be >= 1")
         _check(self.save_every >= 0, "trainer.save_every", "must be >= 0")
         _check(self.max_restarts >= 0, "trainer.max_restarts", f"must be >= 0, got {self.max_restarts}")
         _check(self.max_bad_steps >= 1, "trainer.max_bad_steps", f"must be >= 1, got {self.max_bad_steps}")
-
-
-@dataclass
-class AlgorithmConfig:
-    advantage: str = "grpo"
-    """Advantage estimator from the registry: `grpo`, `rloo`, `reinforce_pp` (group-centred, then whitened over the batch's sequences)."""
-    norm_adv_by_std: bool = True
-    """grpo: divide group-centred rewards by the group's std (Dr. GRPO sets this false)."""
-    loss: str = "ppo_clip"
-    """Policy loss from the registry: `ppo_clip` (with dual clip, `clip_ratio_c`), `vanilla_pg` (unclipped importance-weighted), `gspo` (sequence-level ratio, `gspo_clip_ratio_*`), `cispo` (clipped, detached IS weight times A times log-prob)."""
-    clip_ratio_low: float = 0.2
-    """PPO clip: ratio lower bound is 1 - clip_ratio_low."""
-    clip_ratio_high: float = 0.2
-    """PPO clip: ratio upper bound is 1 + clip_ratio_high (DAPO raises it, e.g. 0.28)."""
-    clip_ratio_c: float = 3.0
-    """Dual-clip PPO (`ppo_clip`): for negative advantages the loss is at most clip_ratio_c * |A| (verl's default 3); 0 = off, else > 1."""
-    gspo_clip_ratio_low: float = 3e-4
-    """`gspo`: the sequence ratio's lower bound is 1 - gspo_clip_ratio_low (the GSPO paper: 3e-4)."""
-    gspo_clip_ratio_high: float = 4e-4
-    """`gspo`: the sequence ratio's upper bound is 1 + gspo_clip_ratio_high (the GSPO paper: 4e-4)."""
-    loss_agg: str = "token_mean"
-    """Aggregation: `token_mean` (over all tokens of the batch), `seq_mean_token_mean`, `seq_mean_token_sum`, `seq_mean_token_sum_norm` (Dr. GRPO: token sum / `loss_agg_norm_len`, mean over sequences). Sequence means count only sequences with loss tokens."""
-    loss_agg_norm_len: int = 0
-    """`seq_mean_token_sum_norm`: the constant each sequence's token sum is divided by (e.g. `rollout.max_response_length`); required > 0 there."""
-    kl_coef: float = 0.0
-    """Weight of the KL penalty to the reference (initial) policy; 0 skips the reference model."""
-    kl_estimator: str = "k3"
-    """KL estimator: `k1`, `k2`, `k3` (verl's `low_var_kl`, clamped as the references do: finite at any log-prob gap)."""
-    filter_groups: bool = False
-    """DAPO dynamic sampling: drop finished groups whose rewards are all equal (no advantage signal), counted as `dropped/filtered`; admission refills the batch. Needs `rollout.group_size` >= 2."""
-    entropy_coef: float = 0.0
-    """Entropy bonus weight (entropy is always logged); with `entropy_target` > 0 it is the starting value of the adapted weight."""
-    entropy_target: float = 0.5
-    """Adaptive entropy control, 0 = off: after every step the entropy bonus weight moves by `entropy_coef_lr * (entropy_target - entropy)` (token-mean entropy of the step's batch, nats), clamped to [0, `entropy_coef_max`], so the policy keeps exploring instead of collapsing onto a wrong answer (greedy evaluation is unaffected by the spread it keeps). The bonus then counts each token's entropy only up to the target, so it lifts collapsed tokens and never pushes any token further."""
-    entropy_coef_lr: float = 0.01
-    """Adaptive entropy control: change of the weight per nat of entropy below/above `entropy_target`, per step."""
-    entropy_coef_max: float = 1.0
-    """Adaptive entropy control: upper bound of the adapted weight."""
-    correction: str = "decoupled_ppo"
-    """Off-policy correction (`trainer/corrections.py`): `none`/`bypass` (PPO around the behavior policy), `decoupled_ppo` (AReaL), `tis`, `mis`."""
-    proximal: str = "recompute"
-    """Proximal policy of `decoupled_ppo`/`tis`/`mis`: `recompute` (one extra forward pass per step) or `interpolate` (from token versions, no extra pass; it takes the weights of each mini-batch as the proximal policy, so with `trainer.minibatches` > 1 its clip does not bind: use `recompute` there)."""
-    is_cap: float = 2.0
-    """Cap C on the IS weight pi_prox/pi_behav: `tis` truncates to min(w, C); `decoupled_ppo` drops tokens with w > C (0: no cap)."""
-    mis_level: str = "token"
-    """`mis`: mask single tokens (`token`) or whole sequences by their geometric-mean ratio (`sequence`)."""
-    mis_low: float = 0.5
-    """`mis`: tokens / sequences with IS ratio below this are masked out of the loss."""
-    mis_high: float = 2.0
-    """`mis`: tokens / sequences with IS ratio above this are masked out of the loss."""
-
-    def __post_init__(self) -> None:
-        _one_of(self.correction, "algorithm.correction", ("none", "bypass", "decoupled_ppo", "tis", "mis"))
-        _one_of(self.proximal, "algorithm.proximal", ("recompute", "interpolate"))
-        _one_of(self.mis_level, "algorithm.mis_level", ("token", "sequence"))
-        _check(self.is_cap >= 0, "algorithm.is_cap", "must be >= 0")
-        _check(self.is_cap > 0 or self.correction != "tis", "algorithm.is_cap", "must be > 0 with correction tis")
-        _check(0 <= self.mis_low <= 1, "algorithm.mis_low", "must be in [0, 1]")
-        _check(self.mis_high >= 1, "algorithm.mis_high", "must be >= 1")
-        _one_of(self.advantage, "algorithm.advantage", ("grpo", "rloo", "reinforce_pp"))
-        _one_of(self.loss, "algorithm.loss", ("ppo_clip", "vanilla_pg", "gspo", "cispo"))
-        _one_of(self.loss_agg, "algorithm.loss_agg", ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"))
-        _check(self.clip_ratio_c == 0 or self.clip_ratio_c > 1, "algorithm.clip_ratio_c", f"must be > 1 (or 0 = off), got {self.clip_ratio_c}")
-        _check(0 < self.gspo_clip_ratio_low < 1, "algorithm.gspo_clip_ratio_low", f"must be in (0, 1), got {self.gspo_clip_ratio_low}")
-        _check(self.gspo_clip_ratio_high > 0, "algorithm.gspo_clip_ratio_high", f"must be > 0, got {self.gspo_clip_ratio_high}")
-        _check(self.loss_agg_norm_len > 0 or self.loss_agg != "seq_mean_token_sum_norm", "algorithm.loss_agg_norm_len",
-               "must be > 0 with loss_agg seq_mean_token_sum_norm (e.g. rollout.max_response_length)")
-        _check(self.loss_agg_norm_len >= 0, "algorithm.loss_agg_norm_len", f"must be >= 0, got {self.loss_agg_norm_len}")
-        _one_of(self.kl_estimator, "algorithm.kl_estimator", ("k1", "k2", "k3"))
-        _check(0 <= self.clip_ratio_low < 1, "algorithm.clip_ratio_low", "must be in [0, 1)")
-        _check(self.clip_ratio_high >= 0, "algorithm.clip_ratio_high", "must be >= 0")
-        _check(self.kl_coef >= 0, "algorithm.kl_coef", "must be >= 0")
-        _check(self.entropy_coef >= 0, "algorithm.entropy_coef", f"must be >= 0, got {self.entropy_coef}")
-        _check(self.entropy_target >= 0, "algorithm.entropy_target", f"must be >= 0 (0 = off), got {self.entropy_target}")
-        _check(self.entropy_coef_lr > 0, "algorithm.entropy_coef_lr", f"must be > 0, got {self.entropy_coef_lr}")
-        _check(self.entropy_coef_max >= self.entropy_coef, "algorithm.entropy_coef_max",
-               f"must be >= algorithm.entropy_coef ({self.entropy_coef}), got {self.entropy_coef_max}")
 
 
 @dataclass
@@ -294,6 +228,10 @@ class AgentConfig:
     """Threads of the reward pool of each process that scores (its own pool: hung rewards never starve the event loop's executor)."""
     max_reward_failures: int = 100
     """This many reward failures in a row (raised, timed out, or not a finite number) stop the run with an error naming the reward."""
+    overlong_buffer_len: int = 0
+    """DAPO overlong reward shaping (verl: `reward_model.overlong_buffer.len`), 0 = off: a response longer than the max response length (`rollout.max_tokens`; the tool agent's `agent.kwargs.max_response_tokens`) minus this many tokens gets a penalty added to its reward, rising linearly to `-overlong_penalty_factor` at the max length. The queued reward is the shaped one; `reward_info` keeps `score` (unshaped) and `overlong_penalty`. Must be < the max response length."""
+    overlong_penalty_factor: float = 1.0
+    """Overlong shaping: the penalty at the max response length (verl: `reward_model.overlong_buffer.penalty_factor`)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments of the agent (e.g. for `tool`: `tools: [python, calculator]`, `max_turns: 4`)."""
 
@@ -302,6 +240,8 @@ class AgentConfig:
         _check(self.reward_timeout_s > 0, "agent.reward_timeout_s", "must be > 0")
         _check(self.reward_workers >= 1, "agent.reward_workers", f"must be >= 1, got {self.reward_workers}")
         _check(self.max_reward_failures >= 1, "agent.max_reward_failures", f"must be >= 1, got {self.max_reward_failures}")
+        _check(self.overlong_buffer_len >= 0, "agent.overlong_buffer_len", f"must be >= 0 (0 = off), got {self.overlong_buffer_len}")
+        _check(self.overlong_penalty_factor >= 0, "agent.overlong_penalty_factor", f"must be >= 0, got {self.overlong_penalty_factor}")
 
 
 @dataclass
@@ -342,6 +282,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     queue: TransferQueueConfig = field(default_factory=lambda: TransferQueueConfig(inline_max_bytes=0))
     """The TransferQueue (`transfer_queue/config.py`); asyncrl sends every trajectory tensor through the data plane (`inline_max_bytes` 0), so the controller holds metadata only."""
@@ -360,13 +301,10 @@ class Config:
             _check(self.weights.backend != "local", "weights.backend", "`local` needs sender and receivers in one process; with ray.enabled use shm (one host), gloo, nccl, nixl or cuda_ipc")
         else:
             _check(t.num_ranks == 1, "trainer.num_ranks", f"{t.num_ranks} ranks need ray.enabled=true (or run the trainer under torchrun)")
+        if self.agent.overlong_buffer_len:
+            _check_overlong(self)
         if t.mode in ("sync", "one_step_off"):
             # in-order consumption: a group waiting for queue space must never block the group the trainer waits for
             need = (t.eta + 2) * t.prompts_per_step * self.rollout.group_size
             _check(self.queue.capacity >= need, "queue.capacity",
                    f"must be >= (eta + 2) * trainer.prompts_per_step * rollout.group_size = {need} in {t.mode} mode, got {self.queue.capacity}")
-
-
-# Loading, saving and documenting the tree live in config_io (another reason to change);
-# re-exported so that callers import one module.
-from asyncrl.config_io import document, dump_resolved, load, to_dict  # noqa: E402, F401

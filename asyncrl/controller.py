@@ -5,8 +5,9 @@ trajectory's arrays are written once by the server host that finished it and rea
 trainer rank for its own rows; weights go from trainer rank 0 to every server's receiver.
 
     prompts ─> Rollouter ──free slot, acquire()──> StalenessManager (admission: eta by mode)
-                  │  group_size samples per prompt ─> Router ─> a server's host (its process):
-                  │      AgentLoop + reward, arrays written once to that process's data plane
+                  │  group_size samples per prompt ─> Router ─> a server's host (its process; with Ray a
+                  │      ServerActor behind its RemoteServer proxy): AgentLoop + reward, arrays written
+                  │      once to that process's data plane
                   │  <── one queue record per sample (metadata + handles, ~1 KiB)
                   v
               TrajectoryQueue (TransferQueue metadata: groups, versions, leases, acks)
@@ -15,8 +16,8 @@ trainer rank for its own rows; weights go from trainer rank 0 to every server's 
                   v
               trainer loop: advantages (rewards, group ids) ─> BatchPlan (handles + one advantage each)
                   │  ─> every rank reads its rows from the storage units, trains (FSDP2)
-                  │  every k steps: FleetManager.publish(version = step) ─> trainer rank 0's Sender
-                  │      ─> every routed server's Receiver: pause(update_mode), load as buckets land,
+                  │  every k steps: FleetManager.publish(version = step) ─> the weight plane
+                  │      (checkpoint_engine, `weights:`): trainer rank 0's Sender ─> every routed server's Receiver: pause(update_mode), load as buckets land,
                   │         drop KV / prefix cache, confirm, resume; returns once all loaded
                   v
               StalenessManager.set_version ─> admits more groups
@@ -63,11 +64,13 @@ from typing import Any
 from asyncrl.admission import Pace
 from asyncrl.config import Config
 from asyncrl.launch import Components
-from asyncrl.metrics import MetricsLogger
+from asyncrl.metrics import MetricsLogger, idle_ratio
 from asyncrl.observe.reporter import StatusReporter
 from asyncrl.progress import Progress
 from asyncrl.rollout.rollouter import Rollouter
+from asyncrl.rollout.shaping import OverlongShaping, overlong_metrics
 from asyncrl.run_dir import checkpoint_dir, latest_checkpoint, plot_curve, prune_checkpoints, write_state
+from asyncrl.run_state import PipelineSource
 from asyncrl.staleness import StalenessManager
 from asyncrl.trainer.handle import TrainerHandle
 from asyncrl.trajectory_queue import TrajectoryQueue, response_length, reward, reward_failed
@@ -96,7 +99,8 @@ class Pipeline:
         self.rollouter = Rollouter(
             run_sample=self._run_sample, prompts=parts.prompts, staleness=self.staleness, sink=self.queue.put,
             discard=self.queue.discard, group_size=self.n, max_running_samples=cfg.rollout.max_running_samples,
-            filter_groups=cfg.algorithm.filter_groups,
+            filter_groups=cfg.algorithm.filter_groups, filter_groups_max_batches=cfg.algorithm.filter_groups_max_batches,
+            shaping=OverlongShaping.from_config(cfg),
         )
         self.step = 0
         self.trained_samples = 0
@@ -204,6 +208,7 @@ class Pipeline:
             "staleness/mean": sum(stale) / len(stale),
             "staleness/max": max(stale),
             **{f"staleness/hist_{k}": v for k, v in sorted(Counter(stale).items())},
+            **overlong_metrics(recs),
         }
 
     def _pipeline_metrics(self) -> dict[str, float]:
@@ -211,8 +216,8 @@ class Pipeline:
         return {
             "throughput/generated_tokens_per_s": self.rollouter.generated_tokens / wall,
             "throughput/trained_tokens_per_s": (self.trained_tokens - self._tokens_at_start) / wall,
-            "trainer/idle_ratio": self.wait_s / wall,
-            "rollout/idle_ratio": self.rollouter.idle_seconds() / wall,
+            "trainer/idle_ratio": idle_ratio(self.wait_s, wall),
+            "rollout/idle_ratio": idle_ratio(self.rollouter.idle_seconds(), wall),
             "trained_samples": self.trained_samples,
             "version": self.staleness.version,
             **{f"drops/{k}": v for k, v in self.staleness.dropped.items()},
@@ -276,7 +281,7 @@ class Pipeline:
         train = asyncio.create_task(self._train_loop(progress))
         health = asyncio.create_task(self.parts.fleets.watch(self.cfg.rollout.health_interval_s))
         leases = asyncio.create_task(self.queue.keep_leases())
-        status = StatusReporter(self)
+        status = StatusReporter(PipelineSource(self))  # observers read a typed run state, not the pipeline
         reporter = asyncio.create_task(status.run())
         try:
             done, _ = await asyncio.wait({roll, train, health, leases}, return_when=asyncio.FIRST_COMPLETED)

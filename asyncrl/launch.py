@@ -18,29 +18,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from agents.base import Sample
+from asyncrl.rollout.sample import Sample
 from asyncrl.config import Config, ConfigError
 from asyncrl.data.datasets import PromptStream
 from asyncrl.data.tasks import Task, build_task
 from asyncrl.rollout.base import SamplingParams
 from asyncrl.rollout.host_spec import HostSpec, make_agent, tokenizer_codec
+from asyncrl.trainer.pool import TrainerPool
 
 
 def resolve_model_path(cfg: Config) -> str:
     if cfg.model.path:
         return str(Path(cfg.model.path).expanduser())
-    from asyncrl.data.tiny_model import TinyModelSpec, ensure_tiny_model
+    from asyncrl.data.tiny_model import ensure_tiny_model
 
-    t = cfg.model.tiny
-    spec = TinyModelSpec(
-        hidden_size=t.hidden_size,
-        num_layers=t.num_layers,
-        num_heads=t.num_heads,
-        num_kv_heads=t.num_kv_heads,
-        intermediate_size=t.intermediate_size,
-        seed=t.seed,
-    )
-    return str(ensure_tiny_model(Path(cfg.model.cache_dir).expanduser(), spec))
+    return str(ensure_tiny_model(Path(cfg.model.cache_dir).expanduser(), cfg.model.tiny))
 
 
 @dataclass
@@ -49,7 +41,7 @@ class Components:
     tokenizer: Any
     task: Task
     prompts: PromptStream
-    trainer: Any
+    trainer: TrainerPool
     """`TrainerRank` (in this process) or `TrainerGroup` (Ray actors): same verbs."""
     eval_samples: list[Sample]
     make_plan: Callable[[list[list[Any]]], tuple[Any, int]]
@@ -162,7 +154,10 @@ def build_trainer(cfg: Config, model_path: str, storage: Any) -> Any:
         import torch
 
         torch.set_num_threads(cfg.trainer.threads)
-    kw = dict(trainer=cfg.trainer, algorithm=cfg.algorithm, dtype=cfg.model.dtype, temperature=cfg.rollout.temperature, seed=cfg.seed)
+    from asyncrl.trainer.lora import LoraSpec
+
+    kw = dict(trainer=cfg.trainer, algorithm=cfg.algorithm, critic=cfg.critic, lora=LoraSpec.from_model(cfg.model),
+              dtype=cfg.model.dtype, temperature=cfg.rollout.temperature, seed=cfg.seed)
     if cfg.ray.enabled:
         from asyncrl.trainer.actor import TrainerGroup
 
@@ -214,7 +209,7 @@ def build(cfg: Config, run_dir: Any = None) -> Components:
     from transfer_queue import make_storage
 
     from asyncrl.batching import PlanBuilder
-    from asyncrl.config_checks import load_tokenizer
+    from asyncrl.preflight import load_tokenizer
 
     share_run_secret(cfg)
     model_path = resolve_model_path(cfg)

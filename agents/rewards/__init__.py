@@ -8,6 +8,8 @@ Custom functions (sync or async) are chosen by registry name or by import path
 (`package.module:function`) from config, with keyword settings bound by `functools.partial`:
 `get_reward("reward_model", url="http://rm:8000/score")`. A keyword the function does not take
 is a `RewardArgumentError` (a `TypeError`) naming the reward, raised here, not swallowed.
+`REWARDS` is an `asyncrl.registry.Registry` (the import-path lookup and the unknown-name error naming
+`agent.reward` live there).
 
 `DATA_SOURCES` maps a row's `data_source` (verl's column) to a reward name:
 `reward_for_source("openai/gsm8k") == "gsm8k"`; `register_data_source` adds one.
@@ -18,7 +20,6 @@ a reward that raises or hangs must never crash a run.
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 from typing import Any, Callable
 
@@ -27,18 +28,18 @@ from agents.rewards.gsm8k import gsm8k
 from agents.rewards.math import math_answer, math_boxed
 from agents.rewards.reverse import reverse_digits
 from agents.rewards.reward_model import reward_model
+from asyncrl.registry import Registry
 
 RewardFn = Callable[..., "float | tuple[float, dict]"]
 
-REWARDS: dict[str, RewardFn] = {
-    "digits": reverse_digits,
-    "reverse_digits": reverse_digits,
-    "gsm8k": gsm8k,
-    "math": math_boxed,
-    "math_answer": math_answer,
-    "code_tests": code_tests,
-    "reward_model": reward_model,
-}
+REWARDS: Registry[RewardFn] = Registry("reward", "agent.reward")
+REWARDS.add("digits", reverse_digits)
+REWARDS.add("reverse_digits", reverse_digits)
+REWARDS.add("gsm8k", gsm8k)
+REWARDS.add("math", math_boxed)
+REWARDS.add("math_answer", math_answer)
+REWARDS.add("code_tests", code_tests)
+REWARDS.add("reward_model", reward_model)
 
 DATA_SOURCES: dict[str, str] = {
     "openai/gsm8k": "gsm8k",
@@ -62,18 +63,13 @@ class RewardArgumentError(TypeError, ValueError):
 
 
 def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
-    """Decorator: `@register_reward("my_reward")` makes `my_reward` selectable by name."""
-
-    def deco(fn: RewardFn) -> RewardFn:
-        REWARDS[name] = fn
-        return fn
-
-    return deco
+    """Decorator: `@register_reward("my_reward")` makes `my_reward` selectable by name (a name is taken once)."""
+    return REWARDS.register(name)
 
 
 def register_data_source(data_source: str, reward: str) -> None:
     """Rows whose `data_source` is `data_source` are scored by the registered reward `reward`."""
-    _lookup(reward)
+    REWARDS.get(reward)
     DATA_SOURCES[data_source] = reward
 
 
@@ -84,7 +80,7 @@ def reward_for_source(data_source: str) -> str | None:
 
 def get_reward(name: str, **kwargs: Any) -> RewardFn:
     """A registered name, or an import path `module:function`; `kwargs` are bound to it (checked against its signature)."""
-    fn = _lookup(name)
+    fn = REWARDS.get(name)
     if not kwargs:
         return fn
     try:
@@ -94,15 +90,3 @@ def get_reward(name: str, **kwargs: Any) -> RewardFn:
     except ValueError:  # no signature to inspect (a builtin): the call will tell
         pass
     return functools.partial(fn, **kwargs)
-
-
-def _lookup(name: str) -> RewardFn:
-    if name in REWARDS:
-        return REWARDS[name]
-    if ":" in name:
-        mod, _, attr = name.partition(":")
-        fn = getattr(importlib.import_module(mod), attr, None)
-        if not callable(fn):
-            raise ValueError(f"reward {name!r}: {attr!r} is not a callable in module {mod!r}")
-        return fn
-    raise ValueError(f"unknown reward {name!r}; registered: {sorted(REWARDS)} (or give module:function)")

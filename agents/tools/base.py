@@ -5,15 +5,17 @@ template shows the model), and `async __call__(**arguments) -> str`. It may rais
 loop turns any exception or timeout into an error message for the model (`call_tool`),
 so a failing tool never ends a rollout; except `ToolUnavailable` (this host cannot run the tool
 at all, e.g. the sandbox cannot isolate code), which propagates: no model could fix it. Tools are chosen by name from config
-(`get_tool("python", wall_s=5)`) or by import path (`package.module:ClassName`).
+(`get_tool("python", wall_s=5)`) or by import path (`package.module:ClassName`) through `TOOLS`, an
+`asyncrl.registry.Registry`.
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
-import importlib
 from typing import Any, Callable
+
+from asyncrl.registry import Registry
 
 
 class ToolUnavailable(RuntimeError):
@@ -35,14 +37,14 @@ class Tool(abc.ABC):
                                                  "parameters": self.parameters}}
 
 
-TOOLS: dict[str, Callable[..., Tool]] = {}
+TOOLS: Registry[Callable[..., Tool]] = Registry("tool", "agent.kwargs.tools")
 
 
 def register_tool(name: str) -> Callable[[type[Tool]], type[Tool]]:
-    """Class decorator: `@register_tool("calculator")` makes the tool buildable by name."""
+    """Class decorator: `@register_tool("calculator")` makes the tool buildable by name (a name is taken once)."""
 
     def deco(cls: type[Tool]) -> type[Tool]:
-        TOOLS[name] = cls
+        TOOLS.add(name, cls)
         return cls
 
     return deco
@@ -50,15 +52,7 @@ def register_tool(name: str) -> Callable[[type[Tool]], type[Tool]]:
 
 def get_tool(name: str, **kwargs: Any) -> Tool:
     """Build a registered tool, or a `module:ClassName` import path, with its keyword settings."""
-    if name in TOOLS:
-        return TOOLS[name](**kwargs)
-    if ":" in name:
-        mod, _, attr = name.partition(":")
-        factory = getattr(importlib.import_module(mod), attr, None)
-        if not callable(factory):
-            raise ValueError(f"tool {name!r}: {attr!r} is not a class or factory in module {mod!r}")
-        return factory(**kwargs)
-    raise ValueError(f"unknown tool {name!r}; registered: {sorted(TOOLS)} (or give module:ClassName)")
+    return TOOLS.get(name)(**kwargs)
 
 
 def build_tools(specs: list[Any]) -> dict[str, Tool]:

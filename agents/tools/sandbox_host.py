@@ -5,7 +5,7 @@ pick a fresh uid per run, find and SIGKILL every live process of that uid (a for
 children may have left the process group), and find the directories an interpreter
 imports from that a fresh uid could not enter (the child mounts them back over an empty
 tmpfs; see `_sandbox_child`), wherever the interpreter, its venv or the checkout live.
-Linux only (reads /proc).
+Linux only (a uid's processes are found through psutil, which reads /proc).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+
+import psutil
 
 _UID_RANGE = (200_000, 1 << 30)  # far above real accounts; a clash between two runs is ~1e-9
 _uids_in_use: set[int] = set()
@@ -67,20 +69,9 @@ def exposures(python: str) -> list[tuple[str, str]]:
 
 def processes_of(uid: int) -> list[int]:
     """Pids of `uid`'s processes that have not exited yet (zombies hold no resources but a pid)."""
-    pids = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            if os.stat(f"/proc/{pid}").st_uid != uid:
-                continue
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            continue
-        if state not in (b"Z", b"X"):
-            pids.append(int(pid))
-    return pids
+    gone = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    return [p.pid for p in psutil.process_iter(["uids", "status"])
+            if p.info["uids"] is not None and p.info["uids"].effective == uid and p.info["status"] not in gone]
 
 
 def kill_uid(uid: int) -> None:

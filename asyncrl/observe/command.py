@@ -24,8 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from asyncrl.observe.reporter import FINAL_FILE, KEY_PREFIX, RUNS_KEY, status_key
-from asyncrl.observe.snapshot import lifecycle_snapshot
+from asyncrl.observe.snapshot import RunNotFound, lifecycle_snapshot  # noqa: F401 (RunNotFound: re-exported)
 
 STALL_INTERVALS = 5
 """A live process whose heartbeat is older than this many reporting intervals is `stalled`
@@ -33,20 +35,14 @@ STALL_INTERVALS = 5
 MIN_STALL_S = 10.0
 
 
-class RunNotFound(Exception):
-    """No run (or no snapshot of it) where the user pointed."""
-
-
 def pid_alive(pid: int) -> bool:
+    """Whether process `pid` of this host runs; a killed child its parent has not reaped yet is a
+    zombie: not running. Another user's process we may not inspect counts as running."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # ZombieProcess included
         return False
-    except PermissionError:
-        return True
-    try:  # a killed child its parent has not reaped yet is a zombie: not running
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError):
+    except psutil.AccessDenied:
         return True
 
 

@@ -3,59 +3,103 @@
 Job: turn one snapshot (with `liveness`) into gauges named like its JSON keys
 (`asyncrl_queue_depth{state="ready"}`, `asyncrl_staleness{view="queue",staleness="1"}`, ...)
 and serve them on 127.0.0.1 from `asyncrl status --watch --prometheus PORT`.
-Boundary: no Prometheus client library; the watcher's latest snapshot is the only input.
+Boundary: the watcher's latest snapshot is the only input; prometheus_client writes the text
+(label values escaped: a server or fleet name may hold any character) and serves it.
 """
 
 from __future__ import annotations
 
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 from typing import Any, Callable
 
+from prometheus_client import generate_latest, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
 
-def _line(name: str, value: Any, **labels: Any) -> str:
-    lab = ",".join(f'{k}="{str(v)}"' for k, v in labels.items())
-    return f"asyncrl_{name}{{{lab}}} {float(value or 0)}" if lab else f"asyncrl_{name} {float(value or 0)}"
+HELP = {
+    "up": "1 while the run reports (not dead, stalled, finished or failed)",
+    "trainer_step": "trainer steps taken", "version": "the policy version the servers were asked to load",
+    "weights_last_publish_s": "seconds the last publish took", "weights_last_publish_time": "unix time of the last publish",
+    "queue_capacity": "queue capacity (records)", "queue_resident": "records in the queue",
+    "queue_complete_groups": "complete groups in the queue", "idle_ratio": "share of the wall time a component waited",
+    "queue_depth": "the trainer's records by state", "staleness": "samples by staleness (queue, last batch, trained)",
+    "drops": "drops by cause", "rate": "throughputs per second", "heartbeat_age_s": "seconds since a component last made progress",
+    "server_version": "version a server serves", "server_in_flight": "requests in flight on a server",
+    "server_tokens_per_s": "tokens per second of a server", "server_healthy": "1 when a server answers its health probe",
+}
 
 
-def render(snap: dict[str, Any]) -> str:
+class _Gauges:
+    """Gauge families in first-seen order; every sample of a family has the same label names."""
+
+    def __init__(self) -> None:
+        self.families: dict[str, GaugeMetricFamily] = {}
+
+    def add(self, name: str, value: Any, **labels: Any) -> None:
+        fam = self.families.get(name)
+        if fam is None:
+            fam = self.families[name] = GaugeMetricFamily(f"asyncrl_{name}", HELP.get(name, name), labels=list(labels))
+        fam.add_metric([str(v) for v in labels.values()], float(value or 0))
+
+
+def gauges(snap: dict[str, Any]) -> list[GaugeMetricFamily]:
+    """The snapshot's figures as gauge families (only `asyncrl_up` for a lifecycle record)."""
+    g = _Gauges()
     if "queue" not in snap:
-        return _line("up", snap.get("liveness", {}).get("alive", False)) + "\n"
+        g.add("up", snap.get("liveness", {}).get("alive", False))
+        return list(g.families.values())
     q, tr, w, st, ro = snap["queue"], snap["trainer"], snap["weights"], snap["staleness"], snap["rollout"]
-    out = [_line("up", snap["liveness"]["alive"]), _line("trainer_step", tr["step"]), _line("version", tr["version"]),
-           _line("weights_last_publish_s", w["last_publish_s"]), _line("weights_last_publish_time", w["last_publish_time"]),
-           _line("queue_capacity", q["capacity"]), _line("queue_resident", q["resident"]),
-           _line("queue_complete_groups", q["complete_groups"]),
-           _line("idle_ratio", tr["idle_ratio"], component="trainer"), _line("idle_ratio", ro["idle_ratio"], component="rollout")]
-    out += [_line("queue_depth", q[s], state=s) for s in ("ready", "leased", "waiting", "acked")]
+    g.add("up", snap["liveness"]["alive"])
+    g.add("trainer_step", tr["step"])
+    g.add("version", tr["version"])
+    g.add("weights_last_publish_s", w["last_publish_s"])
+    g.add("weights_last_publish_time", w["last_publish_time"])
+    for key in ("capacity", "resident", "complete_groups"):
+        g.add(f"queue_{key}", q[key])
+    g.add("idle_ratio", tr["idle_ratio"], component="trainer")
+    g.add("idle_ratio", ro["idle_ratio"], component="rollout")
+    for s in ("ready", "leased", "waiting", "acked"):
+        g.add("queue_depth", q[s], state=s)
     for view in ("queue", "last_batch", "trained"):
-        out += [_line("staleness", v, view=view, staleness=k) for k, v in st[view].items()]
-    out += [_line("drops", v, cause=k, unit="groups") for k, v in snap["drops"].items()]
-    out += [_line("drops", v, cause=k, unit="records") for k, v in q["drops"].items()]
-    out += [_line("rate", v, kind=k) for k, v in snap["rates"].items()]
+        for k, v in st[view].items():
+            g.add("staleness", v, view=view, staleness=k)
+    for k, v in snap["drops"].items():
+        g.add("drops", v, cause=k, unit="groups")
+    for k, v in q["drops"].items():
+        g.add("drops", v, cause=k, unit="records")
+    for k, v in snap["rates"].items():
+        g.add("rate", v, kind=k)
     for fleet, f in snap["fleets"].items():
         for s in f["servers"]:
             for key in ("version", "in_flight", "tokens_per_s", "healthy"):
-                out.append(_line(f"server_{key}", s[key], fleet=fleet, server=s["name"]))
-    out += [_line("heartbeat_age_s", v, component=k) for k, v in snap["liveness"]["component_age_s"].items()]
-    return "\n".join(out) + "\n"
+                g.add(f"server_{key}", s[key], fleet=fleet, server=s["name"])
+    for k, v in snap["liveness"]["component_age_s"].items():
+        g.add("heartbeat_age_s", v, component=k)
+    return list(g.families.values())
 
 
-def serve(port: int, latest: Callable[[], dict[str, Any]]) -> ThreadingHTTPServer:
-    """Serve `render(latest())` at http://127.0.0.1:PORT/metrics in a daemon thread."""
+class SnapshotCollector(Collector):
+    """A collector over whatever snapshot `latest()` returns at scrape time."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            body = render(latest()).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def __init__(self, latest: Callable[[], dict[str, Any]]) -> None:
+        self.latest = latest
 
-        def log_message(self, *args: Any) -> None:
-            pass
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield from gauges(self.latest())
 
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    threading.Thread(target=server.serve_forever, name="status-prometheus", daemon=True).start()
+
+def _registry(latest: Callable[[], dict[str, Any]]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(latest))
+    return registry
+
+
+def render(snap: dict[str, Any]) -> str:
+    return generate_latest(_registry(lambda: snap)).decode()
+
+
+def serve(port: int, latest: Callable[[], dict[str, Any]]) -> Any:
+    """Serve the figures of `latest()` at http://127.0.0.1:PORT/metrics in a daemon thread;
+    returns the server (`server_address`, `shutdown()`)."""
+    server, _thread = start_http_server(port, addr="127.0.0.1", registry=_registry(latest))
     return server

@@ -13,9 +13,10 @@ At the end of `Pipeline.run` the controller calls `final()`: the snapshot then s
 `finished` or `failed` and is also kept as `<run_dir>/status_final.json`, because
 `asyncrl train` overwrites `status.json` with its short lifecycle record afterwards.
 
-Boundary: the reporter only reads the pipeline; the controller starts it as a task and
-cancels it. A write error ends the reporter task (the controller collects it at the end);
-the run itself goes on, and `asyncrl status` then reports it as stalled or dead.
+Boundary: the reporter only reads the run's `RunSource` (`asyncrl/run_state.py`), never the
+pipeline; the controller starts it as a task and cancels it. A write error ends the reporter
+task (the controller collects it at the end); the run itself goes on, and `asyncrl status`
+then reports it as stalled or dead.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.observe.snapshot import SnapshotBuilder
+from asyncrl.run_state import RunSource
 
 KEY_PREFIX = "asyncrl:status:"
 RUNS_KEY = KEY_PREFIX + "runs"
@@ -69,16 +71,17 @@ class RedisStatus:
 class StatusReporter:
     """Writes a snapshot every `interval_s`; `ttl_s` (Redis heartbeat) defaults to 5 intervals, at least 10 s."""
 
-    def __init__(self, pipeline: Any, interval_s: float = 1.0, ttl_s: float | None = None) -> None:
-        self.pipeline, self.interval_s = pipeline, interval_s
-        self.builder = SnapshotBuilder(pipeline, interval_s=interval_s)
+    def __init__(self, source: RunSource, interval_s: float = 1.0, ttl_s: float | None = None) -> None:
+        self.interval_s = interval_s
+        self.run_dir = source.info.dir
+        self.builder = SnapshotBuilder(source, interval_s=interval_s)
         self.redis: RedisStatus | None = None
-        q = pipeline.cfg.queue
-        if q.metadata == "redis":
-            self.redis = RedisStatus(q.redis_url, pipeline.run_dir.name, ttl_s or max(5 * interval_s, 10.0))
+        info = source.info
+        if info.queue_backend == "redis":
+            self.redis = RedisStatus(info.redis_url, info.name, ttl_s or max(5 * interval_s, 10.0))
 
     async def write(self, snap: dict[str, Any]) -> None:
-        await asyncio.to_thread(write_json, self.pipeline.run_dir / "status.json", snap)
+        await asyncio.to_thread(write_json, self.run_dir / "status.json", snap)
         if self.redis is not None:
             await asyncio.to_thread(self.redis.write, snap)
 
@@ -101,7 +104,7 @@ class StatusReporter:
         try:
             snap = await self.builder.build(state, f"{type(error).__name__}: {error}"[:500] if error is not None else None)
             await self.write(snap)
-            await asyncio.to_thread(write_json, self.pipeline.run_dir / FINAL_FILE, snap)
+            await asyncio.to_thread(write_json, self.run_dir / FINAL_FILE, snap)
         except Exception:
             if error is None:
                 raise

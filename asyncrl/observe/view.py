@@ -102,7 +102,7 @@ def show(snap: dict[str, Any]) -> None:
 
 def watch(read: Callable[[], dict[str, Any]], *, interval_s: float = 1.0, prometheus_port: int | None = None) -> int:
     """Refresh the view every `interval_s` until Ctrl-C; a run that ends stays on screen with its end state."""
-    from asyncrl.observe.command import RunNotFound
+    from asyncrl.observe.snapshot import RunNotFound
 
     latest: dict[str, Any] = {}
     server = None

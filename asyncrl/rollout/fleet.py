@@ -1,7 +1,7 @@
 """Rollout fleets: the servers that serve one run, grouped, placed, restarted and synced.
 
-Job: building and starting servers is fleet_build.py (`build_server`, `build_fleet`, `Fleet`,
-re-exported here). The `FleetManager` owns every
+Job: building servers is backends.py (`build_server`), starting them fleet_build.py (`build_fleet`,
+`Fleet`); all re-exported here. The `FleetManager` owns every
 fleet of a run, the version each server serves and the rejoin rule: it adds and drains fleets
 while requests run, has the trainer publish each version to exactly the servers that take
 requests (weights travel trainer -> server on the weight plane, never through this process),
@@ -19,7 +19,8 @@ from typing import Any, Awaitable, Protocol, TypeVar
 
 from asyncrl.config import RolloutConfig
 from asyncrl.rollout.base import PauseMode, RolloutServer
-from asyncrl.rollout.fleet_build import START_ATTEMPTS, Fleet, build_fleet, build_server, fleet_configs  # noqa: F401  re-exported
+from asyncrl.rollout.backends import build_server  # noqa: F401  re-exported
+from asyncrl.rollout.fleet_build import START_ATTEMPTS, Fleet, build_fleet, fleet_configs  # noqa: F401  re-exported
 from asyncrl.rollout.router import Router, ServerDied
 
 

@@ -1,5 +1,5 @@
-"""How the servers of a fleet are built and started: `build_server` is the one place that knows the
-backends; a `Fleet` is N servers of one backend and one sampling setup, either local
+"""How the servers of a fleet are started: a `Fleet` is N servers of one backend (each built by
+`backends.build_server`, the one place that knows the backends) and one sampling setup, either local
 (`build_fleet`: in this process, the embedded default) or Ray actors in one placement group
 (`Fleet.spawn`, which replaces a server that dies while starting).
 Boundary: which servers take requests, at which version, and what happens when one dies is the
@@ -11,57 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 from typing import Any, Awaitable, Callable
 
 from asyncrl.config import RolloutConfig
+from asyncrl.rollout.backends import build_server
 from asyncrl.rollout.base import RolloutServer
 from asyncrl.rollout.router import DEFAULT_FLEET, ServerDied
 
 START_ATTEMPTS = 3
 """Starts of one server in a row that may die before it is up (then the fleet fails)."""
-
-
-def build_server(cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int, index: int = 0,
-                 log_dir: str | None = None) -> RolloutServer:
-    """Server `index` of a fleet of `cfg.backend`. `log_dir` (the run directory) receives engine
-    logs that would otherwise flood the console (vLLM: `vllm.log`)."""
-    if cfg.backend == "torch":
-        from asyncrl.rollout.torch_engine import TorchRolloutServer
-
-        return TorchRolloutServer(
-            model_path,
-            dtype=dtype,
-            max_batch_size=cfg.max_batch_size,
-            seed=seed + index,
-            threads=cfg.torch_threads,
-            prefix_cache_size=cfg.prefix_cache_size,
-        )
-    if cfg.backend == "vllm":
-        from asyncrl.rollout.vllm_engine import VLLMRolloutServer
-
-        return VLLMRolloutServer(
-            model_path,
-            dtype=dtype,
-            seed=seed + index,
-            enforce_eager=cfg.enforce_eager,
-            gpu_memory_utilization=cfg.gpu_memory_utilization,
-            cpu_kv_cache_gb=cfg.cpu_kv_cache_gb,
-            tensor_parallel_size=cfg.tensor_parallel_size,
-            log_path=os.path.join(log_dir, "vllm.log") if log_dir else None,
-        )
-    if cfg.backend == "openai":  # one server per URL; the config requires external_weights=frozen
-        from asyncrl.rollout.openai_server import OpenAIRolloutServer
-
-        return OpenAIRolloutServer(cfg.server_urls[index], timeout_s=cfg.request_timeout_s)
-    if cfg.backend == "cost_model":
-        from asyncrl.rollout.cost_model import CostModelServer, LongTail
-
-        c = cfg.cost_model
-        return CostModelServer(token_cost_s=c.token_cost_s, max_concurrency=c.max_concurrency, seed=seed + index,
-                               lengths=LongTail(c.short_tokens, c.long_fraction, c.long_factor, c.jitter),
-                               update_cost_s=c.update_cost_s)
-    raise ValueError(f"rollout.backend: unknown backend {cfg.backend!r}")
 
 
 def build_fleet(cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int, log_dir: str | None = None) -> list[RolloutServer]:

@@ -23,7 +23,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Iterable
 
-from agents.base import AgentLoop, Sample
+from agents.base import AgentLoop
+from asyncrl.rollout.sample import Sample
 from asyncrl.rollout.base import GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats
 from asyncrl.rollout.router import Router
 from asyncrl.trajectory_queue import trajectory_sample

@@ -20,7 +20,8 @@ from typing import Any, Callable
 
 import msgspec
 
-from agents.base import AgentLoop, Sample
+from agents.base import AgentLoop
+from asyncrl.rollout.sample import Sample
 from transfer_queue import SampleMeta
 
 
@@ -50,15 +51,20 @@ def make_agent(agent: dict[str, Any], reward: str, encode: Callable, decode: Cal
     from agents.registry import AGENTS, accepts, build_agent, resolve
     from agents.rewards import get_reward
     from asyncrl.config import ConfigError
+    from asyncrl.registry import UnknownName
 
     kw: dict[str, Any] = dict(decode=decode, sampling=sampling, reward=reward, reward_kwargs=dict(agent["reward_kwargs"]),
                               reward_timeout_s=agent["reward_timeout_s"], **agent["kwargs"])
     try:
         factory = resolve(agent["name"], AGENTS, "agent")
+    except UnknownName as e:  # its text names the key already
+        raise ConfigError(str(e)) from None
     except (ValueError, ImportError, AttributeError) as e:
         raise ConfigError(f"agent.name: {e}") from None
     try:
         get_reward(reward, **agent["reward_kwargs"])
+    except UnknownName as e:
+        raise ConfigError(str(e)) from None
     except (ValueError, ImportError, AttributeError) as e:
         raise ConfigError(f"agent.reward: {e}") from None
     if "encode" in inspect.signature(factory).parameters:

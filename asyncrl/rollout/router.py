@@ -3,7 +3,7 @@
 Job: one `generate` call in, exactly one `GenerateOutput` out (or one `call`: any verb of one
 server, such as a whole sample its host runs), whatever happens to the servers meanwhile: a weight update that aborts the request (partial rollout, `partial.py`), a server
 that dies (failover, `Failover`), a fleet added or drained. Servers are local `RolloutServer`s
-or proxies of Ray actors (`server_actor.ActorServer`): the router sees only the interface, and
+or proxies of Ray actors (`remote_server.RemoteServer`): the router sees only the interface, and
 learns that a server died from the `ServerDied` error a proxy raises.
 Boundary: no Ray, no placement, no weights; the `FleetManager` (fleet.py) owns those, and hears
 of a dead server through `on_dead` (it restarts the server and `add`s it back once synced).

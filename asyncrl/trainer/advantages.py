@@ -1,6 +1,7 @@
 """Advantage estimators: sequence rewards in, one advantage per sequence out.
 
-Pure tensor functions in a registry (`ADVANTAGES`), picked by `algorithm.advantage`.
+Pure tensor functions in a registry (`ADVANTAGES`, an `asyncrl.registry.Registry`), picked by
+`algorithm.advantage`: a registered name or an import path `package.module:function`.
 Every estimator takes `rewards [N]` and `group_index [N]` (long, the group each sample
 belongs to, 0..G-1 in any order) plus keyword constants, and returns `[N]` float
 advantages. They know nothing about tokens, models or configs: the trainer broadcasts
@@ -24,22 +25,24 @@ from typing import Callable, Protocol, Sequence
 import torch
 from torch import Tensor
 
+from asyncrl.registry import Registry
+
 
 class AdvantageFn(Protocol):
     def __call__(self, rewards: Tensor, group_index: Tensor, *, norm_by_std: bool = True, eps: float = 1e-6) -> Tensor: ...
 
 
-ADVANTAGES: dict[str, AdvantageFn] = {}
+ADVANTAGES: Registry[AdvantageFn] = Registry("advantage", "algorithm.advantage")
+
+TOKEN_LEVEL_ADVANTAGES: tuple[str, ...] = ("gae",)
+"""Valid `algorithm.advantage` names that are not sequence estimators in `ADVANTAGES`: token-level
+advantages computed on the trainer ranks (`gae`, with a critic: `trainer/gae.py`). Config accepts
+them too (`config_checks.check_registered`); `compute_advantages` does not compute them."""
 
 
 def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
-    def deco(fn: AdvantageFn) -> AdvantageFn:
-        if name in ADVANTAGES:
-            raise ValueError(f"advantage {name!r} registered twice")
-        ADVANTAGES[name] = fn
-        return fn
-
-    return deco
+    """Decorator: `@register_advantage("my_adv")` makes an estimator selectable as `algorithm.advantage=my_adv`."""
+    return ADVANTAGES.register(name)
 
 
 def group_index_of(group_ids: Sequence[str]) -> Tensor:
@@ -121,10 +124,10 @@ def reinforce_pp(
 
 
 def compute_advantages(name: str, rewards: Sequence[float], group_ids: Sequence[str], *, norm_by_std: bool = True) -> list[float]:
-    """Convenience for controllers: rewards and group ids of a batch of trajectories -> advantages."""
-    if name not in ADVANTAGES:
-        raise KeyError(f"algorithm.advantage: unknown {name!r}, known {sorted(ADVANTAGES)}")
-    adv = ADVANTAGES[name](torch.tensor(list(rewards), dtype=torch.float32), group_index_of(group_ids), norm_by_std=norm_by_std)
+    """Convenience for controllers: rewards and group ids of a batch of trajectories -> advantages.
+
+    `name` is a registered estimator or an import path; anything else is a `KeyError` naming `algorithm.advantage`."""
+    adv = ADVANTAGES.get(name)(torch.tensor(list(rewards), dtype=torch.float32), group_index_of(group_ids), norm_by_std=norm_by_std)
     return adv.tolist()
 
 

@@ -41,12 +41,15 @@ This module is pure tensors: no model, no ranks. Statistics leave as additive su
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import torch
 from torch import Tensor
 
-from asyncrl.config import AlgorithmConfig
+from asyncrl.registry import Registry
+
+if TYPE_CHECKING:  # config checks read CORRECTIONS: importing the config here would be a cycle
+    from asyncrl.config import AlgorithmConfig
 
 LOG_RATIO_LIMIT = 20.0
 """|log rho| is clamped here so exp() stays finite (e^20 ~ 5e8: far past any cap)."""
@@ -81,14 +84,15 @@ class Correction:
     """False: the anchor is the behavior policy and no pi_prox is needed."""
 
 
-CORRECTIONS: dict[str, Correction] = {}
+CORRECTIONS: Registry[Correction] = Registry("correction", "algorithm.correction", import_paths=False)
+"""No import paths: an entry is a `Correction` (its weight function and whether it needs pi_prox), not a bare callable."""
 
 
 def register_correction(name: str, *, uses_proximal: bool) -> Callable[[WeightFn], WeightFn]:
+    """Decorator: `@register_correction("my_is", uses_proximal=True)` makes it selectable as `algorithm.correction=my_is`."""
+
     def deco(fn: WeightFn) -> WeightFn:
-        if name in CORRECTIONS:
-            raise ValueError(f"correction {name!r} registered twice")
-        CORRECTIONS[name] = Correction(fn, uses_proximal)
+        CORRECTIONS.add(name, Correction(fn, uses_proximal))
         return fn
 
     return deco
@@ -169,9 +173,7 @@ class Corrector:
     """
 
     def __init__(self, algorithm: AlgorithmConfig) -> None:
-        if algorithm.correction not in CORRECTIONS:
-            raise KeyError(f"algorithm.correction: unknown {algorithm.correction!r}, known {sorted(CORRECTIONS)}")
-        self.spec = CORRECTIONS[algorithm.correction]
+        self.spec = CORRECTIONS.get(algorithm.correction)  # unknown: a KeyError naming algorithm.correction
         self.interpolate = self.spec.uses_proximal and algorithm.proximal == "interpolate"
         self.needs_proximal = self.spec.uses_proximal and not self.interpolate
         """True: the caller passes `proximal_logprobs` from a `compute_logprobs` pass at the step's start."""
@@ -214,6 +216,7 @@ STAT_SUMS = ("ratio", "ratio_sq", "weight", "clipped", "masked", "kl")
 def stat_sums(out: CorrectionOutput, mask: Tensor) -> Tensor:
     """float64 [6]: sums over loss tokens of rho, rho^2, w, clipped, masked, kl (add over micro-batches / ranks).
 
+    >>> from asyncrl.config import AlgorithmConfig
     >>> out = Corrector(AlgorithmConfig())(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), proximal_logprobs=torch.zeros(1, 2))
     >>> stat_sums(out, torch.ones(1, 2)).tolist()
     [2.0, 2.0, 2.0, 0.0, 0.0, 0.0]
@@ -255,6 +258,7 @@ def age_sums(out: CorrectionOutput, mask: Tensor, ages: Tensor, eta: int) -> Ten
     """float64 [eta + 2, 3]: per token age (trainer step - generating version; the last row: older
     than eta) the loss tokens, and their sums of rho and of the behavior-proximal kl.
 
+    >>> from asyncrl.config import AlgorithmConfig
     >>> out = Corrector(AlgorithmConfig())(torch.zeros(1, 3), torch.zeros(1, 3), torch.ones(1, 3), proximal_logprobs=torch.zeros(1, 3))
     >>> age_sums(out, torch.ones(1, 3), torch.tensor([[0, 1, 7]]), eta=1).tolist()
     [[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [1.0, 1.0, 0.0]]

@@ -26,6 +26,8 @@ from typing import Callable, Protocol
 import torch
 from torch import Tensor
 
+from asyncrl.registry import Registry
+
 AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
 
 
@@ -56,17 +58,13 @@ class PolicyLossFn(Protocol):
     ) -> PolicyLossOutput: ...
 
 
-POLICY_LOSSES: dict[str, PolicyLossFn] = {}
+POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss", "algorithm.loss", import_paths=False)
+"""`import_paths=False` while the engine looks losses up by registered name only (`POLICY_LOSSES[name]`)."""
 
 
 def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    def deco(fn: PolicyLossFn) -> PolicyLossFn:
-        if name in POLICY_LOSSES:
-            raise ValueError(f"policy loss {name!r} registered twice")
-        POLICY_LOSSES[name] = fn
-        return fn
-
-    return deco
+    """Decorator: `@register_policy_loss("my_loss")` makes a loss selectable as `algorithm.loss=my_loss`."""
+    return POLICY_LOSSES.register(name)
 
 
 @register_policy_loss("ppo_clip")

@@ -14,7 +14,7 @@ pytestmark = GPU
 def test_fsdp2_step_on_cuda(tiny_model):
     from asyncrl.config import AlgorithmConfig, TrainerConfig
     from asyncrl.trainer.engine import TrainerEngine
-    from asyncrl.trainer.smoke import synthetic_batch
+    from asyncrl.trainer.synthetic import synthetic_batch
 
     engine = TrainerEngine(str(tiny_model), trainer=TrainerConfig(device="cuda", micro_batch_size=4, minibatches=1, lr=1e-3),
                            algorithm=AlgorithmConfig(entropy_target=0.0), dtype="bfloat16")

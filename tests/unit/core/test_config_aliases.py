@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from asyncrl.config import ConfigError, load
-from asyncrl.config_aliases import ALIASES, BEGIN, END, asyncrl_keys, hint, markdown_table
+from asyncrl.config_aliases import ALIASES, BEGIN, END, hint, markdown_table
+from asyncrl.config_io import asyncrl_keys
 
 ROOT = Path(__file__).resolve().parents[3]
 PAGE = ROOT / "docs" / "verl.md"
@@ -69,8 +70,8 @@ def test_the_named_examples_of_issue_13(tmp_path):
 
 @pytest.mark.timeout(30)
 def test_keys_not_in_the_table_get_a_section_match_or_a_close_key():
-    assert hint("actor_rollout_ref.rollout.max_failovers") == "in asyncrl it is rollout.max_failovers"
-    assert hint("actor_rollout_ref.actor.kl_estimator") == "in asyncrl it is algorithm.kl_estimator"
+    assert hint("actor_rollout_ref.rollout.max_failovers", asyncrl_keys()) == "in asyncrl it is rollout.max_failovers"
+    assert hint("actor_rollout_ref.actor.kl_estimator", asyncrl_keys()) == "in asyncrl it is algorithm.kl_estimator"
     with pytest.raises(ConfigError, match=r"^trainer\.totl_steps: .*did you mean trainer\.total_steps\?$"):
         load(None, ["trainer.totl_steps=3"])
     with pytest.raises(ConfigError, match=r"did you mean rollout\.cost_model\.jitter\?"):

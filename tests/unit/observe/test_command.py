@@ -14,13 +14,14 @@ from asyncrl.observe.command import judge, main
 from asyncrl.observe.reporter import RedisStatus, StatusReporter
 from asyncrl.observe.snapshot import SnapshotBuilder
 from asyncrl.observe.view import render
+from asyncrl.run_state import PipelineSource
 from tests.unit.observe.fake import fake_pipeline
 
 HOST = socket.gethostname()
 
 
 def _snap(tmp_path, **over):
-    snap = asyncio.run(SnapshotBuilder(fake_pipeline(tmp_path)).build())
+    snap = asyncio.run(SnapshotBuilder(PipelineSource(fake_pipeline(tmp_path))).build())
     snap.update(over)
     return snap
 
@@ -82,7 +83,7 @@ def test_view_and_prometheus_show_the_same_figures(tmp_path):
     for word in ("ready", "leased", "complete_groups", "queue (at delivery)", "0:8", "server-1", "UNHEALTHY", "stale 4"):
         assert word in text, word
     prom = prometheus.render(snap)
-    assert 'asyncrl_queue_depth{state="ready"} 8.0' in prom and 'asyncrl_staleness{view="queue",staleness="1"} 12.0' in prom
+    assert 'asyncrl_queue_depth{state="ready"} 8.0' in prom and 'asyncrl_staleness{staleness="1",view="queue"} 12.0' in prom  # prometheus_client sorts label names
     assert 'asyncrl_server_healthy{fleet="default",server="server-1"} 0.0' in prom
     server = prometheus.serve(0, lambda: snap)
     try:
@@ -105,7 +106,7 @@ def test_redis_heartbeat_expires_into_dead(tmp_path, redis_url, capsys):
     (tmp_path / "cluster-run").mkdir()
     p = fake_pipeline(tmp_path / "cluster-run")
     p.cfg.queue.metadata, p.cfg.queue.redis_url = "redis", redis_url
-    rep = StatusReporter(p, ttl_s=1)
+    rep = StatusReporter(PipelineSource(p), ttl_s=1)
     asyncio.run(rep.tick())
     assert main(["--redis", redis_url, "--json"]) == 0  # no --name: the run that reported last
     out = json.loads(capsys.readouterr().out)

@@ -1,19 +1,22 @@
 import asyncio
 import json
 
+import msgspec
+
 from asyncrl.observe.command import main
 from asyncrl.observe.reporter import FINAL_FILE, StatusReporter
 from asyncrl.observe.snapshot import SCHEMA_VERSION, SnapshotBuilder, hist
+from asyncrl.run_state import PipelineSource
 from tests.unit.observe.fake import fake_pipeline
 
 
 def test_snapshot_figures_come_from_the_queue_and_pipeline(tmp_path):
     p = fake_pipeline(tmp_path)
-    snap = asyncio.run(SnapshotBuilder(p).build())
+    snap = asyncio.run(SnapshotBuilder(PipelineSource(p)).build())
     q = snap["queue"]
     assert snap["schema_version"] == SCHEMA_VERSION and snap["state"] == "running"
     assert (q["ready"], q["leased"], q["waiting"], q["acked"], q["capacity"], q["complete_groups"]) == (8, 2, 2, 24, 64, 3)
-    assert q["stats"] == p.queue.client.stats_value.to_wire() and q["drops"] == {"stale": 4}
+    assert q["stats"] == msgspec.to_builtins(p.queue.client.stats_value, str_keys=True) and q["drops"] == {"stale": 4}
     assert snap["staleness"]["queue"] == {"0": 8, "1": 12, "2": 4}  # sorted numerically, string keys
     assert snap["staleness"]["trained"] == {"0": 8, "1": 12, "2": 4} and snap["drops"] == {"stale": 1}
     servers = snap["fleets"]["default"]["servers"]
@@ -26,7 +29,7 @@ def test_snapshot_figures_come_from_the_queue_and_pipeline(tmp_path):
 
 def test_last_batch_is_the_growth_of_the_trained_histogram(tmp_path):
     p = fake_pipeline(tmp_path)
-    b = SnapshotBuilder(p)
+    b = SnapshotBuilder(PipelineSource(p))
     asyncio.run(b.build())
     p.staleness_hist.update([2, 2, 1])
     p.step += 1
@@ -40,7 +43,7 @@ def test_reporter_final_state_survives_the_lifecycle_record(tmp_path, capsys):
     from asyncrl.run_dir import write_status
 
     p = fake_pipeline(tmp_path)
-    rep = StatusReporter(p)
+    rep = StatusReporter(PipelineSource(p))
 
     async def go():
         await rep.tick()
@@ -57,7 +60,7 @@ def test_reporter_final_state_survives_the_lifecycle_record(tmp_path, capsys):
 
 def test_final_snapshot_of_a_failing_run_says_failed(tmp_path):
     p = fake_pipeline(tmp_path)
-    rep = StatusReporter(p)
+    rep = StatusReporter(PipelineSource(p))
 
     async def go():
         try:

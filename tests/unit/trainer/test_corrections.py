@@ -151,7 +151,7 @@ def test_from_trajectories_fills_token_versions():
 def test_engine_decoupled_ppo_recompute_reports_is_weights(tiny_model_path):
     from asyncrl.config import TrainerConfig
     from asyncrl.trainer.engine import TrainerEngine
-    from asyncrl.trainer.smoke import synthetic_batch
+    from asyncrl.trainer.synthetic import synthetic_batch
 
     batch = synthetic_batch(6, vocab_size=100, seed=4)
     alg = AlgorithmConfig(correction="decoupled_ppo", proximal="recompute", is_cap=0.0)

@@ -127,7 +127,7 @@ def test_config_accepts_exactly_the_registered_names():
     for name in POLICY_LOSSES:
         assert AlgorithmConfig(loss=name).loss == name
     with pytest.raises(ConfigError, match="algorithm.advantage"):
-        AlgorithmConfig(advantage="gae")
+        AlgorithmConfig(advantage="nope")
     with pytest.raises(ConfigError, match="algorithm.loss"):
         AlgorithmConfig(loss="dpo")
 

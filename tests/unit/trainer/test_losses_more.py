@@ -216,7 +216,7 @@ def test_overlong_penalty_is_linear_inside_the_buffer():
 @pytest.mark.timeout(120)
 def test_each_new_loss_takes_a_finite_step_that_moves_the_weights(tiny_model_path):
     from asyncrl.trainer.engine import TrainerEngine
-    from asyncrl.trainer.smoke import synthetic_batch
+    from asyncrl.trainer.synthetic import synthetic_batch
 
     batch = synthetic_batch(6, vocab_size=100, seed=4)
     empty = batch.loss_mask.clone()

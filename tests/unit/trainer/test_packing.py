@@ -9,7 +9,7 @@ from asyncrl.config import AlgorithmConfig, TrainerConfig
 from asyncrl.trainer.batch import TrainBatch
 from asyncrl.trainer.engine import TrainerEngine
 from asyncrl.trainer.packing import chunked_scores, pack, token_budget_groups
-from asyncrl.trainer.smoke import full_grads
+from asyncrl.trainer.synthetic import full_grads
 
 VOCAB = 100
 LENGTHS = [70, 5, 33, 9, 120, 4, 48, 17]  # a long tail: padded to 120 a micro-batch is mostly padding

@@ -5,7 +5,7 @@ import torch
 
 from asyncrl.config import AlgorithmConfig, TrainerConfig
 from asyncrl.trainer.engine import TrainerEngine
-from asyncrl.trainer.smoke import synthetic_batch
+from asyncrl.trainer.synthetic import synthetic_batch
 
 VOCAB = 100
 STEP, ETA = 5, 1

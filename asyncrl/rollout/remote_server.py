@@ -1,0 +1,142 @@
+"""`RemoteServer`: the client-side proxy of one `ServerActor` (server_actor.py), itself a `RolloutServer`.
+
+Job: forward the verbs to the actor through Ray, keep what the synchronous part of the interface
+(`stats()`, `version`) answers from, and turn "the actor is gone or hung" into the router's
+`ServerDied` (a control verb unanswered within `rollout.health_timeout_s` is a hung server).
+Boundary: never builds or places an actor (server_actor.py's `spawn_server` does and returns one
+of these); no routing, no restart policy (fleet.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any, Iterable
+
+import ray
+from ray.exceptions import RayActorError
+
+from asyncrl.rollout.base import GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats
+from asyncrl.rollout.router import ServerDied
+
+
+class RemoteServer(RolloutServer):
+    """Client-side proxy of a `ServerActor`. `stats()` and `version` are synchronous in the
+    interface, so they answer from what this proxy saw last (its own in-flight count, the last
+    `refresh()`); `FleetManager.stats()` refreshes first."""
+
+    def __init__(self, handle: Any, name: str, control_timeout_s: float = 60.0) -> None:
+        self.handle = handle
+        self.name = name
+        self.control_timeout_s = control_timeout_s
+        """A control verb (stats, resume, join, close) unanswered this long means a hung server: `ServerDied`."""
+        self._closed = False
+        self._in_flight = 0
+        self._stats = ServerStats(version=0, in_flight=0, paused=False, generated_tokens=0, tokens_per_s=0.0)
+        self._dead = False
+        self.record_bytes = 0
+        """Bytes of the queue records this proxy received from the actor (`run_sample` replies)."""
+
+    async def _call(self, verb: str, *args: Any) -> Any:
+        """Samples and generation may take as long as they take; a control verb that is not
+        answered within `control_timeout_s` is a hung server (the caller kills it via `close`)."""
+        ref = getattr(self.handle, verb).remote(*args)
+        try:
+            if verb in _CONTROL_VERBS:
+                async with asyncio.timeout(self.control_timeout_s):  # not wait_for: on 3.11 it can swallow a cancel
+                    return await ref
+            return await ref
+        except asyncio.TimeoutError:
+            raise ServerDied(f"rollout server {self.name} is hung: no answer to {verb} in {self.control_timeout_s} s "
+                             f"(rollout.health_timeout_s)") from None
+        except RayActorError as exc:  # translated: the router fails over on ServerDied
+            self._dead = True
+            raise ServerDied(f"rollout server {self.name} died during {verb}: {type(exc).__name__}") from exc
+
+    async def probe(self) -> None:
+        """Raise `ServerDied` if the actor is dead or does not answer within `control_timeout_s`."""
+        self._stats = await self._call("stats")
+
+    async def ready(self) -> "RemoteServer":
+        """Wait until the engine is built (model loaded)."""
+        version = await self._call("start")
+        self._stats = dataclasses.replace(self._stats, version=version)
+        return self
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None = None) -> GenerateOutput:
+        self._in_flight += 1
+        try:
+            return await self._call("generate", list(prompt_ids), sampling, request_id)
+        finally:
+            self._in_flight -= 1
+
+    async def pause(self, mode: PauseMode = "wait") -> None:
+        await self._call("pause", mode)
+
+    async def resume(self) -> None:
+        await self._call("resume")
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
+        """(name, tensor) pairs through Ray's object store: small models and tests only; the
+        pipeline loads weights through the weight plane (`join_weights`)."""
+        got = await self._call("update_weights_named", list(named_tensors), version)
+        self._stats = dataclasses.replace(self._stats, version=got)
+
+    async def run_sample(self, sample: Any) -> Any:
+        """The actor's host runs the whole sample; returns its queue record (`SampleMeta`)."""
+        from asyncrl.rollout.host_spec import decode_record, encode_sample
+
+        data = await self._call("run_sample", encode_sample(sample))
+        self.record_bytes += len(data)
+        return decode_record(data)
+
+    async def run_eval(self, sample: Any) -> dict[str, Any]:
+        from asyncrl.rollout.host_spec import encode_sample
+
+        return await self._call("run_eval", encode_sample(sample))
+
+    async def join_weights(self, cfg: Any, endpoints: list[str] | str, pause_mode: PauseMode = "keep") -> None:
+        await self._call("join_weights", dataclasses.asdict(cfg), [endpoints] if isinstance(endpoints, str) else list(endpoints),
+                         pause_mode)
+
+    def loaded(self, version: int) -> None:
+        """The weight plane reported that this server loaded `version`."""
+        self._stats = dataclasses.replace(self._stats, version=version)
+
+    async def reset_prefix_cache(self) -> None:
+        await self._call("reset_prefix_cache")
+
+    async def refresh(self) -> ServerStats:
+        """Fetch the actor's stats (a dead actor reads as unhealthy instead of raising)."""
+        if not self._dead:
+            try:
+                self._stats = await self._call("stats")
+            except ServerDied:  # deliberate: stats report the death, the router acts on it
+                pass
+        return self.stats()
+
+    def stats(self) -> ServerStats:
+        return dataclasses.replace(self._stats, in_flight=self._in_flight, healthy=self._stats.healthy and not self._dead)
+
+    @property
+    def version(self) -> int:
+        return self._stats.version
+
+    async def close(self) -> None:
+        """Close the server (a hung one is not waited for past `control_timeout_s`), then kill the
+        actor: its calls in flight fail at once, so their samples move to other servers."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self._dead:
+            try:
+                await self._call("close")
+            except ServerDied:  # deliberate: already gone (or hung) is closed by the kill below
+                pass
+        if not self._dead:
+            ray.kill(self.handle, no_restart=True)
+        self._dead = True
+
+
+_CONTROL_VERBS = frozenset({"stats", "resume", "join_weights", "close", "reset_prefix_cache", "pid"})
+"""Verbs that answer at once on a healthy server (`start` loads the model, `pause` may drain, samples generate: no limit)."""
