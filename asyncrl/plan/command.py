@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eta", type=int, help="override the profile's / load's eta")
     p.add_argument("--validate", action="store_true", help="run the real bench pipeline and real demo runs, and report the prediction errors")
     p.add_argument("--validate-kind", choices=("all", "cost_model_bench", "demo_run"), default="all",
-                   help="with --validate: only the bench cases (~20 s) or only the demo runs (~70 s)")
+                   help="with --validate: only the bench cases (~20 s) or only the demo runs (five runs and an engine sweep, ~2-5 min)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     if a.validate:

@@ -1,11 +1,13 @@
 """What the simulator needs to know about the hardware and the workload: `Costs`, and the GPU `Profile`.
 
 `Costs` are the same quantities as `asyncrl.bench.pipeline.Load` (servers x max_concurrency slots,
-`token_cost_s` per token of a running request, `LongTail` response lengths, trainer tokens/s,
+`token_cost_s` per token of a running request (plus `token_cost_slope_s` per request in flight on
+its server), `LongTail` response lengths, trainer tokens/s,
 publish seconds), plus the fixed latencies a measured run adds (per request, per trainer step).
 `Profile` is a public GPU configuration read from `asyncrl/plan/profiles/NAME.yaml`: per-GPU costs
 and a workload, each number with its source, which `Profile.costs(rollout_gpus, trainer_gpus)`
-turns into `Costs` for one split. It does not know about modes or admission (see `sim.py`).
+turns into `Costs` for one split, adding what grows with the cluster (`scale.Scaling`: the weight
+broadcast with the servers, the gradient all-reduce with the trainer's ranks). It does not know about modes or admission (see `sim.py`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from asyncrl.plan.scale import Scaling
 from asyncrl.rollout.cost_model import LongTail
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
@@ -26,7 +29,7 @@ class Costs:
     max_concurrency: int
     """Requests one server runs at once; more wait in its queue."""
     token_cost_s: float
-    """Seconds per generated token of one running request."""
+    """Seconds per generated token of one running request (the base: see `token_cost_at`)."""
     lengths: LongTail
     trainer_tokens_per_s: float
     """Loss tokens per second of the whole trainer pool."""
@@ -47,16 +50,35 @@ class Costs:
     evaluation, one per eval sample, goes to the first server of an idle fleet). Each used up one of
     its draws, so without them every later long sample of server 0 lands one request early."""
 
+    contention: float = 1.0
+    """While the trainer trains and a server generates, each runs this many times slower (>= 1;
+    1: they share nothing). `demo.py` fits it on a calibration run where they overlap."""
+
+    token_cost_slope_s: float = 0.0
+    """Seconds per token each request in flight on the same server adds to a request's token (a
+    batched engine: a decode step grows with its batch). 0: the cost does not depend on concurrency
+    (the cost-model bench, the GPU profiles). `demo.py` fits it from an engine sweep."""
+
     def __post_init__(self) -> None:
+        if self.token_cost_slope_s < 0:
+            raise ValueError(f"costs.token_cost_slope_s must be >= 0 (0: no concurrency dependence), got {self.token_cost_slope_s}")
+        if self.contention < 1:
+            raise ValueError(f"costs.contention must be >= 1 (1: no contention), got {self.contention}")
         for key in ("servers", "max_concurrency", "groups", "group_size"):
             if getattr(self, key) < 1:
                 raise ValueError(f"costs.{key} must be >= 1, got {getattr(self, key)}")
         if self.token_cost_s <= 0 or self.trainer_tokens_per_s <= 0:
             raise ValueError(f"costs.token_cost_s and costs.trainer_tokens_per_s must be > 0, got {self.token_cost_s}, {self.trainer_tokens_per_s}")
 
+    def token_cost_at(self, active: int) -> float:
+        """Seconds per generated token of a request while `active` requests run on its server:
+        `token_cost_s + token_cost_slope_s x active`."""
+        return self.token_cost_s + self.token_cost_slope_s * active
+
     @property
     def rollout_capacity(self) -> float:
-        return self.servers * self.max_concurrency / self.token_cost_s
+        """Generated tokens/s of the fleet with every slot busy."""
+        return self.servers * self.max_concurrency / self.token_cost_at(self.max_concurrency)
 
     @property
     def bound(self) -> float:
@@ -124,26 +146,35 @@ class Profile:
     eta: int
     publish_every: int = 1
     publish_s: float = 0.0
+    """Fixed seconds of a publish (pause, load, drop the KV cache); `scaling` adds the broadcast."""
     colocated_switch_s: float = 0.0
     """Colocated sync only: seconds per step to switch the GPUs between generation and training."""
     split_step: int = 8
     """Splits are searched in multiples of this many GPUs (a node)."""
     reference: Reference | None = None
+    scaling: Scaling = field(default_factory=Scaling)
+    """What grows with the cluster: the weight broadcast to the servers, the trainer's gradient collectives."""
     sources: dict[str, str] = field(default_factory=dict)
 
     def batch_groups(self, gpus: int) -> int:
         return max(1, round(self.groups * gpus / self.base_gpus))
 
     def costs(self, rollout_gpus: int, trainer_gpus: int, *, batch_gpus: int | None = None) -> Costs:
-        """Costs of a split; `batch_gpus` (default: their sum) sets the batch under weak scaling."""
+        """Costs of a split; `batch_gpus` (default: their sum) sets the batch under weak scaling.
+        A publish broadcasts to every server (`Scaling.publish_s`); every step all-reduces the
+        gradients over the trainer's ranks (`Scaling.collective_s`, as the step's overhead)."""
         if rollout_gpus < self.gpus_per_server or trainer_gpus < 1:
             raise ValueError(f"split {rollout_gpus}:{trainer_gpus}: needs >= {self.gpus_per_server} rollout GPUs (gpus_per_server) and >= 1 trainer GPU")
-        return Costs(servers=rollout_gpus // self.gpus_per_server, max_concurrency=self.max_concurrency, token_cost_s=self.token_cost_s,
+        servers = rollout_gpus // self.gpus_per_server
+        return Costs(servers=servers, max_concurrency=self.max_concurrency, token_cost_s=self.token_cost_s,
                      lengths=self.lengths, trainer_tokens_per_s=trainer_gpus * self.trainer_tokens_per_s_per_gpu,
-                     groups=self.batch_groups(batch_gpus or rollout_gpus + trainer_gpus), group_size=self.group_size, publish_s=self.publish_s)
+                     groups=self.batch_groups(batch_gpus or rollout_gpus + trainer_gpus), group_size=self.group_size,
+                     publish_s=self.publish_s + self.scaling.publish_s(servers), step_overhead_s=self.scaling.collective_s(trainer_gpus))
 
     def colocated(self, gpus: int) -> Costs:
-        """Colocated sync: every GPU generates, then every GPU trains (the baseline of `speedup_vs_sync`)."""
+        """Colocated sync: every GPU generates, then every GPU trains (the baseline of `speedup_vs_sync`).
+        Its weights move within each GPU (resharding, no broadcast over the network), so its publish
+        is the fixed part plus the switch; its training all-reduces over all `gpus` ranks."""
         c = self.costs(gpus, gpus, batch_gpus=gpus)
         c.publish_s = self.publish_s + self.colocated_switch_s
         return c
@@ -166,9 +197,11 @@ def load_profile(name_or_path: str) -> Profile:
         raise ValueError(f"{path}: unknown keys {sorted(unknown)}; known: {sorted(names)}")
     raw = dict(raw)
     raw["lengths"] = LongTail(**raw["lengths"])
-    if raw.get("reference") is not None:
-        raw["reference"] = Reference(**raw["reference"])
     try:
+        if raw.get("reference") is not None:
+            raw["reference"] = Reference(**raw["reference"])
+        if raw.get("scaling") is not None:
+            raw["scaling"] = Scaling(**raw["scaling"])
         return Profile(**raw)
     except TypeError as e:
         raise ValueError(f"{path}: {e}") from None

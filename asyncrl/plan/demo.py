@@ -1,16 +1,20 @@
 """Predictions against real demo runs: the `demo_run` cases of `asyncrl plan --validate`.
 
 Job: run the embedded demo (`asyncrl train`: tiny model, torch engine, real trainer, on this
-host's CPUs) twice or more as subprocesses: one *calibration* run in `sync` measures the
-components per step (seconds per generated token of a request at the batch's concurrency, trainer
-seconds per trained token, publish seconds, the controller's other per-step seconds) from its
-`metrics.jsonl`; then *validation* runs (another seed, each mode asked for) are predicted by the
-simulator from those costs alone and compared on trained tokens/s over their steady-state steps.
-The validation runs' numbers never feed the costs. It knows the metric names the controller logs
-(`time/train_s`, `time/wait_rollout_s`, `weights/publish_s`, `train/tokens`, `time`), nothing of
-the trainer or the engine. What the costs leave out: on this host the rollout engine and the
-trainer share the CPUs, so overlapping them (one_step_off, fully_async) slows both; a batched
-engine's per-token cost depends on how many requests it runs.
+host's CPUs) as subprocesses. Two *calibration* runs (seed 1): one in `sync` measures the
+components per step alone (seconds per generated token of a request at the batch's concurrency,
+trainer seconds per trained token, publish seconds, the controller's other per-step seconds) from
+its `metrics.jsonl`; one in `one_step_off`, where generation overlaps training on the same two
+cores (and the same GIL: the engine is a thread of the trainer's process), fits the contention
+factor (`Costs.contention`) that makes the simulator reproduce its trained tokens/s. Then
+*validation* runs (seed 2, each mode asked for) are predicted from those costs alone and compared
+on trained tokens/s over their steady-state steps; their numbers never feed the costs. It knows
+the metric names the controller logs (`time/train_s`, `time/wait_rollout_s`, `weights/publish_s`,
+`train/tokens`, `time`), nothing of the trainer or the engine. A batched engine's per-token cost
+grows with the requests it runs (`Costs.token_cost_slope_s`): an engine sweep (`engine_sweep.py`,
+the engine alone) gives the line's shape, scaled so that at the sync run's concurrency it prices
+the sync run's own per-token cost (`with_concurrency`). What the costs leave out: the load other
+processes put on a shared host between the calibration and the validated runs.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +35,9 @@ from asyncrl.rollout.cost_model import LongTail
 DEMO_TARGET = 0.15
 WARMUP = 5
 """Steps left out of every measurement (the first trainer steps run up to 3x slower: allocator and thread warm-up)."""
-STEPS = 16
-OVERRIDES = (f"trainer.total_steps={STEPS}", "trainer.eval_every=1000", "trainer.save_every=0", "logging.mlflow=false",
+STEPS = 32
+"""Startup (~15 s) dominates a run; 32 steps (~8 s more than 16) halve the window's noise."""
+OVERRIDES = ("trainer.eval_every=1000", "trainer.save_every=0", "logging.mlflow=false",
              "logging.progress=false", "trainer.prompts_per_step=8", "rollout.group_size=8", "data.eval_size=8")
 """The demo's small batch (8 groups of 8 four-token responses) so a run takes seconds."""
 ENGINE_BATCH = 512
@@ -54,13 +59,18 @@ class DemoCosts:
     response_tokens: int
     groups: int
     group_size: int
+    contention: float = 1.0
+    """Slow-down of both sides while they overlap (`fit_contention`)."""
+    token_cost_slope_s: float = 0.0
+    """Seconds per token each request in flight adds (`with_concurrency`); `token_cost_s` is then the base."""
 
     def costs(self) -> Costs:
         """One server that runs every request of the batch at once (the demo's torch engine)."""
         return Costs(servers=1, max_concurrency=ENGINE_BATCH, token_cost_s=self.token_cost_s,
                      lengths=LongTail(short_tokens=self.response_tokens, long_fraction=0.0, jitter=0.0),
                      trainer_tokens_per_s=1.0 / self.trainer_s_per_token, groups=self.groups, group_size=self.group_size,
-                     publish_s=self.publish_s, step_overhead_s=self.step_overhead_s)
+                     publish_s=self.publish_s, step_overhead_s=self.step_overhead_s, contention=self.contention,
+                     token_cost_slope_s=self.token_cost_slope_s)
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -91,6 +101,35 @@ def calibrate(rows: list[dict[str, Any]], groups: int, group_size: int, warmup: 
                      response_tokens=length, groups=groups, group_size=group_size)
 
 
+def with_concurrency(cal: DemoCosts, points: dict[int, float]) -> DemoCosts:
+    """`cal` with a per-token cost that grows with the requests in flight: the engine sweep's line
+    `base + slope x c` (`engine_sweep.fit_line`) scaled by one factor so that at the sync batch's
+    concurrency (groups x group_size, all at once) it equals the sync run's measured `token_cost_s`
+    (which also carries the pipeline's per-request work the engine alone does not)."""
+    from asyncrl.plan.engine_sweep import fit_line
+
+    base, slope = fit_line(points)
+    at = cal.groups * cal.group_size
+    k = cal.token_cost_s / (base + slope * at)
+    return replace(cal, token_cost_s=k * base, token_cost_slope_s=k * slope)
+
+
+def fit_contention(cal: DemoCosts, schedule: Schedule, measured_tokens_per_s: float, hi: float = 16.0) -> float:
+    """The contention factor with which the simulator predicts `measured_tokens_per_s` for a run
+    that overlaps generation and training (bisection: throughput falls as contention grows);
+    1.0 when the run is at least as fast as no contention predicts, `hi` at most."""
+    predict = lambda k: simulate(replace(cal, contention=k).costs(), schedule, seeds=1)["trained_tokens_per_s"]
+    lo = 1.0
+    if predict(lo) <= measured_tokens_per_s:
+        return lo
+    if predict(hi) >= measured_tokens_per_s:
+        return hi
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if predict(mid) > measured_tokens_per_s else (lo, mid)
+    return round((lo + hi) / 2, 4)
+
+
 def measure(rows: list[dict[str, Any]], warmup: int = WARMUP) -> dict[str, float]:
     """Trained tokens/s and trainer idle over the window (`_window`), from the logged step times."""
     w = _window(rows, warmup)
@@ -100,11 +139,11 @@ def measure(rows: list[dict[str, Any]], warmup: int = WARMUP) -> dict[str, float
             "trainer_idle_ratio": sum(r["time/wait_rollout_s"] for r in steps) / span, "step_s": span / len(steps)}
 
 
-def train(mode: str, seed: int, root: Path, timeout_s: float = 120.0) -> Path:
+def train(mode: str, seed: int, root: Path, steps: int = STEPS, timeout_s: float = 180.0) -> Path:
     """One demo run as its own process (`asyncrl train`); returns its run directory."""
     name = f"{mode}-seed{seed}"
     cmd = [sys.executable, "-m", "asyncrl.cli", "train", f"trainer.mode={mode}", f"seed={seed}", f"logging.run_root={root}",
-           f"logging.run_name={name}", *OVERRIDES]
+           f"logging.run_name={name}", *OVERRIDES, f"trainer.total_steps={steps}"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode:
         raise RuntimeError(f"demo run {name} failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -120,24 +159,48 @@ def schedule_of(run_dir: Path) -> Schedule:
                     steps=t["total_steps"] - WARMUP - 1, warmup=WARMUP)
 
 
-def demo_cases(modes: tuple[str, ...] = ("sync", "fully_async"), root: Path | None = None) -> list[dict[str, Any]]:
-    """Per mode: calibrate on a `sync` run (seed 1), then predict that mode's run (seed 2) right
-    after it, so both see the same load of a shared host (`load_avg` in the detail says how busy)."""
+def calibration(root: Path, steps: int = STEPS, seed: int = 1, overlap_run: bool = True,
+                concurrency: bool = True) -> tuple[DemoCosts, dict[str, Any]]:
+    """The costs of the calibration runs: `sync` (components alone), the engine sweep (the slope
+    with concurrency; `concurrency=False`: none), then `one_step_off` (the contention, fitted with
+    the slope in place); `overlap_run=False`: no one_step_off run, contention 1."""
+    from asyncrl.plan.engine_sweep import run_sweep
+
+    cal = calibrate(read_metrics(train("sync", seed, root, steps)), groups=8, group_size=8)
+    seen: dict[str, Any] = {}
+    if concurrency:
+        points = run_sweep()
+        cal = with_concurrency(cal, points)
+        seen["engine_sweep_s_per_token"] = {c: round(v, 6) for c, v in points.items()}
+    if not overlap_run:
+        return cal, seen
+    run = train("one_step_off", seed, root, steps)
+    over = measure(read_metrics(run))
+    k = fit_contention(cal, schedule_of(run), over["trained_tokens_per_s"])
+    return replace(cal, contention=k), {**seen, "one_step_off_tokens_per_s": round(over["trained_tokens_per_s"], 1)}
+
+
+def demo_cases(modes: tuple[str, ...] = ("sync", "one_step_off", "fully_async"), root: Path | None = None,
+               steps: int = STEPS, overlap_run: bool = True, concurrency: bool = True) -> list[dict[str, Any]]:
+    """Calibrate once (`calibration`, seed 1), then predict each mode's run (seed 2) from it, the
+    runs back to back so they see about the same load of a shared host (`load_avg` in the detail)."""
     import os
 
     from asyncrl.plan.validate import case
 
     with tempfile.TemporaryDirectory(prefix="asyncrl-plan-demo-") as tmp:
         base = root or Path(tmp)
+        cal, seen = calibration(base / "calibration", steps, overlap_run=overlap_run, concurrency=concurrency)
+        label = ("sync + one_step_off runs" if overlap_run else "a sync run") + (" + an engine sweep" if concurrency else "")
         out = []
         for mode in modes:
-            cal = calibrate(read_metrics(train("sync", 1, base / mode)), groups=8, group_size=8)
-            run = train(mode, 2, base / mode)
+            run = train(mode, 2, base / "validation", steps)
             m = measure(read_metrics(run))
             p = simulate(cal.costs(), schedule_of(run), seeds=1)
-            out.append(case(f"demo {mode} (calibrated on a sync run)", "demo_run", p["trained_tokens_per_s"],
+            out.append(case(f"demo {mode} (calibrated on {label}, seed 1)", "demo_run", p["trained_tokens_per_s"],
                             round(m["trained_tokens_per_s"], 1), DEMO_TARGET,
-                            detail={"costs": {k: round(v, 6) for k, v in vars(cal).items()}, "load_avg": round(os.getloadavg()[0], 2),
+                            detail={"costs": {k: round(v, 9) for k, v in vars(cal).items()}, "calibration": seen,
+                                    "load_avg": round(os.getloadavg()[0], 2),
                                     "predicted": {k: p[k] for k in ("step_s", "trainer_idle_ratio")},
                                     "measured": {k: round(v, 4) for k, v in m.items()}}))
     return out

@@ -6,7 +6,10 @@ Job: replay what `asyncrl.controller.Pipeline` does on a `Costs` load, in simula
 - rollouter: starts a group while fewer samples run than the fleet's slots
   (`rollout.max_running_samples` = servers x max_concurrency) *and* `StalenessManager.can_start()`;
   then `acquire()` (the real one). A sample goes to the server with the fewest requests in flight
-  and runs `length x token_cost_s` once it holds one of that server's slots.
+  and, once it holds one of that server's slots, generates a token every `Costs.token_cost_at(a)`
+  seconds while `a` samples run there: each server has its own clock, which runs at
+  `token_cost_s / token_cost_at(a)` of the rollout clock and is re-timed at every start and end on
+  it (`token_cost_slope_s` 0: every server's clock is the rollout clock, as before).
 - queue: a finished group is queued with the version of its oldest token; the trainer takes B
   groups oldest first, none newer than `takeable_version()` in order, dropping (counted, through
   `drop_accepted`) the ones whose staleness at its step would exceed eta, as the memory metadata
@@ -14,13 +17,16 @@ Job: replay what `asyncrl.controller.Pipeline` does on a `Costs` load, in simula
 - trainer: `took(B)`, trains `tokens / trainer_tokens_per_s + step_overhead_s`, publishes every k
   steps (`publish_s`, every server paused: the cost model's `keep` pause freezes its clock), then
   `set_version` and `step_done(busy, wait)`, in `_train_loop`'s order.
+- contention (`Costs.contention`, 1 = none): while the trainer trains and any server generates,
+  both run at 1/contention of their speed (rollout and trainer sharing a host's CPUs, as the
+  embedded demo does; separate GPUs share nothing and keep 1).
 
 The manager is driven synchronously: none of its calls made here ever waits (the simulator only
 calls `acquire` when `can_start()` holds), so each coroutine runs to its end in one `send`. The
 manager reads `time.monotonic()` only for the pace's latencies and its idle seconds; `_SimPace`
 feeds the pace the simulated latency instead (same first-in-first-out match per version as the
-manager's), and idle ratios are measured here. What it does not model: an engine whose per-token
-cost depends on its concurrency, prefill, KV-cache limits, event-loop lag of a loaded host.
+manager's), and idle ratios are measured here. What it does not model: prefill, KV-cache limits,
+event-loop lag of a loaded host; with a slope, `request_overhead_s` is stretched like the tokens.
 """
 
 from __future__ import annotations
@@ -122,7 +128,13 @@ class Simulator:
         self.mgr = StalenessManager(batch_groups=costs.groups, eta=self.eta, in_order=in_order, pace=self.pace)
         self.rng = random.Random(seed)
         self.now = 0.0
-        self.frozen_s, self.frozen_since = 0.0, None  # the rollout clock stops while a publish pauses the servers
+        self.frozen_since: float | None = None  # set while a publish pauses the servers: the rollout clock stops
+        # Two clocks that run at a rate: the rollout's (sample ends are on it) and the trainer's
+        # remaining work; `_advance` folds them up to `now`, `_set_rates` applies the contention.
+        self.rc, self.rc_at, self.rrate = 0.0, 0.0, 1.0
+        self.work_left, self.work_at, self.trate = 0.0, 0.0, 1.0
+        self.generating = 0  # samples holding a server slot, all servers
+        self.training = False  # the trainer is in a train step (not publishing, not waiting)
         self.weights_version = 0
         self.slots = costs.servers * costs.max_concurrency
         self.running_samples = 0
@@ -132,13 +144,18 @@ class Simulator:
         self.waiting: list[deque] = [deque() for _ in range(costs.servers)]
         self.requests = [0] * costs.servers
         self.requests[0] = costs.requests_before  # the step-0 evaluation's request used up server 0's first draw
-        self.rheap: list[tuple[float, int, int, int, int]] = []  # (rollout-clock end, seq, server, group, tokens)
+        # Per server: its running samples (end on its own clock, seq, group, tokens) and its clock's
+        # anchor (own time at rollout time, rate); `heads` holds each server's next end on the rollout
+        # clock (end, seq, stamp, server), an entry whose stamp is no longer the server's skipped.
+        self.sheap: list[list[tuple[float, int, int, int]]] = [[] for _ in range(costs.servers)]
+        self.anchor = [(0.0, 0.0, 1.0)] * costs.servers  # (own time, rollout time, own seconds per rollout second)
+        self.stamp, self.heads = [0] * costs.servers, []
         self.seq = 0
         self.groups: dict[int, list] = {}  # gid -> [acquire version, samples left, tokens, min token version]
         self.starts: dict[int, deque[float]] = {}
         self.queue: list[tuple[int, int, int, int]] = []  # (version, arrival, gid, tokens)
         self.step = 0
-        self.busy_until: float | None = None
+        self.busy = False  # the trainer is training or publishing; `work_left` seconds of its own speed remain
         self.wait_since = 0.0
         self.batch: tuple[float, float, int] | None = None
         self.steps: list[tuple[float, float, int]] = []  # (start, end of training, tokens), as TimedEngine.steps
@@ -148,7 +165,26 @@ class Simulator:
 
     # -- rollout side --------------------------------------------------------------------------
     def _rclock(self) -> float:
-        return (self.frozen_since if self.frozen_since is not None else self.now) - self.frozen_s
+        return self.rc + (self.now - self.rc_at) * self.rrate
+
+    def _advance(self, t: float) -> None:
+        """Move both clocks to `t` at the rates set after the last event."""
+        self.rc += (t - self.rc_at) * self.rrate
+        self.rc_at = t
+        if self.busy:
+            self.work_left -= (t - self.work_at) * self.trate
+            self.work_at = t
+        self.now = t
+
+    def _set_rates(self) -> None:
+        """`Costs.contention`: while the trainer trains and a server generates, both run at 1/contention of their speed."""
+        both = self.training and self.generating > 0 and self.frozen_since is None
+        slow = 1.0 / self.c.contention if both else 1.0
+        self.rrate = 0.0 if self.frozen_since is not None else slow
+        self.trate = slow
+
+    def _work(self, seconds: float) -> None:
+        self.work_left, self.work_at, self.busy = seconds, self.now, True
 
     def _admit(self, op: str, args: tuple) -> None:
         n = 0
@@ -191,15 +227,37 @@ class Simulator:
         while self.waiting[srv] and self.active[srv] < self.c.max_concurrency:
             gid, n = self.waiting[srv].popleft()
             self.active[srv] += 1
+            self.generating += 1
             g = self.groups[gid]
             g[2] += n
             g[3] = min(g[3], self.weights_version)
-            end = self._rclock() + n * self.c.token_cost_s + self.c.request_overhead_s
+            end = self._own_clock(srv, self._rclock()) + n * self.c.token_cost_s + self.c.request_overhead_s
             self.seq += 1
-            heapq.heappush(self.rheap, (end, self.seq, srv, gid, n))
+            heapq.heappush(self.sheap[srv], (end, self.seq, gid, n))
+        self._retime(srv)
+
+    def _own_clock(self, srv: int, rc: float) -> float:
+        return self.anchor[srv][0] + (rc - self.anchor[srv][1]) * self.anchor[srv][2]
+
+    def _retime(self, srv: int) -> None:
+        """After a start or an end on `srv`: its clock's rate for its new active count (the anchor
+        folded at the old rate first; untouched without a slope), and its next end on the rollout clock."""
+        if self.c.token_cost_slope_s:
+            rc = self._rclock()
+            self.anchor[srv] = (self._own_clock(srv, rc), rc, self.c.token_cost_s / self.c.token_cost_at(self.active[srv]))
+        self.stamp[srv] += 1
+        if self.sheap[srv]:
+            (end, seq, _, _), (own, at, rate) = self.sheap[srv][0], self.anchor[srv]
+            heapq.heappush(self.heads, (at + (end - own) / rate, seq, self.stamp[srv], srv))
+
+    def _next_end(self) -> tuple[float, int, int, int] | None:
+        while self.heads and self.heads[0][2] != self.stamp[self.heads[0][3]]:
+            heapq.heappop(self.heads)
+        return self.heads[0] if self.heads else None
 
     def _sample_done(self, srv: int, gid: int, n: int) -> None:
         self.active[srv] -= 1
+        self.generating -= 1
         self.inflight[srv] -= 1
         heapq.heappush(self.least, (self.inflight[srv], srv))
         self.running_samples -= 1
@@ -222,7 +280,7 @@ class Simulator:
 
     # -- trainer side --------------------------------------------------------------------------
     def _try_train(self) -> None:
-        if self.busy_until is not None or self.step >= self.s.warmup + self.s.steps:
+        if self.busy or self.step >= self.s.warmup + self.s.steps:
             return
         newest = self.mgr.takeable_version()
         picked, dropped = [], []
@@ -250,8 +308,8 @@ class Simulator:
         self.hist.update(self.step - item[0] for item in picked for _ in range(self.c.group_size))
         tokens = sum(item[3] for item in picked)
         self.batch = (self.now - self.wait_since, self.now, tokens)
-        self.busy_until = self.now + tokens / self.c.trainer_tokens_per_s + self.c.step_overhead_s
-        self.publishing = False
+        self._work(tokens / self.c.trainer_tokens_per_s + self.c.step_overhead_s)
+        self.publishing, self.training = False, True
 
     def _trainer_event(self) -> None:
         wait_s, t_batch, tokens = self.batch
@@ -260,19 +318,18 @@ class Simulator:
             self.step += 1
             last = self.step == self.s.warmup + self.s.steps
             if self.step % self.k == 0 or last:
-                self.publishing = True
+                self.publishing, self.training = True, False
                 self.frozen_since = self.now
                 self.weights_version = self.step
-                self.busy_until = self.now + self.c.publish_s
+                self._work(self.c.publish_s)
                 return
         else:
-            self.frozen_s += self.now - self.frozen_since
             self.frozen_since = None
             _now(self.mgr.set_version(self.step))
             self._admit("set_version", (self.step,))
         _now(self.mgr.step_done(self.now - t_batch, wait_s))
         self._admit("step_done", (round(self.now - t_batch, 9), round(wait_s, 9)))
-        self.busy_until, self.wait_since = None, self.now
+        self.busy, self.training, self.wait_since = False, False, self.now
         self._try_train()
 
     # -- the loop ------------------------------------------------------------------------------
@@ -280,17 +337,20 @@ class Simulator:
         total = self.s.warmup + self.s.steps
         self._admit("start", ())
         while self.step < total:
-            t_roll = self.rheap[0][0] + self.frozen_s if self.rheap and self.frozen_since is None else float("inf")
-            t_train = self.busy_until if self.busy_until is not None else float("inf")
+            head = self._next_end()
+            t_roll = self.rc_at + (head[0] - self.rc) / self.rrate if head is not None and self.rrate > 0 else float("inf")
+            t_train = self.work_at + self.work_left / self.trate if self.busy else float("inf")
             if t_roll == t_train == float("inf"):
                 raise RuntimeError(f"simulation stalled at step {self.step} (mode {self.s.mode}, {len(self.queue)} groups queued)")
             if t_train <= t_roll:
-                self.now = t_train
+                self._advance(t_train)
                 self._trainer_event()
             else:
-                _, _, srv, gid, n = heapq.heappop(self.rheap)
-                self.now = t_roll
+                srv = heapq.heappop(self.heads)[3]
+                _, _, gid, n = heapq.heappop(self.sheap[srv])
+                self._advance(t_roll)
                 self._sample_done(srv, gid, n)
+            self._set_rates()
         return self._measure()
 
     def _measure(self) -> SimResult:

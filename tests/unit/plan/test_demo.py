@@ -46,3 +46,21 @@ def test_calibrate_recovers_the_components_and_predicts_the_run(tmp_path):
 def test_too_short_a_run_names_the_key():
     with pytest.raises(ValueError, match="trainer.total_steps"):
         measure(sync_rows(5, 0.06, 0.001, 0.02, 0.005), warmup=3)
+
+
+@pytest.mark.timeout(30)
+def test_contention_slows_only_overlapped_modes_and_is_fitted_back():
+    """Sync never overlaps generation and training, so contention leaves it alone; one_step_off
+    overlaps them, so it slows; `fit_contention` recovers the factor a prediction was made with."""
+    from dataclasses import replace
+
+    from asyncrl.plan.demo import fit_contention
+
+    c = calibrate(sync_rows(12, wait=0.06, train_per_token=0.001, publish=0.02, other=0.005), groups=8, group_size=8, warmup=3)
+    sync, off = Schedule(mode="sync", steps=8, warmup=3), Schedule(mode="one_step_off", steps=8, warmup=3)
+    base = {s.mode: simulate(c.costs(), s, seeds=1)["trained_tokens_per_s"] for s in (sync, off)}
+    slow = {s.mode: simulate(replace(c, contention=2.5).costs(), s, seeds=1)["trained_tokens_per_s"] for s in (sync, off)}
+    assert slow["sync"] == pytest.approx(base["sync"], rel=1e-6)
+    assert slow["one_step_off"] < 0.9 * base["one_step_off"]
+    assert fit_contention(c, off, slow["one_step_off"]) == pytest.approx(2.5, rel=0.02)
+    assert fit_contention(c, off, 1.1 * base["one_step_off"]) == 1.0  # faster than no contention: none fitted
