@@ -21,7 +21,7 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, NamedTuple, Sequence
 
 
 class BackPressure:
@@ -177,8 +177,7 @@ def staleness(version: int, current_version: int) -> int:
     return current_version - version
 
 
-@dataclass(frozen=True)
-class Candidate:
+class Candidate(NamedTuple):
     """A group a `get` may deliver: what `select_groups` needs to know of it, nothing more."""
 
     key: str
@@ -189,7 +188,8 @@ class Candidate:
     """Records it would deliver."""
     group_size: int = 1
     ready: bool = True
-    """Every record holds the asked fields (or is sealed); a group not ready is skipped, not dropped."""
+    """Every record holds the asked fields (or is sealed); a group not ready is skipped, not dropped
+    (see also `select_groups`' `is_ready`)."""
 
 
 @dataclass
@@ -205,7 +205,7 @@ class Selection:
 def select_groups(candidates: Sequence[Candidate], *, num_groups: int | None = None, num_samples: int | None = None,
                   group_size: int | None = None, max_staleness: int | None = None,
                   current_version: int | None = None, max_version: int | None = None,
-                  held_groups: int = 0, held_records: int = 0) -> Selection:
+                  held_groups: int = 0, held_records: int = 0, is_ready: Callable[[str], bool] | None = None) -> Selection:
     """The group selection of `get`, the same for every backend.
 
     `candidates` come in offer order (redeliveries first, then arrival); they are taken lowest
@@ -213,7 +213,8 @@ def select_groups(candidates: Sequence[Candidate], *, num_groups: int | None = N
     records) are held, counting `held_groups` / `held_records` the caller already holds (one
     given, not both). Walking up the versions: a group newer than `max_version` stops the walk
     (every later one is newer too; they stay deliverable); one of another `group_size` or not
-    `ready` is passed over; one older than `max_staleness` at `current_version` is dropped as
+    `ready` (nor passing `is_ready(key)`, asked only for the groups the walk reaches: a backend's
+    readiness check may cost) is passed over; one older than `max_staleness` at `current_version` is dropped as
     stale. Oldest first keeps a group that finished late (a long sample) from being passed over by
     younger ones until it is too stale.
 
@@ -243,7 +244,7 @@ def select_groups(candidates: Sequence[Candidate], *, num_groups: int | None = N
         if max_staleness is not None and staleness(c.version, current_version) > max_staleness:  # type: ignore[arg-type]
             out.stale.append(c.key)
             continue
-        if not c.ready:
+        if not c.ready or (is_ready is not None and not is_ready(c.key)):
             continue
         out.take.append(c.key)
         groups, records = groups + 1, records + c.records

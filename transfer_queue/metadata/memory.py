@@ -195,13 +195,13 @@ class MemoryController(MetadataStore):
             if not members:
                 gone.append(gid)
                 continue
-            samples = [self._records[u].sample for u in members]
+            records = self._records
             candidates[gid] = members
-            offer.append(Candidate(gid, min(s.version for s in samples), len(members), samples[0].group_size,
-                                   all(self._ready(s, req.fields) for s in samples)))
+            offer.append(Candidate(gid, min(records[u].sample.version for u in members), len(members),
+                                   records[members[0]].sample.group_size))
         sel = select_groups(offer, num_groups=req.num_groups, num_samples=req.num_samples, group_size=req.group_size,
                             max_staleness=req.max_staleness, current_version=req.current_version,
-                            max_version=req.max_version)
+                            max_version=req.max_version, is_ready=lambda gid: self._group_ready(candidates[gid], req.fields))
         for gid in sel.stale:
             self._dropped[c]["stale"] += len(candidates[gid])
             freed.extend(self._finish(c, candidates[gid]))
@@ -212,6 +212,9 @@ class MemoryController(MetadataStore):
     @staticmethod
     def _ready(s: SampleMeta, fields: list[str] | None) -> bool:
         return s.sealed if fields is None else all(f in s.handles for f in fields)
+
+    def _group_ready(self, members: list[str], fields: list[str] | None) -> bool:
+        return all(self._ready(self._records[u].sample, fields) for u in members)
 
     def _lease(self, req: GetRequest, picked: list[str], now: float, stale: int) -> Batch:
         if not picked:
