@@ -30,9 +30,9 @@ from typing import Any
 
 from asyncrl.plan.costs import Costs
 from asyncrl.plan.sim import Schedule, simulate
+from asyncrl.plan.validate import DEMO_TARGET, case
 from asyncrl.rollout.cost_model import LongTail
 
-DEMO_TARGET = 0.15
 WARMUP = 5
 """Steps left out of every measurement (the first trainer steps run up to 3x slower: allocator and thread warm-up)."""
 STEPS = 32
@@ -186,7 +186,6 @@ def demo_cases(modes: tuple[str, ...] = ("sync", "one_step_off", "fully_async"),
     runs back to back so they see about the same load of a shared host (`load_avg` in the detail)."""
     import os
 
-    from asyncrl.plan.validate import case
 
     with tempfile.TemporaryDirectory(prefix="asyncrl-plan-demo-") as tmp:
         base = root or Path(tmp)
