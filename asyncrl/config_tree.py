@@ -20,7 +20,7 @@ from asyncrl.config_checks import ConfigError, check as _check, check_literals a
 from asyncrl.config_algorithm import AlgorithmConfig  # noqa: F401 (re-exported)
 from asyncrl.config_critic import CriticConfig, KLCtrlConfig  # noqa: F401 (re-exported)
 from asyncrl.config_rollout import CostModelConfig, RolloutConfig  # noqa: F401 (re-exported)
-from checkpoint_engine.config import WeightSyncConfig
+from checkpoint_engine.config import WeightsConfig
 from transfer_queue.config import TransferQueueConfig
 
 Mode = Literal["sync", "one_step_off", "fully_async"]
@@ -286,7 +286,7 @@ class Config:
     agent: AgentConfig = field(default_factory=AgentConfig)
     queue: TransferQueueConfig = field(default_factory=lambda: TransferQueueConfig(inline_max_bytes=0))
     """The TransferQueue (`transfer_queue/config.py`); asyncrl sends every trajectory tensor through the data plane (`inline_max_bytes` 0), so the controller holds metadata only."""
-    weights: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    weights: WeightsConfig = field(default_factory=WeightsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     seed: int = 0

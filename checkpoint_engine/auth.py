@@ -1,6 +1,6 @@
 """ZeroMQ CURVE for the weight plane: keys derived from the run's secret, a ZAP gate that counts.
 
-With `WeightSyncConfig.secret` set, the sender's ROUTER is a CURVE server and every receiver a
+With `WeightsConfig.secret` set, the sender's ROUTER is a CURVE server and every receiver a
 CURVE client. Both key pairs are derived from the secret (`curve_keys`, identical in every
 package of asyncrl that derives them), so a process that knows the secret can join and one
 that does not cannot: without the server's public key its handshake fails to decrypt

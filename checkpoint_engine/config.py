@@ -1,4 +1,4 @@
-"""`WeightSyncConfig`: the one config record of the weight plane.
+"""`WeightsConfig`: the one config record of the weight plane.
 
 The sender (trainer side) and every receiver (rollout server side) are built from the
 same record, so a field means the same thing at both ends. Validation runs at
@@ -14,7 +14,7 @@ BACKENDS = ("local", "shm", "gloo", "nccl", "nixl", "cuda_ipc")
 
 
 @dataclass
-class WeightSyncConfig:
+class WeightsConfig:
     """How weights travel from the trainer to the rollout servers."""
 
     backend: str = "shm"

@@ -5,7 +5,7 @@ payload), a routing id that is a receiver id (UTF-8, not ZeroMQ's generated `\\0
 `MAX_INBOUND` bytes, a strict `wire.decode`, and the sender's own checks (`admit`: is this peer a
 member, does this update / bucket exist). A frame that fails is counted by reason in `malformed`
 and dropped: nothing a stranger sends raises out of `recv`. Frames over
-`WeightSyncConfig.max_message_bytes` never reach it (ZeroMQ drops that peer, ZMQ_MAXMSGSIZE).
+`WeightsConfig.max_message_bytes` never reach it (ZeroMQ drops that peer, ZMQ_MAXMSGSIZE).
 
 The socket binds `config.host` only, on a context of its own (one ZAP handler per context), and
 is a CURVE server when `config.secret` is set (`auth.py`).
@@ -20,7 +20,7 @@ from typing import Callable
 import zmq
 
 from checkpoint_engine.auth import CurveServer
-from checkpoint_engine.config import WeightSyncConfig
+from checkpoint_engine.config import WeightsConfig
 from checkpoint_engine.wire import MAX_ID, Malformed, Message, decode, encode
 
 MAX_INBOUND = 64 << 10
@@ -42,7 +42,7 @@ def receiver_id(ident: bytes) -> str | None:
 
 
 class SenderSocket:
-    def __init__(self, config: WeightSyncConfig) -> None:
+    def __init__(self, config: WeightsConfig) -> None:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.linger = 0

@@ -42,7 +42,7 @@ import zmq
 from checkpoint_engine.backends import make_receiver_transport
 from checkpoint_engine.backends.base import ReceiverTransport
 from checkpoint_engine.buckets import TensorAssembler, crc32
-from checkpoint_engine.config import WeightSyncConfig
+from checkpoint_engine.config import WeightsConfig
 from checkpoint_engine.auth import curve_client
 from checkpoint_engine.wire import (MAX_REASON, Abort, Ack, Begin, Bucket, End, Group, Join, Malformed, Nack, Pong, Probe,
                                     decode, encode)
@@ -65,7 +65,7 @@ class Receiver:
     """Bucket bytes landed by every receiver of this process: what a process that must never
     receive weights (the controller) checks."""
 
-    def __init__(self, config: WeightSyncConfig, receiver_id: str, endpoint: str | None = None,
+    def __init__(self, config: WeightsConfig, receiver_id: str, endpoint: str | None = None,
                  version: int = -1, *, transport: ReceiverTransport | None = None, confirm_loads: bool = False):
         self.config = config
         self.receiver_id = receiver_id

@@ -43,7 +43,7 @@ import torch
 
 from checkpoint_engine.backends import make_sender_transport
 from checkpoint_engine.buckets import BucketPacker
-from checkpoint_engine.config import WeightSyncConfig
+from checkpoint_engine.config import WeightsConfig
 from checkpoint_engine.control import SenderSocket
 from checkpoint_engine.membership import Membership, UpdateOutcome
 from checkpoint_engine.wire import Abort, Ack, Begin, Bucket, BucketMeta, End, Group, Join, Nack, Pong, Probe
@@ -58,14 +58,14 @@ class Sender:
     """Publishes versions of a state dict to every joined receiver.
 
     Example:
-        sender = Sender(WeightSyncConfig(backend="shm"), state_fn=model_state)
+        sender = Sender(WeightsConfig(backend="shm"), state_fn=model_state)
         ... rollout servers start `Receiver(cfg, "server-0", endpoint=sender.endpoint)` ...
         out = sender.publish(model.state_dict().items(), version=1)
         out.completed, out.evicted   # who holds v1 now, who was dropped and why
         sender.sync()                # late joiners / returning receivers get v1
     """
 
-    def __init__(self, config: WeightSyncConfig, state_fn: Callable[[], NamedTensors] | None = None):
+    def __init__(self, config: WeightsConfig, state_fn: Callable[[], NamedTensors] | None = None):
         self.config = config
         self.state_fn = state_fn
         self.membership = Membership()

@@ -26,14 +26,14 @@ from typing import Any, Iterator
 import torch
 
 from checkpoint_engine.buckets import TensorAssembler
-from checkpoint_engine.config import WeightSyncConfig
+from checkpoint_engine.config import WeightsConfig
 from checkpoint_engine.receiver import Receiver, Update
 
 _DONE = object()
 
 
 class ShardedReceiver:
-    def __init__(self, config: WeightSyncConfig, receiver_id: str, endpoints: list[str], version: int = -1,
+    def __init__(self, config: WeightsConfig, receiver_id: str, endpoints: list[str], version: int = -1,
                  *, confirm_loads: bool = False) -> None:
         if len(endpoints) < 1:
             raise ValueError("ShardedReceiver needs at least one sender endpoint")

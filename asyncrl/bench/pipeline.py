@@ -112,7 +112,7 @@ def build_parts(load: Load, seed: int) -> Any:
     weight plane, all in this process."""
     from agents.base import Sample
     from agents.single_turn import SingleTurnAgent
-    from checkpoint_engine import WeightSyncConfig
+    from checkpoint_engine import WeightsConfig
     from transfer_queue.storage.local import LocalStorage
 
     from asyncrl.data.datasets import Prompt, PromptSet, PromptStream
@@ -148,7 +148,7 @@ def build_parts(load: Load, seed: int) -> Any:
         task=None,  # type: ignore[arg-type]  # the pipeline never reads the task
         prompts=PromptStream(prompts, seed=seed),
         trainer=TrainerRank(_timed_engine(load), plane=plane,
-                            weights=WeightSyncConfig(backend="local", bucket_size_mb=1)),
+                            weights=WeightsConfig(backend="local", bucket_size_mb=1)),
         eval_samples=[Sample(uid="eval-0", group_id="eval-0", index_in_group=0, group_size=1, prompt_ids=[1, 2, 3], answer="")],
         make_plan=TokenBatch(long_above=load.lengths.short_tokens * (1 + load.lengths.jitter)),
         storage=plane,

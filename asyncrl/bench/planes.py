@@ -156,10 +156,10 @@ def bare_publish(model: str, repeats: int = 3) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     from asyncrl.bench.weights import Workers
-    from checkpoint_engine import Sender, WeightSyncConfig
+    from checkpoint_engine import Sender, WeightsConfig
 
     state = load_file(os.path.join(model, "model.safetensors"))
-    cfg = WeightSyncConfig(backend="shm", bucket_size_mb=64, checksum=False, timeout_s=120)
+    cfg = WeightsConfig(backend="shm", bucket_size_mb=64, checksum=False, timeout_s=120)
     workers = Workers(2)
     sender = Sender(cfg)
     try:

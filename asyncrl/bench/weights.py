@@ -27,7 +27,7 @@ import psutil
 import torch
 import zmq
 
-from checkpoint_engine import Receiver, Sender, WeightSyncConfig
+from checkpoint_engine import Receiver, Sender, WeightsConfig
 
 GiB = 1 << 30
 
@@ -80,7 +80,7 @@ def worker(endpoint: str) -> None:
         cmd = msgpack.unpackb(sock.recv())
         if cmd.get("stop"):
             return
-        rx = Receiver(WeightSyncConfig(**cmd["config"]), cmd["id"], endpoint=cmd["endpoint"])
+        rx = Receiver(WeightsConfig(**cmd["config"]), cmd["id"], endpoint=cmd["endpoint"])
         times, params = [], {}
         for _ in range(cmd["updates"]):
             t0 = time.perf_counter()
@@ -102,7 +102,7 @@ class Workers:
                                         f"tcp://127.0.0.1:{port}"], env=env) for _ in range(n)]
         self.ids = [self.sock.recv_multipart()[0] for _ in range(n)]
 
-    def receive(self, k: int, config: WeightSyncConfig, endpoint: str, updates: int,
+    def receive(self, k: int, config: WeightsConfig, endpoint: str, updates: int,
                 borrow: bool) -> None:
         for i, ident in enumerate(self.ids[:k]):
             cmd = {"config": asdict(config), "id": f"bench-{i}", "endpoint": endpoint,
@@ -150,7 +150,7 @@ def bench_backend(backend: str, ks: list[int], states: dict[str, dict], bucket_m
                   workers: Workers, checksum: bool, borrow: bool = True, repeats: int = 2) -> list[dict]:
     rows = []
     for k in ks:
-        cfg = WeightSyncConfig(backend=backend, bucket_size_mb=bucket_mb, checksum=checksum, timeout_s=120)
+        cfg = WeightsConfig(backend=backend, bucket_size_mb=bucket_mb, checksum=checksum, timeout_s=120)
         rss0 = psutil.Process().memory_info().rss
         sender = Sender(cfg)
         workers.receive(k, cfg, sender.endpoint, updates=repeats * len(states), borrow=borrow)

@@ -40,6 +40,7 @@ from typing import Any, Coroutine
 from asyncrl.admission import Pace
 from asyncrl.plan.costs import Costs
 from asyncrl.staleness import StalenessManager
+from transfer_queue.rules import staleness
 
 MODES = ("sync", "one_step_off", "fully_async")
 
@@ -288,7 +289,7 @@ class Simulator:
             version = item[0]
             if newest is not None and version > newest:
                 break
-            if self.step - version > self.eta:
+            if staleness(version, self.step) > self.eta:
                 dropped.append(item)
                 continue
             picked.append(item)

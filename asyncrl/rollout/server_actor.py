@@ -78,9 +78,9 @@ class ServerActor:
         return await self.host.run_eval(decode_sample(sample))
 
     async def join_weights(self, weights_config: dict[str, Any], endpoints: list[str], pause_mode: PauseMode = "keep") -> None:
-        from checkpoint_engine import WeightSyncConfig
+        from checkpoint_engine import WeightsConfig
 
-        await self.host.join_weights(WeightSyncConfig(**weights_config), endpoints, pause_mode)
+        await self.host.join_weights(WeightsConfig(**weights_config), endpoints, pause_mode)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None = None) -> GenerateOutput:
         return await self.server.generate(prompt_ids, sampling, request_id)

@@ -169,13 +169,13 @@ class WeightLoaderExtension:
     # ---- the weight plane, in the worker ------------------------------------------------
     def asyncrl_rx_init(self, cfg: dict[str, Any]) -> None:
         """Build this worker's receiving end of the weight plane (`weights.*` config)."""
-        from checkpoint_engine import WeightSyncConfig
+        from checkpoint_engine import WeightsConfig
         from checkpoint_engine.backends import make_receiver_transport
 
         old = getattr(self, "_asyncrl_rx", None)
         if old is not None:
             old.close()
-        self._asyncrl_rx = make_receiver_transport(WeightSyncConfig(**cfg))
+        self._asyncrl_rx = make_receiver_transport(WeightsConfig(**cfg))
 
     def asyncrl_rx_attach(self, info: dict[str, Any]) -> None:
         self._asyncrl_rx.attach(info)

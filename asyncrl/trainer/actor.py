@@ -54,14 +54,14 @@ class TrainerRankShell:
             MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
             WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",  # Ray pins one GPU per actor: it is cuda:0 here
         )  # fmt: skip
-        from checkpoint_engine import WeightSyncConfig
+        from checkpoint_engine import WeightsConfig
         from transfer_queue import TransferQueueConfig, make_storage
 
         from asyncrl.trainer.rank import TrainerRank, build_engine
 
         engine = build_engine(model_path, **engine_kwargs)
         self.trainer = TrainerRank(engine, plane=make_storage(TransferQueueConfig(**queue)),
-                                   weights=WeightSyncConfig(**weights) if weights is not None else None)
+                                   weights=WeightsConfig(**weights) if weights is not None else None)
         return {"step": engine.step, "endpoint": self.trainer.endpoint}
 
     def train(self, plan: bytes) -> dict[str, float]:

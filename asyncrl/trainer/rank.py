@@ -43,7 +43,7 @@ def build_engine(model_path: str, *, trainer: Any, **kw: Any) -> Any:
 class TrainerRank:
     def __init__(self, engine: Any, *, plane: Any, weights: Any = None) -> None:
         """`engine`: a `TrainerEngine` (or any object with its verbs); `plane`: the data plane this
-        process reads trajectories from; `weights`: the `WeightSyncConfig` (rank 0 builds the `Sender`)."""
+        process reads trajectories from; `weights`: the `WeightsConfig` (rank 0 builds the `Sender`)."""
         self.engine, self.plane = engine, plane
         self.device = getattr(weights, "device", "cpu")
         self.sharded = weights is not None and engine.world > 1 and weights.backend in SHARDED_BACKENDS

@@ -5,10 +5,10 @@ import only `base`, so no backend module imports another."""
 from __future__ import annotations
 
 from checkpoint_engine.backends.base import ReceiverTransport, SenderTransport
-from checkpoint_engine.config import WeightSyncConfig
+from checkpoint_engine.config import WeightsConfig
 
 
-def make_sender_transport(config: WeightSyncConfig) -> SenderTransport:
+def make_sender_transport(config: WeightsConfig) -> SenderTransport:
     """The factory, keyed by `config.backend` (heavy imports stay in the chosen module)."""
     if config.backend == "local":
         from checkpoint_engine.backends.local import LocalSenderTransport
@@ -28,7 +28,7 @@ def make_sender_transport(config: WeightSyncConfig) -> SenderTransport:
     raise ValueError(f"weights.backend: no transport for {config.backend!r}")
 
 
-def make_receiver_transport(config: WeightSyncConfig) -> ReceiverTransport:
+def make_receiver_transport(config: WeightsConfig) -> ReceiverTransport:
     if config.backend == "local":
         from checkpoint_engine.backends.local import LocalReceiverTransport
         return LocalReceiverTransport(config)

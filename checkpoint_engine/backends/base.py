@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from checkpoint_engine.config import WeightSyncConfig
+from checkpoint_engine.config import WeightsConfig
 from checkpoint_engine.wire import BucketMeta
 
 
@@ -26,7 +26,7 @@ class SenderTransport(abc.ABC):
     collective: bool = False
     """True when `send` is a collective every group member must join (gloo, nccl)."""
 
-    def __init__(self, config: WeightSyncConfig):
+    def __init__(self, config: WeightsConfig):
         self.config = config
         self.slots: list[torch.Tensor] = []
 
@@ -61,7 +61,7 @@ class ReceiverTransport(abc.ABC):
     width: int = 1
     """Ranks this receiver takes in a gloo/nccl group (one per process that joins the broadcast)."""
 
-    def __init__(self, config: WeightSyncConfig):
+    def __init__(self, config: WeightsConfig):
         self.config = config
 
     def begin_update(self, version: int) -> None:

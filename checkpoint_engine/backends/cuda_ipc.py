@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from checkpoint_engine.backends.base import ReceiverTransport, SenderTransport
-from checkpoint_engine.config import WeightSyncConfig
+from checkpoint_engine.config import WeightsConfig
 from checkpoint_engine.wire import BucketMeta
 
 
@@ -40,7 +40,7 @@ def _open(desc: list[Any], device: torch.device) -> torch.Tensor:
 
 
 class CudaIpcSenderTransport(SenderTransport):
-    def __init__(self, config: WeightSyncConfig):
+    def __init__(self, config: WeightsConfig):
         super().__init__(config)
         self.device = torch.device(config.device)
         self.slots = [torch.empty(config.bucket_bytes, dtype=torch.uint8, device=self.device) for _ in range(2)]
@@ -59,7 +59,7 @@ class CudaIpcSenderTransport(SenderTransport):
 class CudaIpcReceiverTransport(ReceiverTransport):
     borrowed = True
 
-    def __init__(self, config: WeightSyncConfig):
+    def __init__(self, config: WeightsConfig):
         super().__init__(config)
         self.device = torch.device(config.device)
         self._key: list[bytes] = []

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from checkpoint_engine.backends.base import ReceiverTransport, SenderTransport
-from checkpoint_engine.config import WeightSyncConfig
+from checkpoint_engine.config import WeightsConfig
 from checkpoint_engine.wire import BucketMeta
 
 
@@ -49,7 +49,7 @@ def local_address(peer: str) -> str:
         return s.getsockname()[0]
 
 
-def _new_group(config: WeightSyncConfig, store: dist.Store, epoch: int, rank: int, world: int, bind: str):
+def _new_group(config: WeightsConfig, store: dist.Store, epoch: int, rank: int, world: int, bind: str):
     prefixed = dist.PrefixStore(f"weights/epoch{epoch}", store)
     timeout = datetime.timedelta(seconds=config.timeout_s)
     if config.backend == "nccl":
@@ -76,7 +76,7 @@ def _broadcast(pg, tensor: torch.Tensor, timeout_s: float) -> None:
 class CollectiveSenderTransport(SenderTransport):
     collective = True
 
-    def __init__(self, config: WeightSyncConfig):
+    def __init__(self, config: WeightsConfig):
         super().__init__(config)
         fd, port = _listen(config.host, config.store_port)
         self.store = dist.TCPStore(
@@ -105,7 +105,7 @@ class CollectiveSenderTransport(SenderTransport):
 class CollectiveReceiverTransport(ReceiverTransport):
     borrowed = True  # one landing buffer, reused: no fresh allocation (page faults) per bucket
 
-    def __init__(self, config: WeightSyncConfig):
+    def __init__(self, config: WeightsConfig):
         super().__init__(config)
         self.landing = torch.empty(config.bucket_bytes, dtype=torch.uint8, device=config.device)
         self.store: dist.TCPStore | None = None

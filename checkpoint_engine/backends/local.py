@@ -14,14 +14,14 @@ from typing import Any
 import torch
 
 from checkpoint_engine.backends.base import ReceiverTransport, SenderTransport
-from checkpoint_engine.config import WeightSyncConfig
+from checkpoint_engine.config import WeightsConfig
 from checkpoint_engine.wire import BucketMeta
 
 _REGISTRY: dict[str, list[torch.Tensor]] = {}
 
 
 class LocalSenderTransport(SenderTransport):
-    def __init__(self, config: WeightSyncConfig):
+    def __init__(self, config: WeightsConfig):
         super().__init__(config)
         self.key = uuid.uuid4().hex
         self.slots = [torch.empty(config.bucket_bytes, dtype=torch.uint8) for _ in range(2)]
@@ -41,7 +41,7 @@ class LocalSenderTransport(SenderTransport):
 class LocalReceiverTransport(ReceiverTransport):
     borrowed = True
 
-    def __init__(self, config: WeightSyncConfig):
+    def __init__(self, config: WeightsConfig):
         super().__init__(config)
         self.slots: list[torch.Tensor] = []
 

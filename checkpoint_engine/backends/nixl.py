@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from checkpoint_engine.backends.base import ReceiverTransport, SenderTransport
-from checkpoint_engine.config import WeightSyncConfig
+from checkpoint_engine.config import WeightsConfig
 from checkpoint_engine.wire import BucketMeta
 
 
@@ -35,7 +35,7 @@ def _mem(device: torch.device) -> tuple[str, int]:
 
 
 class NixlSenderTransport(SenderTransport):
-    def __init__(self, config: WeightSyncConfig):
+    def __init__(self, config: WeightsConfig):
         super().__init__(config)
         self.name = f"weights-sender-{uuid.uuid4().hex[:8]}"
         self.agent = _agent(self.name, config.nixl_backend)
@@ -60,7 +60,7 @@ class NixlSenderTransport(SenderTransport):
 class NixlReceiverTransport(ReceiverTransport):
     borrowed = True
 
-    def __init__(self, config: WeightSyncConfig):
+    def __init__(self, config: WeightsConfig):
         super().__init__(config)
         self.name = f"weights-receiver-{uuid.uuid4().hex[:8]}"
         self.agent = _agent(self.name, config.nixl_backend)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from checkpoint_engine.backends.base import ReceiverTransport, SenderTransport
-from checkpoint_engine.config import WeightSyncConfig
+from checkpoint_engine.config import WeightsConfig
 from checkpoint_engine.wire import BucketMeta
 
 SHM_DIR = "/dev/shm"
@@ -77,7 +77,7 @@ def _alive(pid: int) -> bool:
 
 
 class ShmSenderTransport(SenderTransport):
-    def __init__(self, config: WeightSyncConfig):
+    def __init__(self, config: WeightsConfig):
         super().__init__(config)
         sweep_dead()  # what killed senders left behind
         size = config.bucket_bytes
@@ -104,7 +104,7 @@ class ShmSenderTransport(SenderTransport):
 class ShmReceiverTransport(ReceiverTransport):
     borrowed = True
 
-    def __init__(self, config: WeightSyncConfig):
+    def __init__(self, config: WeightsConfig):
         super().__init__(config)
         self.paths: list[str] = []
         self._maps: list[mmap.mmap] = []

@@ -15,7 +15,7 @@ import pytest
 import torch
 import zmq
 
-from checkpoint_engine import Receiver, Sender, WeightSyncConfig
+from checkpoint_engine import Receiver, Sender, WeightsConfig
 from checkpoint_engine.auth import curve_keys
 from checkpoint_engine.wire import Join, encode
 
@@ -39,7 +39,7 @@ def test_curve_keys_are_derived_exactly():
 
 @pytest.mark.timeout(30)
 def test_only_receivers_with_the_secret_join_and_refusals_are_counted():
-    cfg = WeightSyncConfig(backend="local", bucket_size_mb=0.02, timeout_s=2.0, secret="run-42-secret")
+    cfg = WeightsConfig(backend="local", bucket_size_mb=0.02, timeout_s=2.0, secret="run-42-secret")
     assert dataclasses.asdict(cfg)["secret"] == "run-42-secret"  # plain fields: travels to actors as a dict
     sender = Sender(cfg)
     rx = Receiver(cfg, "good", endpoint=sender.endpoint)
@@ -82,7 +82,7 @@ def test_only_receivers_with_the_secret_join_and_refusals_are_counted():
 @pytest.mark.timeout(20)
 def test_two_secured_senders_in_one_process():
     """Each sender runs its ZAP handler on its own context (a second handler on one context would fail)."""
-    cfg = WeightSyncConfig(backend="local", secret="x")
+    cfg = WeightsConfig(backend="local", secret="x")
     a, b = Sender(cfg), Sender(cfg)
     try:
         rx = Receiver(cfg, "r", endpoint=b.endpoint)

@@ -12,7 +12,7 @@ import psutil
 import pytest
 import torch
 
-from checkpoint_engine import Receiver, Sender, WeightSyncConfig
+from checkpoint_engine import Receiver, Sender, WeightsConfig
 
 
 def _listeners() -> set[tuple[str, int]]:
@@ -24,7 +24,7 @@ def _listeners() -> set[tuple[str, int]]:
 @pytest.mark.parametrize("backend", ["gloo", "shm"])
 def test_listeners_bind_the_configured_host_only(backend):
     before = _listeners()
-    cfg = WeightSyncConfig(backend=backend, bucket_size_mb=0.02, timeout_s=10.0)
+    cfg = WeightsConfig(backend=backend, bucket_size_mb=0.02, timeout_s=10.0)
     sender = Sender(cfg)
     rx = Receiver(cfg, "r0", endpoint=sender.endpoint)
     state = {f"w{i}": torch.randn(50, 50) for i in range(3)}

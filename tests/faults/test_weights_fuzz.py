@@ -18,7 +18,7 @@ import pytest
 import torch
 import zmq
 
-from checkpoint_engine import Receiver, Sender, WeightSyncConfig
+from checkpoint_engine import Receiver, Sender, WeightsConfig
 from tests.faults.test_weights_malformed import RANDOM_REASONS, dealers, evict_ghost, frames, wait_malformed
 
 N_FRAMES = 12_000
@@ -32,7 +32,7 @@ def _state(v: int) -> dict[str, torch.Tensor]:
 @pytest.mark.timeout(60)
 def test_fuzzed_sender_keeps_publishing_intact_bytes_and_counts_every_frame():
     t0 = time.monotonic()
-    cfg = WeightSyncConfig(backend="local", bucket_size_mb=0.02, timeout_s=1.0, max_message_bytes=256 << 10)
+    cfg = WeightsConfig(backend="local", bucket_size_mb=0.02, timeout_s=1.0, max_message_bytes=256 << 10)
     sender = Sender(cfg)
     ctx = zmq.Context()
     socks = dealers(ctx, sender.endpoint)

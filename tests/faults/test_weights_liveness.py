@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from checkpoint_engine import Receiver, Sender, WeightSyncConfig
+from checkpoint_engine import Receiver, Sender, WeightsConfig
 
 
 def _state(v: int) -> dict[str, torch.Tensor]:
@@ -36,7 +36,7 @@ def _serve(rx: Receiver, got: list, stop: threading.Event) -> threading.Thread:
 
 @pytest.mark.timeout(30)
 def test_silent_rejoiner_costs_one_timeout_then_returns_after_answering_the_probe():
-    cfg = WeightSyncConfig(backend="local", bucket_size_mb=0.01, timeout_s=1.0)
+    cfg = WeightsConfig(backend="local", bucket_size_mb=0.01, timeout_s=1.0)
     sender = Sender(cfg)
     stop = threading.Event()
     good_got: list = []

@@ -94,7 +94,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import zmq  # noqa: E402
 
-from checkpoint_engine import Sender, WeightSyncConfig  # noqa: E402
+from checkpoint_engine import Sender, WeightsConfig  # noqa: E402
 from checkpoint_engine.wire import Pong, decode  # noqa: E402
 
 
@@ -128,7 +128,7 @@ def wait_malformed(sender: Sender, n: int, timeout_s: float = 15.0) -> dict:
 
 @pytest.mark.timeout(30)
 def test_each_malformed_kind_is_counted_by_reason_and_never_raises():
-    cfg = WeightSyncConfig(backend="local", bucket_size_mb=0.02, timeout_s=0.5)
+    cfg = WeightsConfig(backend="local", bucket_size_mb=0.02, timeout_s=0.5)
     sender = Sender(cfg)
     ctx = zmq.Context()
     socks = dealers(ctx, sender.endpoint)
@@ -170,7 +170,7 @@ def test_receiver_counts_and_drops_malformed_frames_from_the_sender_side():
     router = ctx.socket(zmq.ROUTER)
     router.linger = 0
     port = router.bind_to_random_port("tcp://127.0.0.1")
-    cfg = WeightSyncConfig(backend="local")
+    cfg = WeightsConfig(backend="local")
     rx = Receiver(cfg, "r0", endpoint=f"tcp://127.0.0.1:{port}")
     try:
         assert router.poll(5000)

@@ -12,13 +12,13 @@ import sys
 
 import pytest
 
-from checkpoint_engine import WeightSyncConfig
+from checkpoint_engine import WeightsConfig
 from checkpoint_engine.backends.shm import ShmSenderTransport
 
 _CHILD = """
 import sys
-from checkpoint_engine import Sender, WeightSyncConfig
-s = Sender(WeightSyncConfig(backend="shm", bucket_size_mb=0.1))
+from checkpoint_engine import Sender, WeightsConfig
+s = Sender(WeightsConfig(backend="shm", bucket_size_mb=0.1))
 print(" ".join(s.transport.paths), flush=True)
 sys.stdin.readline()  # exit (without close) once told, or wait to be killed
 """
@@ -49,7 +49,7 @@ def test_slots_of_a_sigkilled_sender_are_swept_by_the_next_sender():
     assert proc.wait(30) == -signal.SIGKILL
     proc.stdin.close()
     assert all(os.path.exists(p) for p in paths)  # nothing ran in the killed process
-    nxt = ShmSenderTransport(WeightSyncConfig(backend="shm", bucket_size_mb=0.1))
+    nxt = ShmSenderTransport(WeightsConfig(backend="shm", bucket_size_mb=0.1))
     try:
         assert not any(os.path.exists(p) for p in paths)
         assert all(os.path.exists(p) for p in nxt.paths)

@@ -22,10 +22,10 @@ def test_cuda_ipc_publish_trainer_to_server_on_one_gpu(tiny_model):
     from asyncrl.rollout.fleet import Fleet, FleetManager
     from asyncrl.trainer.actor import TrainerGroup
     from asyncrl.trainer.handle import TrainerHandle
-    from checkpoint_engine import WeightSyncConfig
+    from checkpoint_engine import WeightsConfig
     from transfer_queue import TransferQueueConfig
 
-    weights = WeightSyncConfig(backend="cuda_ipc", device="cuda", checksum=False, timeout_s=60)
+    weights = WeightsConfig(backend="cuda_ipc", device="cuda", checksum=False, timeout_s=60)
     ray.init(num_cpus=4, num_gpus=1, include_dashboard=False, log_to_driver=False)
     try:
         trainer = TrainerHandle(TrainerGroup(1, str(tiny_model), trainer=TrainerConfig(device="cuda", gpus_per_rank=0.5),

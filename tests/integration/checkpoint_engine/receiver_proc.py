@@ -14,7 +14,7 @@ import sys
 import time
 import zlib
 
-from checkpoint_engine import ChecksumError, Receiver, UpdateAborted, WeightSyncConfig
+from checkpoint_engine import ChecksumError, Receiver, UpdateAborted, WeightsConfig
 
 
 def digest(tensor) -> int:
@@ -24,7 +24,7 @@ def digest(tensor) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--config", required=True, help="WeightSyncConfig fields as JSON")
+    p.add_argument("--config", required=True, help="WeightsConfig fields as JSON")
     p.add_argument("--id", required=True)
     p.add_argument("--endpoint", required=True)
     p.add_argument("--out", required=True)
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--slow", type=float, default=0.0)
     p.add_argument("--digest", type=int, default=1)
     args = p.parse_args(argv)
-    rx = Receiver(WeightSyncConfig(**json.loads(args.config)), args.id, endpoint=args.endpoint)
+    rx = Receiver(WeightsConfig(**json.loads(args.config)), args.id, endpoint=args.endpoint)
     done = 0
     while done < args.updates:
         record: dict = {}

@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from checkpoint_engine import Receiver, Sender, WeightSyncConfig
+from checkpoint_engine import Receiver, Sender, WeightsConfig
 from checkpoint_engine.server_loop import apply_update
 
 pytest.importorskip("transformers")
@@ -63,7 +63,7 @@ def test_torch_engine_update_through_weight_plane(models, backend, mode):
     from asyncrl.rollout.torch_engine import TorchRolloutServer
 
     model_a, model_b = models
-    cfg = WeightSyncConfig(backend=backend, bucket_size_mb=0.25, timeout_s=10)
+    cfg = WeightsConfig(backend=backend, bucket_size_mb=0.25, timeout_s=10)
 
     async def run():
         fresh = TorchRolloutServer(model_b, threads=1)

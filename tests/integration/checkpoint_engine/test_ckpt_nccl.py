@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkpoint_engine import Sender, WeightSyncConfig
+from checkpoint_engine import Sender, WeightsConfig
 
 from .test_ckpt_processes import PROC, ROOT, digests, records, state
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
                     reason="needs 2 CUDA devices")
 def test_nccl_publish_to_a_receiver_on_another_gpu(tmp_path: Path):
-    cfg = WeightSyncConfig(backend="nccl", device="cuda:0", bucket_size_mb=1, timeout_s=30)
+    cfg = WeightsConfig(backend="nccl", device="cuda:0", bucket_size_mb=1, timeout_s=30)
     sender = Sender(cfg)
     out = tmp_path / "r0.jsonl"
     rcfg = dict(asdict(cfg), device="cuda:1")

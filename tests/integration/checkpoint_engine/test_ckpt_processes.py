@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkpoint_engine import Sender, WeightSyncConfig
+from checkpoint_engine import Sender, WeightsConfig
 
 PROC = Path(__file__).with_name("receiver_proc.py")
 ROOT = Path(__file__).resolve().parents[3]
@@ -43,7 +43,7 @@ def digests(sd: dict[str, torch.Tensor]) -> dict[str, int]:
             for k, v in sd.items()}
 
 
-def spawn(cfg: WeightSyncConfig, rid: str, endpoint: str, out: Path, updates: int, slow: float = 0.0):
+def spawn(cfg: WeightsConfig, rid: str, endpoint: str, out: Path, updates: int, slow: float = 0.0):
     cmd = [sys.executable, str(PROC), "--config", json.dumps(asdict(cfg)), "--id", rid,
            "--endpoint", endpoint, "--out", str(out), "--updates", str(updates), "--slow", str(slow)]
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
@@ -59,7 +59,7 @@ def records(path: Path) -> list[dict]:
 def test_kill_checksum_rejoin_across_processes(backend, tmp_path):
     if backend == "nixl":
         pytest.importorskip("nixl_cu12")
-    cfg = WeightSyncConfig(backend=backend, bucket_size_mb=0.5, timeout_s=2.0)
+    cfg = WeightsConfig(backend=backend, bucket_size_mb=0.5, timeout_s=2.0)
     sender = Sender(cfg)
     out = {r: tmp_path / f"{r}.jsonl" for r in ("r0", "r1", "victim", "victim2")}
     procs = [spawn(cfg, r, sender.endpoint, out[r], updates=3) for r in ("r0", "r1")]

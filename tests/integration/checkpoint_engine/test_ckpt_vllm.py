@@ -12,7 +12,7 @@ import os
 import pytest
 from safetensors.torch import load_file
 
-from checkpoint_engine import Receiver, Sender, WeightSyncConfig
+from checkpoint_engine import Receiver, Sender, WeightsConfig
 from checkpoint_engine.server_loop import apply_update
 
 pytestmark = pytest.mark.vllm
@@ -31,7 +31,7 @@ def test_vllm_engine_update_through_weight_plane(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("ckpt_vllm_models")
     model_a, model_b = (ensure_tiny_model(root, TinyModelSpec(seed=s)) for s in (0, 1))
-    cfg = WeightSyncConfig(backend="shm", bucket_size_mb=0.25, timeout_s=30)
+    cfg = WeightsConfig(backend="shm", bucket_size_mb=0.25, timeout_s=30)
 
     async def run():
         server = VLLMRolloutServer(model_a, dtype="float32", seed=0, in_process=True)

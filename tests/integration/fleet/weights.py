@@ -9,7 +9,7 @@ import torch
 
 from asyncrl.trainer.handle import TrainerHandle
 from asyncrl.trainer.rank import TrainerRank
-from checkpoint_engine import WeightSyncConfig
+from checkpoint_engine import WeightsConfig
 
 
 class StateEngine:
@@ -28,7 +28,7 @@ class StateEngine:
         pass
 
 
-def weight_source(state: list[tuple[str, torch.Tensor]], backend: str = "shm") -> tuple[TrainerHandle, StateEngine, WeightSyncConfig]:
-    cfg = WeightSyncConfig(backend=backend, timeout_s=20.0, bucket_size_mb=4)
+def weight_source(state: list[tuple[str, torch.Tensor]], backend: str = "shm") -> tuple[TrainerHandle, StateEngine, WeightsConfig]:
+    cfg = WeightsConfig(backend=backend, timeout_s=20.0, bucket_size_mb=4)
     engine = StateEngine(state)
     return TrainerHandle(TrainerRank(engine, plane=None, weights=cfg)), engine, cfg

@@ -33,7 +33,7 @@ def test_trainer_group_ranks_read_their_shards_and_publish_to_a_receiver(tiny_mo
     from asyncrl.config import AlgorithmConfig, TrainerConfig
     from asyncrl.trainer.actor import TrainerGroup
     from asyncrl.trajectory_queue import trajectory_sample
-    from checkpoint_engine import ShardedReceiver, WeightSyncConfig
+    from checkpoint_engine import ShardedReceiver, WeightsConfig
     from transfer_queue import TransferQueueConfig, make_storage
 
     queue = TransferQueueConfig(storage="shm", shm_dir=str(tmp_path), inline_max_bytes=0, run_id="actor")
@@ -41,7 +41,7 @@ def test_trainer_group_ranks_read_their_shards_and_publish_to_a_receiver(tiny_mo
     trajs = _trajectories(8, vocab=100)
     groups = [[trajectory_sample(plane, t) for t in trajs[g * 4:(g + 1) * 4]] for g in range(2)]
     plan, tokens = PlanBuilder(AlgorithmConfig(), pad_id=0, minibatches=1)(groups)
-    weights = WeightSyncConfig(backend="shm", timeout_s=5)  # also how long the publish waits for "absent" to join
+    weights = WeightsConfig(backend="shm", timeout_s=5)  # also how long the publish waits for "absent" to join
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         group = TrainerGroup(2, tiny_model_path, trainer=TrainerConfig(micro_batch_size=2, threads=1, minibatches=1),

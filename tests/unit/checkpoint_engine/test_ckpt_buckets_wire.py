@@ -4,7 +4,7 @@ import msgpack
 import pytest
 import torch
 
-from checkpoint_engine import WeightSyncConfig
+from checkpoint_engine import WeightsConfig
 from checkpoint_engine.buckets import BucketPacker, TensorAssembler, crc32
 from checkpoint_engine.wire import Ack, Begin, Bucket, BucketMeta, Entry, Join, decode, encode
 
@@ -54,5 +54,5 @@ def test_wire_roundtrip_and_unknown_kind_refused():
                                          ("timeout_s", -1), ("port", 70000), ("device", "cuda")])
 def test_config_errors_name_the_key(field, value):
     with pytest.raises(ValueError, match=f"weights.{field}"):
-        WeightSyncConfig(**{field: value})
-    assert WeightSyncConfig(bucket_size_mb=1).bucket_bytes == 1 << 20
+        WeightsConfig(**{field: value})
+    assert WeightsConfig(bucket_size_mb=1).bucket_bytes == 1 << 20

@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-from checkpoint_engine import ChecksumError, Receiver, Sender, UpdateAborted, WeightSyncConfig
+from checkpoint_engine import ChecksumError, Receiver, Sender, UpdateAborted, WeightsConfig
 
 
 def _state(seed: int) -> dict[str, torch.Tensor]:
@@ -14,8 +14,8 @@ def _state(seed: int) -> dict[str, torch.Tensor]:
     return {f"layers.{i}.weight": torch.randn(64, 48, generator=g) for i in range(6)}
 
 
-def _cfg(**kw) -> WeightSyncConfig:
-    return WeightSyncConfig(backend="local", bucket_size_mb=0.02, timeout_s=1.0, **kw)
+def _cfg(**kw) -> WeightsConfig:
+    return WeightsConfig(backend="local", bucket_size_mb=0.02, timeout_s=1.0, **kw)
 
 
 class Server(threading.Thread):

@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from checkpoint_engine import Sender, ShardedReceiver, WeightSyncConfig
+from checkpoint_engine import Sender, ShardedReceiver, WeightsConfig
 from checkpoint_engine.receiver import land_into
 
 
@@ -29,7 +29,7 @@ def _pieces(state, rank, world):
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("in_place", [False, True])
 def test_receiver_of_two_senders_assembles_the_pieces(in_place):
-    cfg = WeightSyncConfig(backend="local", bucket_size_mb=0.01, timeout_s=5.0)  # pieces split across buckets too
+    cfg = WeightsConfig(backend="local", bucket_size_mb=0.01, timeout_s=5.0)  # pieces split across buckets too
     senders = [Sender(cfg) for _ in range(2)]
     rx = ShardedReceiver(cfg, "r0", [s.endpoint for s in senders], confirm_loads=True)
     state = _state()
