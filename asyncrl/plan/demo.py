@@ -38,7 +38,7 @@ WARMUP = 5
 STEPS = 32
 """Startup (~15 s) dominates a run; 32 steps (~8 s more than 16) halve the window's noise."""
 OVERRIDES = ("trainer.eval_every=1000", "trainer.save_every=0", "logging.mlflow=false",
-             "logging.progress=false", "trainer.prompts_per_step=8", "rollout.group_size=8", "data.eval_size=8")
+             "logging.progress=false", "trainer.prompts_per_step=8", "rollout.group_size=8", "data.eval_size=8", "trainer.threads=1")
 """The demo's small batch (8 groups of 8 four-token responses) so a run takes seconds."""
 ENGINE_BATCH = 512
 """`rollout.max_batch_size`'s default: the torch engine decodes up to this many requests at once
