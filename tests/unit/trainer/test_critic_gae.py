@@ -107,6 +107,8 @@ def test_critic_learns_returns_and_resumes(tiny_model_path, tmp_path):
         assert not torch.allclose(before, values, atol=1e-3)  # a fresh value head differs ...
         assert torch.allclose(after, values, atol=1e-6)  # ... the resumed one is the saved one
         assert fresh.critic.kl_ctl.value == beta and fresh.step == 5
+        fresh.critic.trainer.packing = True  # packed rows (restarting positions) give the same values
+        assert torch.allclose(fresh.critic.values(batch).cpu(), after, atol=1e-5)
     finally:
         fresh.close()
 
