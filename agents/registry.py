@@ -32,11 +32,6 @@ def register_agent(name: str) -> Callable[[Callable[..., AgentLoop]], Callable[.
     return AGENTS.register(name)
 
 
-def resolve(name: str, registry: Registry[Any], what: str = "") -> Any:
-    """`registry.get(name)`: kept for callers written before `Registry` (`what` is the registry's own now)."""
-    return registry.get(name)
-
-
 def accepts(factory: Callable[..., Any], key: str) -> bool:
     """Whether `factory` takes keyword `key` (by name or through `**kwargs`)."""
     try:

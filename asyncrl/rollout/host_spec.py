@@ -48,7 +48,7 @@ def make_agent(agent: dict[str, Any], reward: str, encode: Callable, decode: Cal
     turns), `agent.reward_workers` and `agent.max_reward_failures` are passed to agents that take
     them (the built-in ones do). Errors name the config key (`agent.name`,
     `agent.reward`, `agent.kwargs`)."""
-    from agents.registry import AGENTS, accepts, build_agent, resolve
+    from agents.registry import AGENTS, accepts, build_agent
     from agents.rewards import get_reward
     from asyncrl.config import ConfigError
     from asyncrl.registry import UnknownName
@@ -56,7 +56,7 @@ def make_agent(agent: dict[str, Any], reward: str, encode: Callable, decode: Cal
     kw: dict[str, Any] = dict(decode=decode, sampling=sampling, reward=reward, reward_kwargs=dict(agent["reward_kwargs"]),
                               reward_timeout_s=agent["reward_timeout_s"], **agent["kwargs"])
     try:
-        factory = resolve(agent["name"], AGENTS, "agent")
+        factory = AGENTS.get(agent["name"])
     except UnknownName as e:  # its text names the key already
         raise ConfigError(str(e)) from None
     except (ValueError, ImportError, AttributeError) as e:

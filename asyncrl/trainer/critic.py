@@ -26,8 +26,6 @@ reference) (`advantages.kl_in_reward`), beta from a fixed or adaptive `KLControl
 
 from __future__ import annotations
 
-import math
-from functools import partial
 from typing import Any
 
 import torch
@@ -41,7 +39,7 @@ from asyncrl.trainer.batch import TrainBatch
 from asyncrl.trainer.gae import gae_advantages, value_loss, whiten, whiten_sums
 from asyncrl.trainer.losses import agg_loss, kl_penalty
 from asyncrl.trainer.packing import pack
-from asyncrl.trainer.setup import load_sharded_model, lr_factor
+from asyncrl.trainer.setup import adamw_with_schedule, clip_and_step, load_sharded_model
 
 
 class CriticEngine:
@@ -54,12 +52,8 @@ class CriticEngine:
         self.model = load_sharded_model(self.cfg.model_path or model_path, self.device, e.dtype, trainable=True,
                                         gradient_checkpointing=self.trainer.gradient_checkpointing,
                                         auto_class="AutoModelForTokenClassification")
-        lr = self.cfg.lr or self.trainer.lr
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(self.trainer.betas[0], self.trainer.betas[1]),
-                                           weight_decay=self.cfg.weight_decay, foreach=True)
-        schedule = partial(lr_factor, warmup=self.trainer.warmup_steps, total=self.trainer.total_steps,
-                           schedule=self.trainer.lr_schedule, min_ratio=self.trainer.min_lr_ratio)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
+        self.optimizer, self.scheduler = adamw_with_schedule(self.model, self.trainer, self.cfg.lr or self.trainer.lr,
+                                                             self.cfg.weight_decay)
         alg = self.algorithm
         k = alg.kl_ctrl
         self.kl_ctl = KLController(k.kl_coef, k.type, k.target_kl, k.horizon)
@@ -144,13 +138,8 @@ class CriticEngine:
                 sums += torch.stack([loss.double(), (clipped * m).sum().double(), (vpreds.detach() * m).sum().double()])
         if self.world > 1:
             dist.all_reduce(sums)
-        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=max_norm)
-        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         lr = self.scheduler.get_last_lr()[0]
-        if math.isfinite(grad_norm):  # a non-finite norm skips the update, as for the policy
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        grad_norm, _ = clip_and_step(self.model, self.optimizer, self.cfg.grad_clip)  # non-finite: skipped, as for the policy
         if end_of_step:
             self.scheduler.step()
         s = sums.tolist()

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import math
-from functools import partial
 from typing import Iterator
 
 import torch
@@ -39,7 +38,7 @@ from asyncrl.trainer.lora import LoraSpec
 from asyncrl.trainer.step_metrics import merge_minibatch_metrics  # noqa: F401  re-exported
 from asyncrl.trainer.losses import POLICY_LOSSES, agg_loss, entropy_from_logits, kl_penalty, token_logprobs
 from asyncrl.trainer.packing import head_scores, pack
-from asyncrl.trainer.setup import ensure_process_group, free_port, load_sharded_model, lr_factor, pick_device  # noqa: F401  re-exported
+from asyncrl.trainer.setup import adamw_with_schedule, clip_and_step, ensure_process_group, free_port, load_sharded_model, lr_factor, pick_device  # noqa: F401  re-exported
 
 log = logging.getLogger(__name__)
 
@@ -84,14 +83,7 @@ class TrainerEngine:
         needs_ref = algorithm.kl_coef > 0 or algorithm.use_kl_in_reward
         self.ref_model = load_sharded_model(model_path, self.device, self.dtype, trainable=False, lora=lora,
                                             adapters_of=self.model) if needs_ref else None  # LoRA: the base, adapters off
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad], lr=trainer.lr, betas=(trainer.betas[0], trainer.betas[1]), weight_decay=trainer.weight_decay,
-            foreach=True,  # one dispatch per op over all DTensor shards: much cheaper on CPU than a per-param loop
-        )
-        schedule = partial(
-            lr_factor, warmup=trainer.warmup_steps, total=trainer.total_steps, schedule=trainer.lr_schedule, min_ratio=trainer.min_lr_ratio
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
+        self.optimizer, self.scheduler = adamw_with_schedule(self.model, trainer, trainer.lr, trainer.weight_decay)
         self.step = 0
         """Trainer steps taken (one per `train_step`, whatever `trainer.minibatches`): the policy version of the current weights."""
         self.bad_steps = 0
@@ -336,16 +328,11 @@ class TrainerEngine:
     def optimizer_step(self, end_of_step: bool = True) -> dict[str, float]:
         """Clip, AdamW step; at the end of a trainer step also advance the schedule and `step` += 1.
         Returns `grad_norm` (before clipping) and `lr` used."""
-        max_norm = self.trainer.grad_clip if self.trainer.grad_clip > 0 else math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=max_norm)
-        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         lr = self.scheduler.get_last_lr()[0]
-        skipped = not math.isfinite(grad_norm)
+        grad_norm, stepped = clip_and_step(self.model, self.optimizer, self.trainer.grad_clip)
+        skipped = not stepped
         if skipped:  # no update from this mini-batch: the weights and the optimizer state stay as they were
             log.warning("trainer step %d: gradient norm is %s (non-finite loss or logits): mini-batch skipped", self.step, grad_norm)
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
         if end_of_step:  # a skipped step still counts: the batch was consumed and the version advances
             self.scheduler.step()
             self.step += 1

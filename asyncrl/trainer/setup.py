@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -57,6 +58,31 @@ def lr_factor(step: int, *, warmup: int, total: int, schedule: str, min_ratio: f
         return 1.0
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def adamw_with_schedule(model: torch.nn.Module, trainer: Any, lr: float, weight_decay: float) -> tuple[torch.optim.Optimizer, Any]:
+    """AdamW over `model`'s trainable parameters (`trainer.betas`) and its `LambdaLR` on `lr_factor`
+    (`trainer.warmup_steps`, `total_steps`, `lr_schedule`, `min_lr_ratio`): the policy's and the critic's."""
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=lr, betas=(trainer.betas[0], trainer.betas[1]), weight_decay=weight_decay,
+        foreach=True,  # one dispatch per op over all DTensor shards: much cheaper on CPU than a per-param loop
+    )
+    schedule = partial(lr_factor, warmup=trainer.warmup_steps, total=trainer.total_steps, schedule=trainer.lr_schedule,
+                       min_ratio=trainer.min_lr_ratio)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+
+def clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float) -> tuple[float, bool]:
+    """Clip the gradient norm to `grad_clip` (0: no clip), step unless the norm is non-finite (the
+    weights and optimizer state then stay as they were), zero the gradients. Returns (norm before
+    clipping, stepped)."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=grad_clip if grad_clip > 0 else math.inf)
+    norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+    stepped = math.isfinite(norm)
+    if stepped:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm, stepped
 
 
 def load_sharded_model(path: str, device: torch.device, dtype: torch.dtype, trainable: bool,
