@@ -205,9 +205,13 @@ class WeightLoaderExtension:
             self._asyncrl_assembler = TensorAssembler()
         tensors = self._asyncrl_assembler.add(m, buf, borrowed=False)  # views of buf; split ones own buffers
         if tensors:
-            loaded = self.model_runner.get_model().load_weights(iter(tensors))  # copies into the parameters
+            model = self.model_runner.get_model()
+            loaded = model.load_weights(iter(tensors))
             if loaded:
                 self._asyncrl_loaded.update(loaded)
+            # the layerwise reload keeps a layer's tensors until all of it arrived: the views of
+            # `buf` it still holds must own their bytes before the slot is released and refilled
+            self._asyncrl_owned_bytes += own_pending(model, buf)
         rx.release(m)
         return "ok"
 
@@ -218,6 +222,7 @@ class WeightLoaderExtension:
         initialize_layerwise_reload(self.model_runner.get_model())
         self._asyncrl_loaded: set[str] = set()
         self._asyncrl_assembler = None
+        self._asyncrl_owned_bytes = 0
 
     def asyncrl_load_chunk(self, meta: bytes, payload: bytes) -> int:
         """Load one chunk; returns how many parameter names the model reported as loaded."""
@@ -240,6 +245,33 @@ class WeightLoaderExtension:
         n = len(self._asyncrl_loaded)
         self._asyncrl_loaded = set()
         return n
+
+
+def own_pending(model: torch.nn.Module, buf: torch.Tensor) -> int:
+    """Copy out of `buf` every tensor that vLLM's layerwise reload still holds for a layer not yet
+    complete; returns the bytes copied.
+
+    Why: a layer (e.g. `gate_up_proj`, `qkv_proj`) is processed only once all its checkpoint
+    tensors arrived; until then vLLM keeps the loader's arguments, our views of the transport's
+    buffer. Buckets end wherever the bytes run out, so a layer's tensors may span buckets; when the
+    buffer is released the sender refills it, and the layer would later be built from the next
+    bucket's bytes. Only the pending tensors are copied (the layers that straddle this bucket's
+    end), so the cost is at most about one layer per bucket, not a copy of the model.
+    A vLLM without the layerwise state this reads is refused loudly rather than loaded wrong."""
+    from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+
+    base = buf.untyped_storage().data_ptr()
+    copied = 0
+    for layer in model.modules():
+        info = LAYERWISE_INFO.get(layer)
+        if info is None or not info.loaded_weights:
+            continue
+        for _, bound in info.loaded_weights:
+            for key, value in bound.arguments.items():
+                if isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() == base:
+                    bound.arguments[key] = value.clone()
+                    copied += value.numel() * value.element_size()
+    return copied
 
 
 def _retie_lm_head(model: torch.nn.Module, vllm_config: Any) -> None:
