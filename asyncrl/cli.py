@@ -154,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         return status_main(argv[1:])
     from agents.base import RewardBroken
     from asyncrl.config import ConfigError
+    from asyncrl.rollout.parity import WeightParityError
 
     parser = argparse.ArgumentParser(prog="asyncrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["train", "bench", "plan", "config", "status", "export"])
@@ -179,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"asyncrl: config error: {e}", file=sys.stderr)
         return 2
-    except RewardBroken as e:  # the run stopped on purpose; through Ray the text ends with the cause's own
+    except (RewardBroken, WeightParityError) as e:  # the run stopped on purpose; through Ray the text ends with the cause's own
         print(f"asyncrl: stopped: {str(e).strip().splitlines()[-1]}", file=sys.stderr)
         return 1
     parser.error(f"unknown command {cmd!r}")

@@ -19,6 +19,8 @@ trainer rank for its own rows; weights go from trainer rank 0 to every server's 
                   │  every k steps: FleetManager.publish(version = step) ─> the weight plane
                   │      (checkpoint_engine, `weights:`): trainer rank 0's Sender ─> every routed server's Receiver: pause(update_mode), load as buckets land,
                   │         drop KV / prefix cache, confirm, resume; returns once all loaded
+                  │      then (every `weights.parity_every` publishes) the parity probe: each server and the trainer score one
+                  │         fixed sequence; a server off by more than `weights.parity_tol` stops the run (or is re-synced)
                   v
               StalenessManager.set_version ─> admits more groups
 
@@ -67,6 +69,7 @@ from asyncrl.launch import Components
 from asyncrl.metrics import MetricsLogger, idle_ratio
 from asyncrl.observe.reporter import StatusReporter
 from asyncrl.progress import Progress
+from asyncrl.rollout.parity import ParityCheck, vocab_bound
 from asyncrl.rollout.rollouter import Rollouter
 from asyncrl.rollout.shaping import OverlongShaping, overlong_metrics
 from asyncrl.run_dir import checkpoint_dir, latest_checkpoint, plot_curve, prune_checkpoints, write_state
@@ -96,6 +99,8 @@ class Pipeline:
                                      consumer_id=f"{socket.gethostname()}:{run_dir.name}",
                                      token_level=cfg.trainer.staleness_level == "token")
         self.trainer = TrainerHandle(parts.trainer)
+        self.parity = ParityCheck.from_config(cfg.weights, cfg.model.dtype, vocab_bound(parts.tokenizer, parts.model_path))
+        """The weight-parity probe after publishes (`weights.parity_*`; the `FleetManager` runs it)."""
         self.rollouter = Rollouter(
             run_sample=self._run_sample, prompts=parts.prompts, staleness=self.staleness, sink=self.queue.put,
             discard=self.queue.discard, group_size=self.n, max_running_samples=cfg.rollout.max_running_samples,
@@ -268,7 +273,7 @@ class Pipeline:
         self.t_start = time.time()
         self._tokens_at_start = self.trained_tokens
         await self.parts.start()  # the fleets: Ray actors (placed and loaded) or this process's servers
-        await self.parts.fleets.attach_weights(self.trainer, self.cfg.weights, self.cfg.rollout.update_mode)
+        await self.parts.fleets.attach_weights(self.trainer, self.cfg.weights, self.cfg.rollout.update_mode, parity=self.parity)
         resumed = self.cfg.resume and await self.restore()
         self._tokens_at_start = self.trained_tokens
         await self.publish()  # servers start from the trainer's exact weights at this version

@@ -79,6 +79,10 @@ class RunState:
     last_publish_s: float
     evicted: Mapping[str, int]
     """Servers taken out of routing for a missed publish, by name."""
+    parity_max_abs: float | None = None
+    """The largest gap on the weight-parity probe at the servers' last checks (None: never checked)."""
+    parity_tol: float | None = None
+    """`weights.parity_tol` as applied (None: the probe is off)."""
 
 
 class RunSource(Protocol):
@@ -123,6 +127,8 @@ class PipelineSource:
             generated_tokens=roll.generated_tokens, reward_failures=roll.reward_failures,
             rollout_idle_s=roll.idle_seconds(), last_publish_time=fleets.last_publish_time or None,
             last_publish_s=fleets.last_publish_s, evicted=_frozen(fleets.evicted),
+            parity_max_abs=p.parity.max_gap() if p.parity is not None and p.parity.gaps else None,
+            parity_tol=p.parity.tol if p.parity is not None else None,
         )
 
     async def queue_stats(self) -> QueueStats:

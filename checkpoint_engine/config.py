@@ -64,6 +64,22 @@ class WeightsConfig:
     a peer without it cannot join. Empty: no authentication (standalone use on a trusted host).
     The asyncrl launcher always sets one."""
 
+    parity_every: int = 1
+    """Weight parity probe: every this many publishes (the first included), each server that loaded
+    the version scores a fixed probe sequence and its log-probs are compared with the trainer's
+    (asyncrl's `FleetManager` runs it; this package only carries the keys). A re-sync of a
+    restarted server is always checked. 0: off."""
+
+    parity_tol: float = 0.0
+    """Largest max-abs log-prob gap on the parity probe a server may show (logged as
+    `weights/parity_max_abs`). 0: by `model.dtype`, 1e-2 for float32 and 0.25 for 16-bit
+    (correct engines differ by about 1e-6 in float32; a corrupted load by about 1)."""
+
+    parity_action: str = "stop"
+    """A server above `parity_tol`: `stop` ends the run with one line naming the server, the version
+    and the gap; `resync` takes the server out of routing and sends it the version again (a re-sync
+    that still fails restarts it; a restart that fails stops the run)."""
+
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"weights.backend must be one of {BACKENDS}, got {self.backend!r}")
@@ -81,6 +97,12 @@ class WeightsConfig:
             raise ValueError("weights.host must be a non-empty address")
         if not isinstance(self.secret, str):
             raise ValueError("weights.secret must be a string")
+        if self.parity_every < 0:
+            raise ValueError(f"weights.parity_every must be >= 0 (0: off), got {self.parity_every}")
+        if not self.parity_tol >= 0:
+            raise ValueError(f"weights.parity_tol must be >= 0 (0: by model.dtype), got {self.parity_tol}")
+        if self.parity_action not in ("stop", "resync"):
+            raise ValueError(f"weights.parity_action must be one of ('stop', 'resync'), got {self.parity_action!r}")
         if self.backend in ("nccl", "cuda_ipc") and not self.device.startswith("cuda"):
             raise ValueError(f"weights.device must be cuda[:N] with backend {self.backend}, got {self.device!r}")
         if self.backend in ("local", "shm", "gloo") and self.device != "cpu":

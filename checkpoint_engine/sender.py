@@ -238,12 +238,15 @@ class Sender:
         return out
 
     def sync(self, named_tensors: NamedTensors | None = None,
-             receivers: Iterable[str] | None = None) -> UpdateOutcome | None:
+             receivers: Iterable[str] | None = None, *, resend: bool = False) -> UpdateOutcome | None:
         """Bring receivers that are behind (late joiners, returning evictees), or those of them in
         `receivers`, to the current version; `named_tensors` defaults to `state_fn()`. None when
-        nobody is behind (`named_tensors` is then not consumed)."""
+        nobody is behind (`named_tensors` is then not consumed). `resend=True`: send the current
+        version to the live `receivers` even if they acknowledged it (their engine was found
+        serving other weights, e.g. by a parity check)."""
         self.poll()
-        behind, absent = self._select(self.membership.behind(), receivers)
+        candidates = self.membership.live() if resend and receivers is not None else self.membership.behind()
+        behind, absent = self._select(candidates, receivers)
         if not behind or self.membership.version < 0:
             return None
         if named_tensors is None:

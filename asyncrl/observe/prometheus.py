@@ -26,6 +26,7 @@ HELP = {
     "drops": "drops by cause", "rate": "throughputs per second", "heartbeat_age_s": "seconds since a component last made progress",
     "server_version": "version a server serves", "server_in_flight": "requests in flight on a server",
     "server_tokens_per_s": "tokens per second of a server", "server_healthy": "1 when a server answers its health probe",
+    "weights_parity_max_abs": "max-abs log-prob gap between a server and the trainer on the weight-parity probe",
 }
 
 
@@ -73,6 +74,8 @@ def gauges(snap: dict[str, Any]) -> list[GaugeMetricFamily]:
         for s in f["servers"]:
             for key in ("version", "in_flight", "tokens_per_s", "healthy"):
                 g.add(f"server_{key}", s[key], fleet=fleet, server=s["name"])
+            if s.get("parity_max_abs") is not None:
+                g.add("weights_parity_max_abs", s["parity_max_abs"], fleet=fleet, server=s["name"])
     for k, v in snap["liveness"]["component_age_s"].items():
         g.add("heartbeat_age_s", v, component=k)
     return list(g.families.values())

@@ -112,6 +112,7 @@ class SnapshotBuilder:
                 "version": s.version, "publish_every": info.publish_every,
                 "last_publish_time": s.last_publish_time, "last_publish_s": round(s.last_publish_s, 4),
                 "evicted": dict(s.evicted),
+                "parity_max_abs": s.parity_max_abs, "parity_tol": s.parity_tol,
             },
             "rollout": {
                 "running_groups": s.running_groups, "accepted_groups": s.accepted_groups,

@@ -54,9 +54,11 @@ def render(snap: dict[str, Any], now: float | None = None) -> Group:
         return Group(*parts)
     w, q, ro, st, rates = snap["weights"], snap["queue"], snap["rollout"], snap["staleness"], snap["rates"]
 
-    t = _table("trainer", "step", "version", "last publish", "publish_s", "idle_ratio", "trained_samples", "rollout idle_ratio")
+    t = _table("trainer", "step", "version", "last publish", "publish_s", "parity (max/tol)", "idle_ratio", "trained_samples",
+               "rollout idle_ratio")
     t.add_row(f"{tr['step']}/{tr['total_steps']}", str(tr["version"]), _ago(w["last_publish_time"], now),
-              f"{w['last_publish_s']:.3f}", f"{tr['idle_ratio']:.2f}", str(tr["trained_samples"]), f"{ro['idle_ratio']:.2f}")
+              f"{w['last_publish_s']:.3f}", _parity(w.get("parity_max_abs"), w.get("parity_tol")), f"{tr['idle_ratio']:.2f}",
+              str(tr["trained_samples"]), f"{ro['idle_ratio']:.2f}")
     parts.append(t)
 
     t = _table(f"queue ({q['backend']}, consumer {q['consumer']})", "ready", "leased", "waiting", "acked",
@@ -71,11 +73,13 @@ def render(snap: dict[str, Any], now: float | None = None) -> Group:
     t.add_row("trained (all)", _hist(st["trained"]))
     parts.append(t)
 
-    t = _table("rollout fleets", "fleet", "server", "version", "in_flight", "tokens/s", "health")
+    t = _table("rollout fleets", "fleet", "server", "version", "in_flight", "tokens/s", "parity", "health")
     for name, fleet in snap["fleets"].items():
         for s in fleet["servers"]:
             health = ("healthy" if s["healthy"] else "UNHEALTHY") + (" paused" if s.get("paused") else "")
-            t.add_row(name, str(s["name"]), str(s["version"]), str(s["in_flight"]), f"{s['tokens_per_s']:.1f}", health)
+            gap = s.get("parity_max_abs")
+            parity = "-" if gap is None else f"{gap:.2g} @v{s.get('parity_version')}"
+            t.add_row(name, str(s["name"]), str(s["version"]), str(s["in_flight"]), f"{s['tokens_per_s']:.1f}", parity, health)
     parts.append(t)
 
     drops = ", ".join(f"{k} {v}" for k, v in snap["drops"].items()) or "none"
@@ -88,6 +92,13 @@ def render(snap: dict[str, Any], now: float | None = None) -> Group:
     if snap.get("error"):
         parts.append(Text(f"error: {snap['error']}", style="red"))
     return Group(*parts)
+
+
+def _parity(gap: float | None, tol: float | None) -> str:
+    """The weight-parity probe's last figure against its tolerance: `off`, `-` (not yet checked), or `2e-07/0.01`."""
+    if tol is None:
+        return "off"
+    return "-" if gap is None else f"{gap:.2g}/{tol:g}" + (" FAIL" if gap > tol else "")
 
 
 def console() -> Console:

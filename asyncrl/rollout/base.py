@@ -116,6 +116,12 @@ class RolloutServer(abc.ABC):
     @abc.abstractmethod
     async def reset_prefix_cache(self) -> None: ...
 
+    async def score(self, token_ids: list[int]) -> list[float] | None:
+        """Teacher-forced log-probs at temperature 1 of `token_ids[1:]`, each given the tokens before it,
+        under the weights served now (the weight-parity probe, `asyncrl/rollout/parity.py`). None: this
+        backend cannot score (an external server with frozen weights), and its parity goes unchecked."""
+        return None
+
     @abc.abstractmethod
     def stats(self) -> ServerStats: ...
 

@@ -14,6 +14,7 @@ fleet of actors is spawned, so this module stays importable without Ray).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any, Awaitable, Protocol, TypeVar
 
@@ -21,6 +22,7 @@ from asyncrl.config import RolloutConfig
 from asyncrl.rollout.base import PauseMode, RolloutServer
 from asyncrl.rollout.backends import build_server  # noqa: F401  re-exported
 from asyncrl.rollout.fleet_build import START_ATTEMPTS, Fleet, build_fleet, fleet_configs  # noqa: F401  re-exported
+from asyncrl.rollout.parity import ParityCheck, WeightParityError
 from asyncrl.rollout.router import Router, ServerDied
 
 
@@ -33,10 +35,15 @@ class WeightSource(Protocol):
 
     async def publish(self, version: int, receivers: list[str]) -> dict[str, Any]: ...
 
-    async def sync(self, receivers: list[str]) -> dict[str, Any]: ...
+    async def sync(self, receivers: list[str], resend: bool = False) -> dict[str, Any]: ...
+
+    async def score(self, token_ids: list[int]) -> list[float] | None:
+        """Log-probs of `token_ids[1:]` under the weights last published (the parity probe's reference)."""
+        ...
 
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 SERVER_WAIT_S = 600.0
 """How long a request waits for a server while every server is being restarted (placement, model load, sync)."""
 
@@ -91,6 +98,10 @@ class FleetManager:
         self.last_publish_s = 0.0
         self.evicted: dict[str, str] = {}
         """Servers left out of a publish, and why (cumulative)."""
+        self.parity: ParityCheck | None = None
+        """The weight-parity rule (`attach_weights`); None: no probe."""
+        self._reference: tuple[int, list[float]] | None = None
+        """(version, the trainer's log-probs of the probe at it): one trainer forward per checked version."""
 
     @classmethod
     async def spawn(cls, cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int,
@@ -113,13 +124,17 @@ class FleetManager:
         return [s for f in self.fleets.values() for s in f.servers]
 
     def _check(self) -> None:
+        if isinstance(self._error, WeightParityError):  # a deliberate stop: its own one line
+            raise self._error
         if self._error is not None:
             raise RuntimeError(f"fleet manager: a server could not be brought back: {self._error!r}") from self._error
 
     # ---- weights ------------------------------------------------------------------------
-    async def attach_weights(self, source: WeightSource, cfg: Any, pause_mode: PauseMode = "keep") -> None:
-        """Every server (now and later) joins `source`'s weight plane and loads what it publishes."""
-        self._weights, self._weights_cfg, self._pause_mode = source, cfg, pause_mode
+    async def attach_weights(self, source: WeightSource, cfg: Any, pause_mode: PauseMode = "keep",
+                             parity: ParityCheck | None = None) -> None:
+        """Every server (now and later) joins `source`'s weight plane and loads what it publishes;
+        with `parity`, loaded versions are checked against the trainer's log-probs (`parity.py`)."""
+        self._weights, self._weights_cfg, self._pause_mode, self.parity = source, cfg, pause_mode, parity
         servers = list(self.router.servers)
         joined = await asyncio.gather(*(self._join(s) for s in servers), return_exceptions=True)
         for server, res in zip(servers, joined):
@@ -147,36 +162,86 @@ class FleetManager:
         out = await self._weights.publish(version, [server_name(s) for s in live])
         self.version = version
         done = set(out["completed"])
+        loaded = []
         for s in live:
             if server_name(s) in done:
                 _loaded(s, version)
+                loaded.append(s)
             elif s in self.router.servers:  # not taken out meanwhile (a death is the router's)
-                self.evicted[server_name(s)] = out["evicted"].get(server_name(s), "not loaded")
-                self.router.remove(s)
-                self._background(self._counted(self._fleet_of(s).name, self._recover(s)))
+                self._take_out(s, out["evicted"].get(server_name(s), "not loaded"))
         self.last_publish_time, self.last_publish_s = time.time(), time.time() - t0
+        checked = self.parity is not None and self.parity.due()
+        if checked:
+            for s, verdict in await self._parity(loaded, version):
+                if self.parity.action == "stop":  # type: ignore[union-attr]
+                    raise WeightParityError(verdict)
+                self._take_out(s, "parity", resend=True)  # the version is sent again, then checked again
         return {"weights/publish_s": self.last_publish_s, "weights/gbps": float(out.get("gbps", 0.0)),
                 "weights/evicted": float(len(live) - len(done)), "weights/bytes": float(out.get("bytes", 0)),
-                "weights/sender_s": float(out.get("seconds", 0.0)), "weights/gather_s": float(out.get("gather_s", 0.0))}
+                "weights/sender_s": float(out.get("seconds", 0.0)), "weights/gather_s": float(out.get("gather_s", 0.0)),
+                **(self.parity.metrics() if checked else {})}  # type: ignore[union-attr]
 
-    async def _bring_current(self, server: RolloutServer) -> None:
-        """Join the weight plane and get the current version (nothing to get before the first publish)."""
-        await self._join(server)
+    def _take_out(self, server: RolloutServer, why: str, resend: bool = False) -> None:
+        """A routed server that does not serve the current version: out of routing, re-synced in the
+        background (`resend`: it acknowledged the version, but serves other weights)."""
+        self.evicted[server_name(server)] = why
+        self.router.remove(server)
+        self._background(self._counted(self._fleet_of(server).name, self._recover(server, resend)))
+
+    async def _parity(self, servers: list[RolloutServer], version: int) -> list[tuple[RolloutServer, str]]:
+        """Score the probe on `servers` (which just loaded `version`) and on the trainer; the servers
+        above the tolerance, each with its one-line verdict. A server that dies meanwhile is the router's."""
+        parity = self.parity
+        if parity is None or not servers or self._weights is None:
+            return []
+        if self._reference is None or self._reference[0] != version:
+            reference = await self._weights.score(parity.ids)
+            if reference is None:  # a trainer without a model (benchmarks): nothing to compare with
+                return []
+            self._reference = (version, reference)
+        reference = self._reference[1]
+        scores = await asyncio.gather(*(s.score(parity.ids) for s in servers), return_exceptions=True)
+        failed = []
+        for s, got in zip(servers, scores):
+            if isinstance(got, ServerDied):
+                self.router.take_out(s, got)
+                continue
+            if isinstance(got, BaseException):  # a server that cannot score the probe does not pass it
+                log.warning("parity probe: server %s failed to score: %r", server_name(s), got)
+                got = []
+            verdict = parity.judge(server_name(s), version, reference, got)
+            if verdict is not None:
+                failed.append((s, verdict))
+        return failed
+
+    async def _bring_current(self, server: RolloutServer, resend: bool = False) -> None:
+        """Join the weight plane and get the current version (nothing to get before the first publish);
+        `resend`: the server is joined and acknowledged it, but must be sent it again."""
+        if not resend:
+            await self._join(server)
         if self.version < 0 or self._weights is None:
             return
-        out = await self._weights.sync([server_name(server)])
+        out = await self._weights.sync([server_name(server)], resend=resend)
         if server_name(server) not in out["completed"]:
             raise RuntimeError(f"rejoin: {server_name(server)} did not load version {self.version}: "
                                f"{out['evicted'].get(server_name(server), 'no reason given')}")
         _loaded(server, self.version)
+        for _, verdict in await self._parity([server], self.version):  # a re-sync is always checked
+            raise WeightParityError(verdict)
 
-    async def _recover(self, server: RolloutServer) -> None:
-        """A live server missed a publish: re-sync it and route it again; restart it if that fails."""
+    async def _recover(self, server: RolloutServer, resend: bool = False) -> None:
+        """A live server missed a publish (or failed its parity check: `resend`): re-sync it and route
+        it again; restart it if that fails."""
         try:
             async with self._membership:
-                await self._bring_current(server)
+                await self._bring_current(server, resend)
                 if any(server in f.servers for f in self.fleets.values()):
                     self.router.add(server, self._fleet_of(server).name)
+        except WeightParityError:
+            if self.parity is None or self.parity.action == "stop":
+                raise
+            await self.restart(server)  # re-sent and still wrong: a fresh server (whose own failure stops the run)
+            return
         except (RuntimeError, ServerDied):
             await self.restart(server)
             return
@@ -287,11 +352,14 @@ class FleetManager:
         fleets: dict[str, Any] = {}
         for name, fleet in self.fleets.items():
             rows = []
+            gaps = self.parity.gaps if self.parity is not None else {}
             for s in fleet.servers:
                 st = await s.refresh() if hasattr(s, "refresh") else s.stats()
+                parity = gaps.get(server_name(s))
                 rows.append({"name": getattr(s, "name", f"{name}-{len(rows)}"), "healthy": st.healthy,
                              "routed": s in self.router.servers, "in_flight": st.in_flight, "version": st.version,
-                             "paused": st.paused, "tokens_per_s": st.tokens_per_s, "generated_tokens": st.generated_tokens})
+                             "paused": st.paused, "tokens_per_s": st.tokens_per_s, "generated_tokens": st.generated_tokens,
+                             "parity_max_abs": parity[1] if parity else None, "parity_version": parity[0] if parity else None})
             fleets[name] = {
                 "servers": rows, "healthy": sum(r["healthy"] for r in rows),
                 "in_flight": sum(r["in_flight"] for r in rows), "tokens_per_s": sum(r["tokens_per_s"] for r in rows),

@@ -106,6 +106,10 @@ class RemoteServer(RolloutServer):
     async def reset_prefix_cache(self) -> None:
         await self._call("reset_prefix_cache")
 
+    async def score(self, token_ids: list[int]) -> list[float] | None:
+        """The parity probe, scored by the actor's engine (63 floats back: control data, not bulk)."""
+        return await self._call("score", list(token_ids))
+
     async def refresh(self) -> ServerStats:
         """Fetch the actor's stats (a dead actor reads as unhealthy instead of raising)."""
         if not self._dead:
@@ -138,5 +142,5 @@ class RemoteServer(RolloutServer):
         self._dead = True
 
 
-_CONTROL_VERBS = frozenset({"stats", "resume", "join_weights", "close", "reset_prefix_cache", "pid"})
+_CONTROL_VERBS = frozenset({"stats", "resume", "join_weights", "close", "reset_prefix_cache", "pid", "score"})
 """Verbs that answer at once on a healthy server (`start` loads the model, `pause` may drain, samples generate: no limit)."""

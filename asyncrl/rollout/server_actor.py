@@ -98,6 +98,9 @@ class ServerActor:
     async def reset_prefix_cache(self) -> None:
         await self.server.reset_prefix_cache()
 
+    async def score(self, token_ids: list[int]) -> list[float] | None:
+        return await self.server.score(token_ids)
+
     async def stats(self) -> ServerStats:
         return self.server.stats()
 

@@ -203,6 +203,12 @@ class TorchRolloutServer(RolloutServer):
     async def reset_prefix_cache(self) -> None:
         await self._command("reset_prefix_cache")
 
+    async def score(self, token_ids: list[int]) -> list[float]:
+        """Log-probs of `token_ids[1:]` (teacher-forced, temperature 1), on the engine thread between steps."""
+        if len(token_ids) < 2:
+            raise ValueError("score: needs at least 2 token ids")
+        return await self._command("score", list(token_ids))
+
     def stats(self) -> ServerStats:
         inbox = self._inbox
         with inbox.cv:
@@ -233,11 +239,11 @@ class TorchRolloutServer(RolloutServer):
             self._inbox.cv.notify()
         await asyncio.to_thread(self._thread.join)
 
-    async def _command(self, kind: str, payload: Any = None) -> None:
+    async def _command(self, kind: str, payload: Any = None) -> Any:
         loop = asyncio.get_running_loop()
         cmd = Command(kind=kind, payload=payload, loop=loop, future=loop.create_future())
         with self._inbox.cv:
             self._inbox.raise_if_unusable()
             self._inbox.commands.append(cmd)
             self._inbox.cv.notify()
-        await cmd.future
+        return await cmd.future

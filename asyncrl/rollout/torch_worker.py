@@ -69,7 +69,8 @@ class Request:
 @dataclass(eq=False)
 class Command:
     """Work for the engine thread between steps: `update`, `reset_prefix_cache`, `abort_all`,
-    `drain` (resolved once no request runs), `barrier` (resolved at the next step boundary)."""
+    `drain` (resolved once no request runs), `barrier` (resolved at the next step boundary),
+    `score` (resolved with the log-probs of the payload's token ids)."""
 
     kind: str
     payload: Any
@@ -172,9 +173,18 @@ class EngineWorker:
         elif cmd.kind == "drain":
             self._drain_waiters.append(cmd)
             return
+        elif cmd.kind == "score":
+            resolve(cmd.loop, cmd.future, self._score(cmd.payload))
+            return
         elif cmd.kind != "barrier":
             raise ValueError(f"unknown engine command {cmd.kind!r}")
         resolve(cmd.loop, cmd.future)
+
+    def _score(self, ids: list[int]) -> list[float]:
+        """Teacher-forced log-probs at temperature 1 of `ids[1:]` under the current weights."""
+        x = torch.tensor([ids], device=self.device)
+        logits = self.model(input_ids=x, use_cache=False).logits[0, :-1].float()
+        return torch.log_softmax(logits, dim=-1).gather(-1, x[0, 1:, None])[:, 0].tolist()
 
     def _recompute_running(self) -> None:
         """Rebuild the KV of running rows with the current weights (context minus the next input)."""

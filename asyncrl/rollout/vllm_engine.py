@@ -246,6 +246,22 @@ class VLLMRolloutServer(RolloutServer):
         if not await self._engine.reset_prefix_cache(reset_running_requests=True):
             raise RuntimeError("vllm refused to reset the prefix cache")
 
+    async def score(self, token_ids: list[int]) -> list[float]:
+        """Log-probs of `token_ids[1:]` (teacher-forced, temperature 1): vLLM's prompt log-probs, which
+        are raw log-softmax whatever `logprobs_mode` and never read the prefix cache."""
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import SamplingParams as VSamplingParams
+
+        if len(token_ids) < 2:
+            raise ValueError("score: needs at least 2 token ids")
+        params = VSamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, seed=0)
+        final = None
+        async for out in self._engine.generate(TokensPrompt(prompt_token_ids=list(token_ids)), params, uuid.uuid4().hex):
+            final = out
+        if final is None or final.prompt_logprobs is None:
+            raise RuntimeError("vllm returned no prompt log-probs for the parity probe")
+        return [entry[tok].logprob for entry, tok in zip(final.prompt_logprobs[1:], token_ids[1:])]
+
     # ---- state ------------------------------------------------------------------------------
 
     def stats(self) -> ServerStats:

@@ -70,8 +70,11 @@ class TrainerRankShell:
     def publish(self, version: int, receivers: list[str]) -> dict[str, Any] | None:
         return self.trainer.publish(version, receivers)
 
-    def sync(self, receivers: list[str]) -> dict[str, Any] | None:
-        return self.trainer.sync(receivers)
+    def sync(self, receivers: list[str], resend: bool = False) -> dict[str, Any] | None:
+        return self.trainer.sync(receivers, resend)
+
+    def score(self, token_ids: list[int]) -> list[float] | None:
+        return self.trainer.score(token_ids)
 
     def save(self, path: str) -> None:
         self.trainer.save(path)
@@ -168,8 +171,11 @@ class TrainerGroup:
     def publish(self, version: int, receivers: list[str]) -> dict[str, Any]:
         return merge_outcomes(self._all("publish", version, list(receivers)))
 
-    def sync(self, receivers: list[str]) -> dict[str, Any]:
-        return merge_outcomes(self._all("sync", list(receivers)))
+    def sync(self, receivers: list[str], resend: bool = False) -> dict[str, Any]:
+        return merge_outcomes(self._all("sync", list(receivers), resend))
+
+    def score(self, token_ids: list[int]) -> list[float] | None:
+        return self._all("score", list(token_ids))[0]
 
     def save(self, path: str) -> None:
         self._all("save", path)

@@ -163,6 +163,15 @@ class TrainerEngine:
             raise RuntimeError("compute_ref_logprobs: no reference model (algorithm.kl_coef is 0)")
         return self._score(self.ref_model, batch)
 
+    @torch.no_grad()
+    def score_tokens(self, token_ids: list[int]) -> list[float]:
+        """Log-probs of `token_ids[1:]` at temperature 1 under the current weights: what a server that
+        loaded them must give on the same tokens (the weight-parity probe). Every rank runs it (FSDP
+        gathers the parameters); each returns the same list."""
+        ids = torch.tensor([token_ids], device=self.device)
+        logits = self.model(input_ids=ids, use_cache=False).logits[0, :-1].float()
+        return torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:, None])[:, 0].cpu().tolist()
+
     # ---- training -------------------------------------------------------
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One trainer step over the global batch, given in full to every rank; returns its
@@ -205,7 +214,7 @@ class TrainerEngine:
             dist.all_reduce(age)
         out = []
         for i, (part, (num_tokens, num_seqs)) in enumerate(zip(parts, counts.tolist())):
-            m = self.forward_backward(part, num_tokens=num_tokens, num_seqs=num_seqs)
+            m = self.forward_backward(part, num_tokens=num_tokens, num_seqs=num_seqs, first=i == 0)
             last = i == len(parts) - 1
             if self.critic is not None:
                 m.update(self.critic.update(part, num_tokens=num_tokens, num_seqs=num_seqs, end_of_step=last))
@@ -256,24 +265,30 @@ class TrainerEngine:
             self.entropy_coef = min(max(used + alg.entropy_coef_lr * (alg.entropy_target - entropy), 0.0), alg.entropy_coef_max)
         return used
 
-    def forward_backward(self, rows: TrainBatch, *, num_tokens: float, num_seqs: float) -> dict[str, float]:
+    def forward_backward(self, rows: TrainBatch, *, num_tokens: float, num_seqs: float, first: bool = True) -> dict[str, float]:
         """Accumulate gradients of the globally normalised loss over this rank's `rows` (one
         mini-batch), micro-batch by micro-batch; `num_tokens` / `num_seqs` are the mini-batch's
-        loss tokens and sequences over every rank.
+        loss tokens and sequences over every rank; `first`: no optimizer step was taken yet in
+        this trainer step (the weights are still those of version `step`).
 
         Metrics: `loss`, `pg_loss` (aggregated as `algorithm.loss_agg`), token means over the
         batch's loss tokens of `kl`, `entropy`, `clip_frac`, `clip_frac_lower` (dual clip bound: verl's
         `pg_clipfrac_lower`), `ratio_mean`, and `ratio_max`,
         `ratio_min`, `tokens` (loss tokens), `seqs`; plus the off-policy `correction/*`
-        statistics (`corrections.stat_metrics`).
+        statistics (`corrections.stat_metrics`), and verl's `rollout_probs_diff_{mean,max}`:
+        |p_rollout - p_trainer| of the loss tokens the rollout sampled with the weights the trainer
+        holds now (`token_versions == step`: no staleness, so any gap is the two engines disagreeing,
+        e.g. weights that did not arrive whole), scored with the proximal log-probs or, without
+        them, the first mini-batch's forward; `rollout_probs_diff_tokens` counts those tokens.
         """
         alg = self.algorithm
         rows = self._with_fixed_logprobs(rows)
         norm = dict(num_tokens=num_tokens, num_seqs=num_seqs, norm_len=alg.loss_agg_norm_len)
         shard = rows.to(self.device)
-        # sums: loss, pg_loss, kl, entropy, clipped, ratio, dual-clipped, then correction sums; extremes: max ratio, -min ratio, max IS weight
-        sums = torch.zeros(13, dtype=torch.float64, device=self.device)
-        extremes = torch.full((3,), -math.inf, dtype=torch.float64, device=self.device)
+        # sums: loss, pg_loss, kl, entropy, clipped, ratio, dual-clipped, correction sums, then rollout_probs_diff's sum and
+        # count; extremes: max ratio, -min ratio, max IS weight, max rollout_probs_diff
+        sums = torch.zeros(15, dtype=torch.float64, device=self.device)
+        extremes = torch.full((4,), -math.inf, dtype=torch.float64, device=self.device)
         by_age = torch.zeros(self.trainer.eta + 2, 3, dtype=torch.float64, device=self.device)
         for mb in self._micro_batches(shard):
             mask = mb.loss_mask
@@ -306,24 +321,40 @@ class TrainerEngine:
             with torch.no_grad():
                 dual = out.dual_clipped if out.dual_clipped is not None else torch.zeros_like(out.ratio)
                 per_tok = torch.stack([kl, entropy, out.clipped, out.ratio, dual]).double() * mask
-                sums += torch.cat([torch.stack([loss, pg_loss]).double(), per_tok.sum(dim=(1, 2)), stat_sums(corr, mask)])
+                sums[:13] += torch.cat([torch.stack([loss, pg_loss]).double(), per_tok.sum(dim=(1, 2)), stat_sums(corr, mask)])
                 if mb.token_versions is not None:
                     by_age += age_sums(corr, mask, self.step - mb.token_versions, self.trainer.eta)
+                diff_sum, diff_n, diff_max = self._rollout_probs_diff(mb, logprobs, first)
+                sums[13:] += torch.stack([diff_sum, diff_n])
                 if mask.any():
                     r = out.ratio[mask > 0].double()
-                    extremes = torch.maximum(extremes, torch.stack([r.max(), -r.min(), stat_max(corr, mask)]))
+                    extremes = torch.maximum(extremes, torch.stack([r.max(), -r.min(), stat_max(corr, mask), diff_max]))
         if self.world > 1:
             dist.all_reduce(sums)
             dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
             dist.all_reduce(by_age)
         s, e = sums.tolist(), extremes.tolist()
         per_token = 1.0 / max(num_tokens, 1.0)
+        diff = {"rollout_probs_diff_mean": s[13] / s[14], "rollout_probs_diff_max": e[3], "rollout_probs_diff_tokens": s[14]} if s[14] else {}
         return {
             "loss": s[0], "pg_loss": s[1], "kl": s[2] * per_token, "entropy": s[3] * per_token,
             "clip_frac": s[4] * per_token, "ratio_mean": s[5] * per_token, "clip_frac_lower": s[6] * per_token,
             "ratio_max": e[0] if num_tokens else 0.0, "ratio_min": -e[1] if num_tokens else 0.0,
-            "tokens": num_tokens, "seqs": num_seqs, **stat_metrics(s[7:], e[2], num_tokens), **age_metrics(by_age),
+            "tokens": num_tokens, "seqs": num_seqs, **stat_metrics(s[7:13], e[2], num_tokens), **age_metrics(by_age), **diff,
         }  # fmt: skip
+
+    def _rollout_probs_diff(self, mb: TrainBatch, logprobs: Tensor, first: bool) -> tuple[Tensor, Tensor, Tensor]:
+        """(sum, count, max) of |exp(behavior) - exp(trainer)| over `mb`'s loss tokens sampled at version `step`
+        (see `forward_backward`); zeros (max -inf) when there are none or no log-probs of version `step`."""
+        zero = torch.zeros((), dtype=torch.float64, device=logprobs.device)
+        ref = mb.proximal_logprobs if mb.proximal_logprobs is not None else (logprobs.detach() if first else None)
+        if ref is None or mb.token_versions is None:
+            return zero, zero, torch.full((), -math.inf, dtype=torch.float64, device=logprobs.device)
+        fresh = (mb.loss_mask > 0) & (mb.token_versions == self.step)
+        d = (mb.old_logprobs.exp() - ref.to(logprobs.device).exp()).abs().double()[fresh]
+        if not d.numel():
+            return zero, zero, torch.full((), -math.inf, dtype=torch.float64, device=logprobs.device)
+        return d.sum(), torch.tensor(float(d.numel()), dtype=torch.float64, device=d.device), d.max()
 
     def optimizer_step(self, end_of_step: bool = True) -> dict[str, float]:
         """Clip, AdamW step; at the end of a trainer step also advance the schedule and `step` += 1.

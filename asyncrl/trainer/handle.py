@@ -50,8 +50,12 @@ class TrainerHandle:
     async def publish(self, version: int, receivers: list[str]) -> dict[str, Any]:
         return await self._call("publish", version, receivers)
 
-    async def sync(self, receivers: list[str]) -> dict[str, Any]:
-        return await self._call("sync", receivers)
+    async def sync(self, receivers: list[str], resend: bool = False) -> dict[str, Any]:
+        return await self._call("sync", receivers, resend)
+
+    async def score(self, token_ids: list[int]) -> list[float] | None:
+        """The trainer's log-probs of the parity probe (see `TrainerRank.score`)."""
+        return await self._call("score", list(token_ids))
 
     async def save(self, path: str) -> None:
         await self._call("save", path)

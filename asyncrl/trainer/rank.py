@@ -116,14 +116,15 @@ class TrainerRank:
         finally:
             self._finish(params)
 
-    def sync(self, receivers: list[str]) -> dict[str, Any] | None:
-        """Bring `receivers` that do not hold the current version (restarted, evicted) to it."""
+    def sync(self, receivers: list[str], resend: bool = False) -> dict[str, Any] | None:
+        """Bring `receivers` that do not hold the current version (restarted, evicted) to it;
+        `resend`: send it to them even if they acknowledged it (a failed parity check)."""
         params = self._params()
         try:
             if self.sender is None:
                 return None
             self.sender.wait_for_ids(receivers, self.sender.config.timeout_s)
-            out = self.sender.sync(params, receivers=receivers)
+            out = self.sender.sync(params, receivers=receivers, resend=resend)
             if out is None:  # nobody behind: the live ones among them already hold it
                 m = self.sender.membership
                 current = [r for r in receivers if r in m.live() and r not in m.behind()]
@@ -136,6 +137,12 @@ class TrainerRank:
     def _finish(self, params: Iterator[Any]) -> None:
         if not self.sharded:  # the other ranks all-gather every tensor: so must this one, whatever happened
             _drain(params)
+
+    def score(self, token_ids: list[int]) -> list[float] | None:
+        """Log-probs of `token_ids[1:]` under the weights last published (the parity probe's reference);
+        None for an engine without a model. Collective: every rank runs the forward."""
+        score = getattr(self.engine, "score_tokens", None)
+        return score(token_ids) if score is not None else None
 
     def save(self, path: str) -> None:
         self.engine.save(path)

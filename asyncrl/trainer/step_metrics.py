@@ -15,7 +15,7 @@ def merge_minibatch_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
     out: dict[str, float] = {}
     for key in dict.fromkeys(k for p in parts for k in p):  # a key some mini-batches lack (a token age none of theirs has) merges over the others
         vals = [p[key] for p in parts if key in p]
-        if key in ("tokens", "seqs") or key.endswith("/tokens"):
+        if key in ("tokens", "seqs") or key.endswith(("/tokens", "_tokens")):
             out[key] = sum(vals)
         elif key.endswith("_max"):
             out[key] = max(vals)

@@ -151,7 +151,7 @@ class Weights:
         self.calls.append(("publish", version, sorted(receivers)))
         return await self._send(version, receivers)
 
-    async def sync(self, receivers):
+    async def sync(self, receivers, resend=False):
         self.calls.append(("sync", self.version, sorted(receivers)))
         return await self._send(self.version, receivers)
 
