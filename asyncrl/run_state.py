@@ -77,8 +77,9 @@ class RunState:
     rollout_idle_s: float
     last_publish_time: float | None
     last_publish_s: float
-    evicted: Mapping[str, int]
-    """Servers taken out of routing for a missed publish, by name."""
+    evicted: Mapping[str, str]
+    """Servers taken out of routing for a missed publish (or a failed parity check): name -> the
+    last reason (`timeout`, `checksum`, `not joined`, `parity`, ...)."""
     parity_max_abs: float | None = None
     """The largest gap on the weight-parity probe at the servers' last checks (None: never checked)."""
     parity_tol: float | None = None
@@ -102,7 +103,13 @@ class RunSource(Protocol):
 
 
 def _frozen(m: Mapping[Any, Any]) -> Mapping[Any, int]:
+    """A read-only copy of a count mapping."""
     return MappingProxyType({k: int(v) for k, v in m.items()})
+
+
+def _frozen_text(m: Mapping[str, Any]) -> Mapping[str, str]:
+    """A read-only copy of a name -> reason mapping."""
+    return MappingProxyType({str(k): str(v) for k, v in m.items()})
 
 
 class PipelineSource:
@@ -126,7 +133,7 @@ class PipelineSource:
             admission="pace" if s.pace is not None else "bound", drops=_frozen(s.dropped),
             generated_tokens=roll.generated_tokens, reward_failures=roll.reward_failures,
             rollout_idle_s=roll.idle_seconds(), last_publish_time=fleets.last_publish_time or None,
-            last_publish_s=fleets.last_publish_s, evicted=_frozen(fleets.evicted),
+            last_publish_s=fleets.last_publish_s, evicted=_frozen_text(fleets.evicted),
             parity_max_abs=p.parity.max_gap() if p.parity is not None and p.parity.gaps else None,
             parity_tol=p.parity.tol if p.parity is not None else None,
         )

@@ -47,7 +47,8 @@ def fake_pipeline(run_dir: Path) -> SimpleNamespace:
         queue=SimpleNamespace(client=FakeClient(), consumer="trainer"),
         rollouter=SimpleNamespace(generated_tokens=1000, reward_failures=0, idle_seconds=lambda: 1.0),
         parts=SimpleNamespace(servers=[FakeServer(3), FakeServer(2, healthy=False)],
-                              fleets=SimpleNamespace(last_publish_s=0.25, last_publish_time=time.time() - 2, evicted={})),
+                              fleets=SimpleNamespace(last_publish_s=0.25, last_publish_time=time.time() - 2,
+                                                 evicted={"server-1": "timeout"})),
         staleness_hist=Counter({0: 8, 1: 12, 2: 4}), wait_s=0.5, trained_samples=24, trained_tokens=300,
         t_start=time.time() - 10,
     )
