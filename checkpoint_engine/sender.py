@@ -42,6 +42,7 @@ from typing import Callable, Iterable
 import torch
 
 from checkpoint_engine.backends import make_sender_transport
+from checkpoint_engine.backends.base import pack_device
 from checkpoint_engine.buckets import BucketPacker
 from checkpoint_engine.config import WeightsConfig
 from checkpoint_engine.control import SenderSocket
@@ -288,9 +289,12 @@ class Sender:
             free.put(s)
         stop = threading.Event()
         packer = BucketPacker(named_tensors, self.config.bucket_bytes)
+        device = pack_device(self.config)
 
         def produce() -> None:
             try:
+                if device is not None:  # a new thread starts on cuda:0, whatever rank this is
+                    torch.cuda.set_device(device)
                 while True:
                     slot = free.get()
                     if stop.is_set():

@@ -22,6 +22,36 @@ from checkpoint_engine.config import WeightsConfig
 from checkpoint_engine.wire import BucketMeta
 
 
+def resolve_device(spec: str) -> torch.device:
+    """`config.device` as a device with an index: a bare `cuda` is this thread's current CUDA device
+    (where `torch.empty(device="cuda")` allocates; `torch.cuda.set_device` and IPC opens need the
+    index, and under torchrun each rank has set its own). `cpu` stays `cpu`."""
+    device = torch.device(spec)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def pack_device(config: WeightsConfig) -> int | None:
+    """The CUDA device a sender's packing thread must set (a new thread starts on device 0, and it
+    gathers, casts and copies the caller's tensors): `weights.device` when it is a GPU (a bare
+    `cuda`: the caller's current device), else the caller's current device when the caller uses
+    CUDA (e.g. `shm` from GPU parameters); None without CUDA. Call it on the caller's thread."""
+    if config.device.startswith("cuda"):
+        return resolve_device(config.device).index
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.current_device()
+    return None
+
+
+def sync_stream(device: torch.device) -> None:
+    """Wait for the work queued on this thread's current stream of `device` (a no-op off CUDA): what
+    device backends call in `seal` / `release`, since readers outside the stream (a peer's READ,
+    another process's copy, a refilled buffer) do not follow CUDA stream order."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
 class SenderTransport(abc.ABC):
     collective: bool = False
     """True when `send` is a collective every group member must join (gloo, nccl)."""

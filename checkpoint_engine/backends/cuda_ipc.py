@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from checkpoint_engine.backends.base import ReceiverTransport, SenderTransport
+from checkpoint_engine.backends.base import ReceiverTransport, SenderTransport, resolve_device, sync_stream
 from checkpoint_engine.config import WeightsConfig
 from checkpoint_engine.wire import BucketMeta
 
@@ -42,7 +42,7 @@ def _open(desc: list[Any], device: torch.device) -> torch.Tensor:
 class CudaIpcSenderTransport(SenderTransport):
     def __init__(self, config: WeightsConfig):
         super().__init__(config)
-        self.device = torch.device(config.device)
+        self.device = resolve_device(config.device)  # a bare `cuda`: this rank's current device
         self.slots = [torch.empty(config.bucket_bytes, dtype=torch.uint8, device=self.device) for _ in range(2)]
         self._descs = [_share(s) for s in self.slots]
 
@@ -50,7 +50,7 @@ class CudaIpcSenderTransport(SenderTransport):
         return {"slots": self._descs, "size": self.config.bucket_bytes}
 
     def seal(self, meta: BucketMeta) -> None:
-        torch.cuda.current_stream(self.device).synchronize()
+        sync_stream(self.device)
 
     def send(self, meta: BucketMeta) -> None:
         pass
@@ -61,7 +61,7 @@ class CudaIpcReceiverTransport(ReceiverTransport):
 
     def __init__(self, config: WeightsConfig):
         super().__init__(config)
-        self.device = torch.device(config.device)
+        self.device = resolve_device(config.device)  # a bare `cuda`: this rank's current device
         self._key: list[bytes] = []
         self._views: list[torch.Tensor] = []
 
@@ -76,7 +76,7 @@ class CudaIpcReceiverTransport(ReceiverTransport):
         return self._views[meta.slot][: meta.nbytes]
 
     def release(self, meta: BucketMeta) -> None:
-        torch.cuda.current_stream(self.device).synchronize()
+        sync_stream(self.device)
 
     def close(self) -> None:
         self._views = []

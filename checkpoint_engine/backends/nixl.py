@@ -7,6 +7,11 @@ and the receiver copies each tensor out of it to its final buffer. Only two larg
 registered per side (registration is costly; the agent is used from one thread only).
 Here the memory is DRAM over UCX; with `device=cuda` it is VRAM and the same calls
 become GPU-direct RDMA.
+
+RDMA does not follow CUDA stream order, so on a GPU both ends synchronize their stream: the
+sender after filling a slot, before the bucket is announced and a receiver may READ it (`seal`);
+a receiver after its copies out of the landing buffer, before the ack that lets the next READ
+overwrite it (`release`).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Any
 
 import torch
 
-from checkpoint_engine.backends.base import ReceiverTransport, SenderTransport
+from checkpoint_engine.backends.base import ReceiverTransport, SenderTransport, resolve_device, sync_stream
 from checkpoint_engine.config import WeightsConfig
 from checkpoint_engine.wire import BucketMeta
 
@@ -25,8 +30,11 @@ from checkpoint_engine.wire import BucketMeta
 def _agent(name: str, backend: str):
     try:
         from nixl._api import nixl_agent, nixl_agent_config
-    except ImportError:  # the CUDA-12 wheel names its module nixl_cu12
-        from nixl_cu12._api import nixl_agent, nixl_agent_config
+    except ImportError:  # the wheels built per CUDA major name their module nixl_cu12 / nixl_cu13
+        try:
+            from nixl_cu13._api import nixl_agent, nixl_agent_config
+        except ImportError:
+            from nixl_cu12._api import nixl_agent, nixl_agent_config
     return nixl_agent(name, nixl_agent_config(backends=[backend]))
 
 
@@ -39,7 +47,8 @@ class NixlSenderTransport(SenderTransport):
         super().__init__(config)
         self.name = f"weights-sender-{uuid.uuid4().hex[:8]}"
         self.agent = _agent(self.name, config.nixl_backend)
-        self.slots = [torch.empty(config.bucket_bytes, dtype=torch.uint8, device=config.device)
+        self.device = resolve_device(config.device)
+        self.slots = [torch.empty(config.bucket_bytes, dtype=torch.uint8, device=self.device)
                       for _ in range(2)]
         self._reg = self.agent.register_memory(self.agent.get_reg_descs(self.slots))
 
@@ -47,6 +56,9 @@ class NixlSenderTransport(SenderTransport):
         mem, dev = _mem(self.slots[0].device)
         return {"agent": self.name, "metadata": self.agent.get_agent_metadata(), "mem": mem,
                 "slots": [[s.data_ptr(), s.numel(), dev] for s in self.slots]}
+
+    def seal(self, meta: BucketMeta) -> None:
+        sync_stream(self.device)  # the packer's copies have landed before a receiver READs the slot
 
     def send(self, meta: BucketMeta) -> None:
         pass
@@ -64,7 +76,8 @@ class NixlReceiverTransport(ReceiverTransport):
         super().__init__(config)
         self.name = f"weights-receiver-{uuid.uuid4().hex[:8]}"
         self.agent = _agent(self.name, config.nixl_backend)
-        self.landing = torch.empty(config.bucket_bytes, dtype=torch.uint8, device=config.device)
+        self.device = resolve_device(config.device)
+        self.landing = torch.empty(config.bucket_bytes, dtype=torch.uint8, device=self.device)
         self._reg = self.agent.register_memory(self.agent.get_reg_descs([self.landing]))
         self.remote: str | None = None
         self.info: dict[str, Any] = {}
@@ -100,6 +113,9 @@ class NixlReceiverTransport(ReceiverTransport):
         finally:
             self.agent.release_xfer_handle(handle)
         return self.landing[:n]
+
+    def release(self, meta: BucketMeta) -> None:
+        sync_stream(self.device)  # copies out of the landing buffer are done before the next READ into it
 
     def close(self) -> None:
         if self.landing is not None:
