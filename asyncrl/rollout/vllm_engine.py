@@ -120,7 +120,7 @@ class VLLMRolloutServer(RolloutServer):
             enable_prefix_caching=True,
             logprobs_mode="processed_logprobs",
             worker_extension_cls=WORKER_EXTENSION_CLS,
-            distributed_executor_backend="uni" if self.in_process else None,
+            distributed_executor_backend=executor_backend(self.in_process, tensor_parallel_size),
             disable_log_stats=True,
         )
         if self.in_process:
@@ -309,6 +309,20 @@ def _span_versions(spans: list[Any] | None, n_tokens: int) -> list[int] | None:
         label = int(span.version) if str(span.version).lstrip("-").isdigit() else 0
         versions.extend([label] * (span.end - span.start))
     return versions if len(versions) == n_tokens else None
+
+
+def executor_backend(in_process: bool, tensor_parallel_size: int) -> str | None:
+    """vLLM's `distributed_executor_backend` for one server: `uni` in process; `mp` (worker processes
+    on this host) for `tensor_parallel_size > 1`; None (vLLM's `uni` for one worker) otherwise.
+
+    Not vLLM's own choice with several workers: inside a Ray actor (`server_actor.py`) it sees the
+    actor's placement group and picks its Ray executor, which wants one GPU bundle per worker, while
+    a server has one bundle of `tensor_parallel_size` GPUs that the actor itself already holds. A
+    server's workers are always on its bundle's host, the GPUs Ray made visible to the actor: what
+    `mp` runs."""
+    if in_process:
+        return "uni"
+    return "mp" if tensor_parallel_size > 1 else None
 
 
 def _set_vllm_env(*, on_gpu: bool, in_process: bool, cpu_kv_cache_gb: float) -> None:
