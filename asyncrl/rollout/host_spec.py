@@ -42,31 +42,36 @@ class HostSpec:
     """The run directory: inference engines write their own logs there (`vllm.log`); empty: none."""
 
 
-def make_agent(agent: dict[str, Any], reward: str, encode: Callable, decode: Callable, sampling: Any,
+def make_agent(agent: dict[str, Any], reward: str | None, encode: Callable, decode: Callable, sampling: Any,
                tokenizer: Any = None) -> AgentLoop:
     """The configured AgentLoop; `encode`, `tokenizer` (its chat template renders multi-turn agents'
     turns), `agent.reward_workers` and `agent.max_reward_failures` are passed to agents that take
-    them (the built-in ones do). Errors name the config key (`agent.name`,
-    `agent.reward`, `agent.kwargs`)."""
+    them (the built-in ones do). Errors name the config key (`agent.name`, `agent.reward`, and for what
+    the agent's or a tool's constructor refuses, `agent.kwargs.<key>` or `agent.kwargs.tools[i].<key>`).
+    `reward=None`: not known yet (the task's, read from its data): the agent is built with a stand-in
+    reward, to check its settings (`preflight.check_agent`)."""
     from agents.registry import AGENTS, accepts, build_agent
     from agents.rewards import get_reward
+    from agents.tools.base import ToolUnavailable
     from asyncrl.config import ConfigError
     from asyncrl.registry import UnknownName
 
-    kw: dict[str, Any] = dict(decode=decode, sampling=sampling, reward=reward, reward_kwargs=dict(agent["reward_kwargs"]),
-                              reward_timeout_s=agent["reward_timeout_s"], **agent["kwargs"])
+    scoring: dict[str, Any] = (dict(reward=reward, reward_kwargs=dict(agent["reward_kwargs"])) if reward is not None
+                               else dict(reward_fn=lambda *a, **k: 0.0))
+    kw: dict[str, Any] = dict(decode=decode, sampling=sampling, **scoring, reward_timeout_s=agent["reward_timeout_s"], **agent["kwargs"])
     try:
         factory = AGENTS.get(agent["name"])
     except UnknownName as e:  # its text names the key already
         raise ConfigError(str(e)) from None
     except (ValueError, ImportError, AttributeError) as e:
         raise ConfigError(f"agent.name: {e}") from None
-    try:
-        get_reward(reward, **agent["reward_kwargs"])
-    except UnknownName as e:
-        raise ConfigError(str(e)) from None
-    except (ValueError, ImportError, AttributeError) as e:
-        raise ConfigError(f"agent.reward: {e}") from None
+    if reward is not None:
+        try:
+            get_reward(reward, **agent["reward_kwargs"])
+        except UnknownName as e:
+            raise ConfigError(str(e)) from None
+        except (ValueError, ImportError, AttributeError) as e:
+            raise ConfigError(f"agent.reward: {e}") from None
     if "encode" in inspect.signature(factory).parameters:
         kw["encode"] = encode
     if tokenizer is not None and "tokenizer" not in kw and accepts(factory, "tokenizer"):
@@ -76,8 +81,38 @@ def make_agent(agent: dict[str, Any], reward: str, encode: Callable, decode: Cal
             kw[key] = agent[key]
     try:
         return build_agent(agent["name"], **kw)
-    except TypeError as e:
-        raise ConfigError(f"agent.kwargs: {e}") from None
+    except ConfigError:
+        raise
+    except (TypeError, ValueError, ImportError, ToolUnavailable) as e:  # refused by the agent's or a tool's constructor
+        raise _refused(e, agent["kwargs"]) from None
+
+
+def _refused(e: BaseException, kwargs: dict[str, Any]) -> Exception:
+    """The `ConfigError` of a setting an agent's or a tool's constructor refused: the key is the tool's
+    (`agent.kwargs.tools[i]`, the first spec that fails alone with the same error) or the agent's
+    (`agent.kwargs`), narrowed to the one setting of it the message names (`.wall_s`) when it names one."""
+    import re
+
+    from agents.tools.base import build_tools
+    from asyncrl.config import ConfigError
+
+    msg = str(e)
+    base, given = "agent.kwargs", dict(kwargs)
+    tools = kwargs.get("tools")
+    for i, spec in enumerate(tools if isinstance(tools, (list, tuple)) else []):
+        try:
+            build_tools([spec])
+        except Exception as again:  # noqa: BLE001  only compared with `e`: is this the spec that failed?
+            if type(again) is type(e) and str(again) == msg:
+                base, given = f"agent.kwargs.tools[{i}]", dict(spec) if isinstance(spec, dict) else {}
+                break
+    named = [k for k in given if k != "name" and re.search(rf"(?<!\w){re.escape(str(k))}(?!\w)", msg)]
+    key = f"{base}.{named[0]}" if len(named) == 1 else base
+    for prefix in (key, base, "agent.kwargs.tools", "agent.kwargs"):  # a message that names its key already
+        if msg.startswith(prefix + ": "):
+            msg = msg[len(prefix) + 2:]
+            break
+    return ConfigError(f"{key}: {msg}")
 
 
 def tokenizer_codec(tokenizer: Any) -> tuple[Callable[[str], list[int]], Callable[[list[int]], str]]:
