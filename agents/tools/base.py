@@ -63,6 +63,10 @@ def build_tools(specs: list[Any]) -> dict[str, Tool]:
             tool = get_tool(s)
         elif isinstance(s, dict):
             kwargs = dict(s)
+            if "name" not in kwargs:
+                typo = any(":" in str(k) for k in kwargs)  # YAML reads `{name:python}` as one key `name:python`
+                raise ValueError(f"a tool mapping needs a 'name', got {s!r}" + (" (YAML wants a space after each colon: "
+                                 "{name: python})" if typo else ""))
             tool = get_tool(kwargs.pop("name"), **kwargs)
         elif isinstance(s, Tool):
             tool = s

@@ -90,7 +90,8 @@ def make_agent(agent: dict[str, Any], reward: str | None, encode: Callable, deco
 def _refused(e: BaseException, kwargs: dict[str, Any]) -> Exception:
     """The `ConfigError` of a setting an agent's or a tool's constructor refused: the key is the tool's
     (`agent.kwargs.tools[i]`, the first spec that fails alone with the same error) or the agent's
-    (`agent.kwargs`), narrowed to the one setting of it the message names (`.wall_s`) when it names one."""
+    (`agent.kwargs`), narrowed to the setting the message is about when it starts with its name
+    (`sandbox.wall_s must be > 0`: `.wall_s`) or is a TypeError's unexpected keyword."""
     import re
 
     from agents.tools.base import build_tools
@@ -106,7 +107,8 @@ def _refused(e: BaseException, kwargs: dict[str, Any]) -> Exception:
             if type(again) is type(e) and str(again) == msg:
                 base, given = f"agent.kwargs.tools[{i}]", dict(spec) if isinstance(spec, dict) else {}
                 break
-    named = [k for k in given if k != "name" and re.search(rf"(?<!\w){re.escape(str(k))}(?!\w)", msg)]
+    named = [k for k in given if k != "name" and (re.match(rf"([\w.]*\.)?{re.escape(str(k))}(?!\w)", msg)  # `sandbox.wall_s must ...`
+                                                or f"keyword argument '{k}'" in msg)]  # a TypeError's unexpected keyword
     key = f"{base}.{named[0]}" if len(named) == 1 else base
     for prefix in (key, base, "agent.kwargs.tools", "agent.kwargs"):  # a message that names its key already
         if msg.startswith(prefix + ": "):

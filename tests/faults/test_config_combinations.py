@@ -158,6 +158,8 @@ def test_shipped_gpu_layouts_pass(monkeypatch, tmp_path):
     ("[{name: python, wall_s: 0}]", "agent.kwargs.tools[0].wall_s", "must be > 0, got 0"),
     ("[calculator, {name: python, memory_mb: 10}]", "agent.kwargs.tools[1].memory_mb", "must be >= 64"),
     ("[calculator, pythn]", "agent.kwargs.tools[1]", "unknown tool 'pythn'"),
+    ("[{name: python, wall: 1}]", "agent.kwargs.tools[0].wall", "unexpected keyword argument 'wall'"),
+    ("[{name:python}]", "agent.kwargs.tools[0]", "YAML wants a space after each colon"),
 ])
 def test_a_tool_setting_its_constructor_refuses_names_the_tool_key(tiny_model, tools, key, words):
     text = refused([f"model.path={tiny_model}", "agent.name=tool", f"agent.kwargs.tools={tools}"])
