@@ -22,11 +22,17 @@ first collective, and that blocks the host until every rank joins: `form_group` 
 (`eager_connect_single_device`) under the same bound, so a member missing from a new group fails
 the group, as a gloo handshake does, not the first bucket. A group is aborted when it is replaced
 (after an eviction) or closed, so no communicator that names an evicted member stays alive.
+An asynchronous NCCL error (a network transport that sees its peer die) would, under torch's
+default `TORCH_NCCL_ASYNC_ERROR_HANDLING=3`, also tear the process down from the watchdog; the
+weight plane's groups are built with it at 2 (clean up only: the failed work raises, the sender
+evicts), set just around their construction (torch reads it there) and restored at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import os
 import socket
 import threading
 import time
@@ -76,7 +82,8 @@ def _new_group(config: WeightsConfig, device: torch.device, store: dist.Store, e
         torch.cuda.set_device(device)
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = datetime.timedelta(seconds=_watchdog_s(config.timeout_s))
-        pg = dist.ProcessGroupNCCL(prefixed, rank, world, opts)
+        with _env("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2"):  # a failing group raises, never kills the process
+            pg = dist.ProcessGroupNCCL(prefixed, rank, world, opts)
         _bounded(lambda: pg.eager_connect_single_device(device), config.timeout_s, pg,
                  f"nccl group of epoch {epoch} (rank {rank} of {world})")
         return pg
@@ -84,6 +91,20 @@ def _new_group(config: WeightsConfig, device: torch.device, store: dist.Store, e
     gloo_opts._timeout = datetime.timedelta(seconds=config.timeout_s)
     gloo_opts._devices = [dist.ProcessGroupGloo.create_device(hostname=bind)]
     return dist.ProcessGroupGloo(prefixed, rank, world, gloo_opts)
+
+
+@contextlib.contextmanager
+def _env(key: str, value: str):
+    """`os.environ[key] = value` for the block only."""
+    before = os.environ.get(key)
+    os.environ[key] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
 
 
 def _bounded(call, timeout_s: float, pg, what: str) -> None:

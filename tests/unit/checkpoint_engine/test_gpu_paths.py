@@ -10,6 +10,7 @@ it replaces exactly those with stand-ins (said in its docstring); everything els
 from __future__ import annotations
 
 import datetime
+import os
 import threading
 import time
 from unittest import mock
@@ -62,6 +63,7 @@ class _FakeNCCL:
 
     def __init__(self, store, rank, world, opts):
         self.rank, self.world, self.opts, self.aborted, self.connected = rank, world, opts, 0, None
+        self.error_handling = os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING")  # what torch reads here
         _FakeNCCL.made.append(self)
 
     def eager_connect_single_device(self, device):
@@ -77,11 +79,13 @@ def test_an_nccl_group_sets_an_indexed_device_and_its_watchdog_comes_after_the_d
     calls = _fake_cuda(monkeypatch, current=2)
     monkeypatch.setattr(dist, "ProcessGroupNCCL", _FakeNCCL, raising=False)
     _FakeNCCL.made = []
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
     cfg = WeightsConfig(backend="nccl", device="cuda", timeout_s=5.0)
     pg = gloo_nccl._new_group(cfg, base.resolve_device(cfg.device), dist.HashStore(), 1, 0, 2, "127.0.0.1")
     assert calls == [(torch.device("cuda", 2), threading.current_thread().name)]  # not a bare `cuda` (ValueError)
     assert pg.connected == torch.device("cuda", 2)  # the communicator is built in form_group, not at the first bucket
     assert pg.opts._timeout > datetime.timedelta(seconds=cfg.timeout_s)
+    assert pg.error_handling == "2" and os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"  # restored
 
 
 @pytest.mark.timeout(30)
