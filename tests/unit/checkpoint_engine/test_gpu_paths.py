@@ -230,3 +230,47 @@ def test_the_packing_thread_sets_the_callers_cuda_device(monkeypatch):
     server.join(10)
     assert out.completed == ["r0"]
     assert calls == [(1, "weights-pack")]
+
+
+def test_device_backends_synchronize_the_stream_before_announcing_and_acknowledging(monkeypatch):
+    """Real nixl and gloo transports (built on CPU); their device is then set to a GPU and the CUDA
+    stream is a stand-in (no CUDA here) that records `synchronize`."""
+    pytest.importorskip("nixl_cu12")
+    from checkpoint_engine.backends.gloo_nccl import CollectiveReceiverTransport
+    from checkpoint_engine.backends.nixl import NixlReceiverTransport, NixlSenderTransport
+    from checkpoint_engine.wire import BucketMeta
+
+    synced: list = []
+
+    class Stream:
+        def __init__(self, device):
+            self.device = device
+
+        def synchronize(self):
+            synced.append(self.device)
+
+    monkeypatch.setattr(torch.cuda, "current_stream", Stream)
+    meta = BucketMeta(index=0, slot=0, nbytes=0, checksum=None)
+    nixl_cfg = WeightsConfig(backend="nixl", bucket_size_mb=0.01)
+    gloo_cfg = WeightsConfig(backend="gloo", bucket_size_mb=0.01)
+    senders = [NixlSenderTransport(nixl_cfg), CollectiveSenderTransport(gloo_cfg)]
+    receivers = [NixlReceiverTransport(nixl_cfg), CollectiveReceiverTransport(gloo_cfg)]
+    transports = senders + receivers
+
+    def hooks():
+        for tx in senders:
+            tx.seal(meta)  # the slot is filled: before the bucket is announced
+        for rx in receivers:
+            rx.release(meta)  # reads are done: before the bucket is acknowledged
+
+    try:
+        hooks()
+        assert synced == []  # on CPU: nothing to wait for
+        gpu = torch.device("cuda", 1)
+        for tx in transports:
+            tx.device = gpu
+        hooks()
+        assert synced == [gpu] * 4
+    finally:
+        for tx in transports:
+            tx.close()
