@@ -1,8 +1,8 @@
 """`asyncrl status` against real tiny runs.
 
 One pipeline runs in a background thread with a slow trainer (records queue up) while the
-tests read its status: the JSON must match the queue's own accounting, the `--watch` view
-must render in a pseudo-terminal. Meanwhile an `asyncrl train` subprocess starts (so the two
+tests read its status: the JSON must match the queue's own accounting. The `--watch` view must
+render in a pseudo-terminal and refresh when the run it watches reports (a run the test drives). Meanwhile an `asyncrl train` subprocess starts (so the two
 overlap); it is killed with SIGKILL and its status must say dead.
 """
 
@@ -143,20 +143,39 @@ def test_json_matches_the_queue_accounting_of_a_running_pipeline(run, capsys):
 
 
 @pytest.mark.timeout(120)
-def test_watch_view_renders_in_a_pseudo_terminal(run):
-    child = pexpect.spawn(sys.executable, ["-m", "asyncrl.cli", "status", "--run", str(run.run_dir), "--watch", "--interval", "0.5"],
-                          dimensions=(45, 130), encoding="utf-8", timeout=30, cwd=os.getcwd(),
+def test_watch_view_renders_and_refreshes_in_a_pseudo_terminal(tmp_path):
+    """The run the view watches is this test: it writes each snapshot (the real `SnapshotBuilder`
+    over a stand-in pipeline, `tests/unit/observe/fake.py`) when it chooses, so a refresh is
+    awaited for a change the test made, not for a background run's timing on a loaded machine."""
+    from asyncrl.observe.reporter import write_json
+    from asyncrl.observe.snapshot import SnapshotBuilder
+    from asyncrl.run_state import PipelineSource
+    from tests.unit.observe.fake import fake_pipeline
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    p = fake_pipeline(run_dir)
+    builder = SnapshotBuilder(PipelineSource(p))
+
+    def report(step: int) -> None:
+        p.step = step
+        write_json(run_dir / "status.json", asyncio.run(builder.build()))
+
+    report(3)
+    child = pexpect.spawn(sys.executable, ["-m", "asyncrl.cli", "status", "--run", str(run_dir), "--watch", "--interval", "0.2"],
+                          dimensions=(45, 130), encoding="utf-8", timeout=60, cwd=os.getcwd(),
                           env=dict(os.environ, COLUMNS="130", LINES="45",  # under pytest rich would assume 80 columns
                                    PYTHONFAULTHANDLER="1"))  # a stuck view dumps its threads on SIGABRT (below)
-    for field in ("trainer", "ready", "leased", "acked", "complete_groups", "staleness", "last batch",
-                  "main-0", "in_flight", "tokens/s", "healthy", "drops", "heartbeats"):
-        child.expect_exact(field)
     try:
-        child.expect_exact("produced/s", timeout=60)  # a second frame arrives (refresh)
+        for field in ("trainer", "3/300", "ready", "leased", "acked", "complete_groups", "staleness", "last batch",
+                      "server-0", "in_flight", "tokens/s", "healthy", "drops", "heartbeats"):
+            child.expect_exact(field)
+        report(4)  # the run moves on: the next frames show it
+        child.expect_exact("4/300")
     except pexpect.TIMEOUT:
         child.kill(signal.SIGABRT)
         child.expect(pexpect.EOF, timeout=10)
-        pytest.fail(f"the view did not refresh within 60 s; its threads:\n{child.before[-6000:]}")
+        pytest.fail(f"the view did not show the new snapshot within 60 s; its threads:\n{child.before[-6000:]}")
     child.sendintr()
     child.expect(pexpect.EOF)
     child.close()
