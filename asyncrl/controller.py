@@ -72,7 +72,7 @@ from asyncrl.progress import Progress
 from asyncrl.rollout.parity import ParityCheck, vocab_bound
 from asyncrl.rollout.rollouter import Rollouter
 from asyncrl.rollout.shaping import OverlongShaping, overlong_metrics
-from asyncrl.run_dir import checkpoint_dir, latest_checkpoint, plot_curve, prune_checkpoints, write_state
+from asyncrl.run_dir import checkpoint_dir, latest_checkpoint, plot_curve, prune_checkpoints, read_published, write_published, write_state
 from asyncrl.run_state import PipelineSource
 from asyncrl.staleness import StalenessManager
 from asyncrl.trainer.handle import TrainerHandle
@@ -108,6 +108,8 @@ class Pipeline:
             shaping=OverlongShaping.from_config(cfg),
         )
         self.step = 0
+        self.version_offset = 0
+        """`version` - `step`: 0 until a resume finds versions published after its checkpoint (see `restore`)."""
         self.trained_samples = 0
         self.trained_tokens = 0
         self.curve: list[tuple[int, float]] = []
@@ -135,6 +137,7 @@ class Pipeline:
             ckpt,
             {
                 "step": self.step,
+                "version_offset": self.version_offset,
                 "staleness": state,
                 "prompt_position": self.parts.prompts.position - lost - self.staleness.running,
                 "trained_samples": self.trained_samples,
@@ -154,7 +157,9 @@ class Pipeline:
         state = json.loads((ckpt / "state.json").read_text())
         await self.trainer.load(str(ckpt / "trainer"))
         self.step = state["step"]
+        self.version_offset = int(state.get("version_offset", 0))  # absent in checkpoints written before it was kept
         self.staleness.load_state_dict(state["staleness"])
+        await self._resume_versions()
         self.parts.prompts.restore(state["prompt_position"])
         self.trained_samples, self.trained_tokens = state["trained_samples"], state["trained_tokens"]
         self.curve = [tuple(p) for p in state["curve"]]
@@ -163,12 +168,42 @@ class Pipeline:
         self.wall_before = state["wall_s"]
         return True
 
+    async def _resume_versions(self) -> None:
+        """Versions never go back. A crash after the checkpoint loses the weights of the versions
+        published since, not the samples they generated (a durable queue keeps them, tagged with
+        those versions). So the checkpoint's weights are published as a version above every one
+        published before (`published_version.json`): no version names two sets of weights. Staleness
+        is then measured along the run's lineage (`StalenessManager.resumed`): a sample keeps its true
+        age, the trainer steps between the weights that generated it and the trainer's. With a
+        durable queue the groups it still holds count as accepted and queued (they were accepted
+        after the checkpoint), so admission does not generate that many again.
+
+        Trace (B = 4, eta 4, checkpoint at version 10, versions 11..13 published before the kill):
+            resume: step 10, the checkpoint's weights published as version 14 (lineage [(14, 10)])
+            queued: a sample of version 9 is 1 old, one of version 12 is 2 old (2 lost steps past 10)
+            the next step trains as version 15: they are 2 and 3 old
+        """
+        published = read_published(self.run_dir)
+        label = self.step + self.version_offset
+        if published > label:  # versions were published after the checkpoint: label its weights above them
+            self.staleness.resumed(published + 1, weights_of=label)
+            self.version_offset = published + 1 - self.step
+        if self.queue.ack_at_checkpoint:  # what the durable queue holds was accepted, and is queued
+            resident = (await self.queue.depth())["resident"] // self.n
+            self.staleness.accepted = self.staleness.taken + resident
+
+    @property
+    def version(self) -> int:
+        """The policy version of the trainer's current weights (the step, plus a resume's offset)."""
+        return self.step + self.version_offset
+
     # ---- verbs ----------------------------------------------------------------
     async def publish(self) -> dict[str, float]:
-        """Have the trainer send its weights to every routed server as version `step`; returns once
-        all of them loaded it (or were taken out and are being re-synced); admission then moves on."""
-        m = await self.parts.fleets.publish(self.step)
-        await self.staleness.set_version(self.step)
+        """Have the trainer send its weights to every routed server as `version`; returns once all
+        of them loaded it (or were taken out and are being re-synced); admission then moves on."""
+        m = await self.parts.fleets.publish(self.version)
+        write_published(self.run_dir, self.version)
+        await self.staleness.set_version(self.version)
         return m
 
     async def _run_sample(self, sample: Any) -> SampleMeta:
@@ -202,7 +237,7 @@ class Pipeline:
     def _batch_metrics(self, groups: list[list[SampleMeta]]) -> dict[str, float]:
         recs = [s for g in groups for s in g]
         lens = [response_length(s) for s in recs]
-        stale = [self.staleness.staleness(s.meta["min_version"], self.step) for s in recs]
+        stale = [self.staleness.staleness(s.meta["min_version"], self.version) for s in recs]
         self.staleness_hist.update(stale)
         return {
             "rollout/reward": sum(reward(s) for s in recs) / len(recs),
@@ -233,12 +268,13 @@ class Pipeline:
         cfg = self.cfg
         while self.step < cfg.trainer.total_steps:
             t_wait = time.time()
-            handle, groups = await self.queue.get(self.B, self.n, self.step)
+            handle, groups = await self.queue.get(self.B, self.n, self.version)
             t_batch = time.time()
             self.wait_s += t_batch - t_wait
             await self.staleness.took(len(groups))
             m = self._batch_metrics(groups)  # staleness measured at the step that trains on them
             plan, n_tokens = self.parts.make_plan(groups)
+            plan.version, plan.lineage = self.version, self.staleness.lineage  # what token versions are aged against
             stats = await self.trainer.train(plan)
             m["time/train_s"] = time.time() - t_batch
             m["time/wait_rollout_s"] = t_batch - t_wait

@@ -59,6 +59,25 @@ def write_state(ckpt: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, ckpt / "state.json")
 
 
+PUBLISHED_FILE = "published_version.json"
+"""The newest version any segment of the run published: a resume labels its weights above it."""
+
+
+def write_published(run_dir: Path, version: int) -> None:
+    """Record that `version` was published (atomically; called at every publish)."""
+    tmp = run_dir / (PUBLISHED_FILE + ".tmp")
+    tmp.write_text(json.dumps({"version": int(version)}))
+    os.replace(tmp, run_dir / PUBLISHED_FILE)
+
+
+def read_published(run_dir: Path) -> int:
+    """The newest version published in this run directory (-1: none, or written before it was kept)."""
+    try:
+        return int(json.loads((run_dir / PUBLISHED_FILE).read_text())["version"])
+    except (OSError, ValueError, KeyError, TypeError):  # absent or torn by a crash mid-write: nothing known
+        return -1
+
+
 def prune_checkpoints(run_dir: Path, keep: int) -> None:
     done = sorted(p for p in (run_dir / "checkpoints").glob("step_*") if (p / "state.json").exists())
     for p in done[: max(len(done) - keep, 0)]:

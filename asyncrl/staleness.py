@@ -77,6 +77,9 @@ class StalenessManager:
         self.pace = pace
         """Soft limit on groups in flight + queued (None: the bound alone)."""
         self.version = 0
+        self.lineage: list[list[int]] = []
+        """The run's resumes, `(n, l)`: version n was published with version l's weights (see
+        `transfer_queue.rules.staleness`); staleness is measured along them."""
         self.accepted = 0
         self.taken = 0
         """Accepted groups the trainer has taken; `accepted - taken` are queued (or leased, in training)."""
@@ -197,21 +200,34 @@ class StalenessManager:
         open_s = time.monotonic() - self._idle_since if self._idle_since is not None else 0.0
         return self._idle_s + open_s
 
-    @staticmethod
-    def staleness(min_version: int, step: int) -> int:
-        """Trainer step at use minus the oldest version that generated any token (`transfer_queue.rules.staleness`)."""
-        return staleness(min_version, step)
+    def staleness(self, min_version: int, version: int) -> int:
+        """Versions between the oldest weights that generated any token and `version` at use, along the
+        run's lineage (`transfer_queue.rules.staleness`)."""
+        return staleness(min_version, version, self.lineage)
+
+    def resumed(self, version: int, weights_of: int) -> None:
+        """A resume publishes the checkpoint's weights (those of version `weights_of`) as `version`, above
+        every version published before. Call before that publish; the admission counters move with the
+        version, so the headroom admission had at the checkpoint is what it has now."""
+        if version <= weights_of or (self.lineage and version <= self.lineage[-1][0]):
+            raise ValueError(f"resumed: version {version} must exceed {weights_of} and every earlier resume's")
+        self.lineage.append([version, weights_of])
+        shift = (version - self.version) * self.batch_groups
+        self.taken += shift
+        self.accepted += shift
 
     def too_stale(self, min_version: int, step: int) -> bool:
         return self.staleness(min_version, step) > self.eta
 
     def state_dict(self) -> dict[str, Any]:
-        return {"version": self.version, "accepted": self.accepted, "taken": self.taken, "dropped": dict(self.dropped)}
+        return {"version": self.version, "accepted": self.accepted, "taken": self.taken, "dropped": dict(self.dropped),
+                "lineage": [list(p) for p in self.lineage]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore after resume: in-flight groups were lost with the process, so `running` is 0."""
         self.version, self.accepted = int(state["version"]), int(state["accepted"])
         self.taken = min(self.accepted, int(state.get("taken", self.accepted)))  # absent before the pace existed
         self.dropped = Counter(state["dropped"])
+        self.lineage = [list(map(int, p)) for p in state.get("lineage", [])]  # absent before resumes kept one
         self.running_by_version.clear()
         self._started.clear()

@@ -143,6 +143,7 @@ class TrajectoryQueue:
                 max_staleness=self.staleness.eta,
                 current_version=step,
                 max_version=newest,
+                lineage=self.staleness.lineage or None,
                 # a limit is only good until a running group ends: then ask again at once
                 timeout=poll_s if newest is None else 0.01,
             )

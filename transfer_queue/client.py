@@ -110,11 +110,13 @@ class TransferQueueClient:
     def get(self, consumer: str, *, num_groups: int | None = None, num_samples: int | None = None,
             group_size: int | None = None, fields: list[str] | None = None, max_staleness: int | None = None,
             current_version: int | None = None, max_version: int | None = None, timeout: float | None = 0.0,
-            allow_partial: bool = False) -> Batch:
+            allow_partial: bool = False, lineage: list[list[int]] | None = None) -> Batch:
         """Whole groups ready for `consumer` (metadata + handles, no tensor bytes), leased
-        until `ack`; an empty batch if none fitted within `timeout` seconds."""
+        until `ack`; an empty batch if none fitted within `timeout` seconds. `lineage`: the
+        consumer's resumes, along which staleness is measured (`rules.staleness`)."""
         return self.metadata.get(GetRequest(consumer, self.consumer_id, num_groups, num_samples, group_size, fields,
-                                            max_staleness, current_version, max_version, timeout, allow_partial))
+                                            max_staleness, current_version, max_version, timeout, allow_partial,
+                                            lineage))
 
     def fetch(self, batch: Batch, fields: list[str] | None = None, as_torch: bool = True) -> list[dict[str, Any]]:
         """Tensors of each sample of `batch` (all its fields, or `fields`), in batch order."""

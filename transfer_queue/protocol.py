@@ -60,6 +60,7 @@ class GetArgs(_Args):
     max_version: Int | None = None
     timeout: Seconds | None = 0.0
     allow_partial: bool = False
+    lineage: Annotated[list[Annotated[list[Int], msgspec.Meta(min_length=2, max_length=2)]], msgspec.Meta(max_length=1024)] | None = None
 
 
 class AckArgs(_Args):

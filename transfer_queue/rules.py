@@ -171,10 +171,68 @@ class LeaseTable:
         return sum(len(lease.uids) for lease in self._leases.values() if lease.consumer == consumer)
 
 
-def staleness(version: int, current_version: int) -> int:
+Lineage = Sequence[Sequence[int]]
+"""A run's resumes, oldest first: `(n, l)` says version `n` was published with the weights of
+version `l` (a restart from the checkpoint of `l`, labelled above every version published before it,
+so that no version names two sets of weights). Empty for a run that never resumed."""
+
+
+def staleness(version: int, current_version: int, lineage: Lineage = ()) -> int:
     """Versions a record is behind: the version at use minus the oldest version that generated
-    any of its tokens. `staleness(3, 5) == 2`; a record is too stale when this exceeds `max_staleness`."""
-    return current_version - version
+    any of its tokens. `staleness(3, 5) == 2`; a record is too stale when this exceeds `max_staleness`.
+
+    With a `lineage`, versions are points of a tree, and staleness is the number of trainer steps
+    between the two weights: up to their common ancestor and down again. A version published
+    after the checkpoint a run resumed from is on a branch the crash ended; its samples are as old
+    as their distance to the checkpoint plus the steps trained since.
+
+    >>> staleness(12, 15, [(14, 10)])   # v12 = the checkpoint v10 + 2 lost steps; v15 = v10 + 1 step
+    3
+    >>> staleness(9, 15, [(14, 10)])    # an ancestor of the checkpoint: 1 step to v10, 1 more to v15
+    2
+    """
+    if not lineage or version >= lineage[-1][0]:  # the newest stretch of versions: a plain difference
+        return current_version - version
+    return _tree_distance(version, current_version, lineage)
+
+
+def _tree_distance(a: int, b: int, lineage: Lineage) -> int:
+    starts = [0] + [int(n) for n, _ in lineage]
+    parents = [None] + [int(l) for _, l in lineage]
+
+    def chain(x: int) -> dict[int, tuple[int, int]]:
+        """stretch index -> (the version where x's ancestry enters it, steps from x up to there)."""
+        out, cost = {}, 0
+        while True:
+            seg = max(i for i, s in enumerate(starts) if s <= x)
+            out[seg] = (x, cost)
+            if seg == 0:
+                return out
+            cost += x - starts[seg]
+            x = parents[seg]  # type: ignore[assignment]
+
+    up_a, up_b = chain(a), chain(b)
+    seg = max(s for s in up_a if s in up_b)  # the stretch of their latest common ancestor
+    (xa, ca), (xb, cb) = up_a[seg], up_b[seg]
+    if ca == 0 and cb == 0:  # both in that stretch: signed, as without a lineage
+        return xb - xa
+    low = min(xa, xb)
+    return ca + (xa - low) + cb + (xb - low)
+
+
+def check_lineage(lineage: Lineage) -> list[list[int]]:
+    """The lineage as plain pairs; ValueError unless every `(n, l)` has 0 <= l < n, n increasing."""
+    out = []
+    last = -1
+    for pair in lineage:
+        if len(pair) != 2:
+            raise ValueError(f"lineage: pairs (n, l) expected, got {pair!r}")
+        n, l = int(pair[0]), int(pair[1])
+        if not 0 <= l < n or n <= last:
+            raise ValueError(f"lineage: ({n}, {l}) must have 0 <= l < n and n above the previous resume's")
+        out.append([n, l])
+        last = n
+    return out
 
 
 class Candidate(NamedTuple):
@@ -205,7 +263,8 @@ class Selection:
 def select_groups(candidates: Sequence[Candidate], *, num_groups: int | None = None, num_samples: int | None = None,
                   group_size: int | None = None, max_staleness: int | None = None,
                   current_version: int | None = None, max_version: int | None = None,
-                  held_groups: int = 0, held_records: int = 0, is_ready: Callable[[str], bool] | None = None) -> Selection:
+                  held_groups: int = 0, held_records: int = 0, is_ready: Callable[[str], bool] | None = None,
+                  lineage: Lineage = ()) -> Selection:
     """The group selection of `get`, the same for every backend.
 
     `candidates` come in offer order (redeliveries first, then arrival); they are taken lowest
@@ -215,7 +274,7 @@ def select_groups(candidates: Sequence[Candidate], *, num_groups: int | None = N
     (every later one is newer too; they stay deliverable); one of another `group_size` or not
     `ready` (nor passing `is_ready(key)`, asked only for the groups the walk reaches: a backend's
     readiness check may cost) is passed over; one older than `max_staleness` at `current_version` is dropped as
-    stale. Oldest first keeps a group that finished late (a long sample) from being passed over by
+    stale (`staleness`, along `lineage` after a resume). Oldest first keeps a group that finished late (a long sample) from being passed over by
     younger ones until it is too stale.
 
     Trace (max_staleness 1, current_version 5, num_groups 2, max_version 5):
@@ -241,7 +300,7 @@ def select_groups(candidates: Sequence[Candidate], *, num_groups: int | None = N
             break
         if group_size is not None and c.group_size != group_size:
             continue
-        if max_staleness is not None and staleness(c.version, current_version) > max_staleness:  # type: ignore[arg-type]
+        if max_staleness is not None and staleness(c.version, current_version, lineage) > max_staleness:  # type: ignore[arg-type]
             out.stale.append(c.key)
             continue
         if not c.ready or (is_ready is not None and not is_ready(c.key)):

@@ -211,6 +211,34 @@ def _move(t: Tensor | None, device: torch.device | str) -> Tensor | None:
     return None if t is None else t.to(device, non_blocking=True)
 
 
+def along_lineage(parts: list[TrainBatch], version: int, lineage: list[list[int]]) -> list[TrainBatch]:
+    """After a resume (`lineage`, `transfer_queue.rules.Lineage`), each token's version replaced by
+    the one whose plain difference to `version` is its staleness along the lineage, so every age
+    computed from `version - token_versions` (masks, corrections, metrics) is the true one. No
+    lineage: the parts as they are.
+
+    >>> b = TrainBatch(*(torch.zeros(1, 3, dtype=torch.long),) * 2, torch.ones(1, 3), *(torch.zeros(1, 3),) * 2,
+    ...                token_versions=torch.tensor([[-1, 12, 9]]))
+    >>> along_lineage([b], 15, [[14, 10]])[0].token_versions.tolist()   # v15 = v10 + 1 step; v12: 3 from it, v9: 2
+    [[-1, 12, 13]]
+    """
+    if not lineage:
+        return parts
+    from transfer_queue.rules import staleness
+
+    out = []
+    for p in parts:
+        tv = p.token_versions
+        if tv is None:
+            out.append(p)
+            continue
+        new = tv.clone()
+        for v in torch.unique(tv[tv >= 0]).tolist():
+            new[tv == v] = version - staleness(int(v), version, lineage)
+        out.append(p.replace(token_versions=new))
+    return out
+
+
 def mask_stale_tokens(parts: list[TrainBatch], step: int, eta: int, mask: bool) -> tuple[list[TrainBatch], Tensor]:
     """Token-level staleness (`trainer.staleness_level=token`, `mask`): tokens generated under a
     version older than eta at trainer step `step` (`step - version > eta`) leave the loss (loss

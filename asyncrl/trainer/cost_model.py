@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import torch
 
-from asyncrl.trainer.batch import mask_stale_tokens, token_age_metrics
+from asyncrl.trainer.batch import along_lineage, mask_stale_tokens, token_age_metrics
 from asyncrl.trainer.engine import TrainerEngine
 
 
@@ -36,9 +36,11 @@ class _Timed:
     token_level: bool = False
     """`trainer.staleness_level=token`: tokens older than `eta` are masked as a real step masks them (and not paid for)."""
 
-    def train_local(self, parts: list[Any], real_rows: list[int]) -> dict[str, float]:
+    def train_local(self, parts: list[Any], real_rows: list[int], version: int = -1,
+                    lineage: list[list[int]] | None = None) -> dict[str, float]:
         t0 = time.monotonic()
-        parts, age = mask_stale_tokens(parts, self.step, self.eta, self.token_level)
+        version = self.step if version < 0 else version
+        parts, age = mask_stale_tokens(along_lineage(parts, version, lineage or []), version, self.eta, self.token_level)
         tokens = int(sum(p.num_tokens for p in parts))
         time.sleep(tokens * self.cost_per_token_s)
         total = self._all_tokens(tokens)

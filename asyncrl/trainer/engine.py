@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from asyncrl.config import AlgorithmConfig, CriticConfig, TrainerConfig
-from asyncrl.trainer.batch import TrainBatch, mask_stale_tokens, token_age_metrics
+from asyncrl.trainer.batch import TrainBatch, along_lineage, mask_stale_tokens, token_age_metrics
 from asyncrl.trainer.critic import CriticEngine
 from asyncrl.trainer.corrections import Corrector, age_metrics, age_sums, stat_max, stat_metrics, stat_sums
 from asyncrl.trainer.lora import LoraSpec
@@ -85,7 +85,10 @@ class TrainerEngine:
                                             adapters_of=self.model) if needs_ref else None  # LoRA: the base, adapters off
         self.optimizer, self.scheduler = adamw_with_schedule(self.model, trainer, trainer.lr, trainer.weight_decay)
         self.step = 0
-        """Trainer steps taken (one per `train_step`, whatever `trainer.minibatches`): the policy version of the current weights."""
+        """Trainer steps taken (one per `train_step`, whatever `trainer.minibatches`)."""
+        self.version_offset = 0
+        """`version` - `step`: 0, until a resumed run labels the checkpoint's weights with a version above
+        every one published before the crash (versions never go back; see `asyncrl/controller.py`)."""
         self.bad_steps = 0
         """Trainer steps in which a mini-batch was skipped for a non-finite gradient norm (see `_count_bad_step`)."""
         self.bad_steps_in_a_row = 0
@@ -94,6 +97,11 @@ class TrainerEngine:
         self.critic_cfg = critic or CriticConfig()
         self.critic: CriticEngine | None = CriticEngine(model_path, engine=self) if algorithm.advantage == "gae" else None
         """PPO's value model (`algorithm.advantage=gae`): GAE advantages and its own update each mini-batch."""
+
+    @property
+    def version(self) -> int:
+        """The policy version of the current weights: what tokens' `token_versions` are compared with."""
+        return self.step + self.version_offset
 
     # ---- scoring --------------------------------------------------------
     def _micro_batches(self, rows: TrainBatch) -> list[TrainBatch]:
@@ -186,7 +194,8 @@ class TrainerEngine:
             real.append(stop - start)
         return self.train_local(parts, real)
 
-    def train_local(self, parts: list[TrainBatch], real_rows: list[int]) -> dict[str, float]:
+    def train_local(self, parts: list[TrainBatch], real_rows: list[int], version: int = -1,
+                    lineage: list[list[int]] | None = None) -> dict[str, float]:
         """One trainer step from this rank's rows of each mini-batch (`parts`, padding rows with
         loss mask 0 included; `real_rows` counts the others); every rank calls it together. A sequence
         mean's `num_seqs` counts the rows with a loss token, so padding rows and real rows left without
@@ -200,11 +209,14 @@ class TrainerEngine:
         """
         if len(parts) != len(real_rows) or not parts:
             raise ValueError(f"train_local: {len(parts)} parts, {len(real_rows)} row counts")
+        if version >= 0:  # the controller's label of the current weights (`BatchPlan.version`)
+            self.version_offset = version - self.step
+        parts = along_lineage(parts, self.version, lineage or [])  # after a resume: ages along the lineage
         parts = [self._with_fixed_logprobs(p) for p in parts]
         critic_metrics: dict[str, float] = {}
         if self.critic is not None:  # GAE over every policy token, before stale tokens leave the loss
             parts, critic_metrics = self.critic.prepare(parts)
-        parts, age = mask_stale_tokens(parts, self.step, self.trainer.eta, self.trainer.staleness_level == "token")
+        parts, age = mask_stale_tokens(parts, self.version, self.trainer.eta, self.trainer.staleness_level == "token")
         age = age.to(self.device)
         # num_seqs: rows with a loss token (padding rows, tool-only or all-stale responses add nothing to a sequence mean)
         counts = torch.tensor([[p.num_tokens, float((p.loss_mask.sum(dim=-1) > 0).sum())] for p in parts],
@@ -277,7 +289,7 @@ class TrainerEngine:
         `ratio_min`, `tokens` (loss tokens), `seqs`; plus the off-policy `correction/*`
         statistics (`corrections.stat_metrics`), and verl's `rollout_probs_diff_{mean,max}`:
         |p_rollout - p_trainer| of the loss tokens the rollout sampled with the weights the trainer
-        holds now (`token_versions == step`: no staleness, so any gap is the two engines disagreeing,
+        holds now (`token_versions == version`: no staleness, so any gap is the two engines disagreeing,
         e.g. weights that did not arrive whole), scored with the proximal log-probs or, without
         them, the first mini-batch's forward; `rollout_probs_diff_tokens` counts those tokens.
         """
@@ -295,7 +307,7 @@ class TrainerEngine:
             logprobs, entropy = self._logprobs_and_entropy(self.model, mb, entropy_grad=self.entropy_coef > 0)
             corr = self.corrector(
                 logprobs, mb.old_logprobs, mask,
-                proximal_logprobs=mb.proximal_logprobs, token_versions=mb.token_versions, version=self.step,
+                proximal_logprobs=mb.proximal_logprobs, token_versions=mb.token_versions, version=self.version,
             )
             out = self.loss_fn(
                 logprobs, mb.old_logprobs, mb.advantages,
@@ -323,7 +335,7 @@ class TrainerEngine:
                 per_tok = torch.stack([kl, entropy, out.clipped, out.ratio, dual]).double() * mask
                 sums[:13] += torch.cat([torch.stack([loss, pg_loss]).double(), per_tok.sum(dim=(1, 2)), stat_sums(corr, mask)])
                 if mb.token_versions is not None:
-                    by_age += age_sums(corr, mask, self.step - mb.token_versions, self.trainer.eta)
+                    by_age += age_sums(corr, mask, self.version - mb.token_versions, self.trainer.eta)
                 diff_sum, diff_n, diff_max = self._rollout_probs_diff(mb, logprobs, first)
                 sums[13:] += torch.stack([diff_sum, diff_n])
                 if mask.any():
@@ -344,13 +356,13 @@ class TrainerEngine:
         }  # fmt: skip
 
     def _rollout_probs_diff(self, mb: TrainBatch, logprobs: Tensor, first: bool) -> tuple[Tensor, Tensor, Tensor]:
-        """(sum, count, max) of |exp(behavior) - exp(trainer)| over `mb`'s loss tokens sampled at version `step`
-        (see `forward_backward`); zeros (max -inf) when there are none or no log-probs of version `step`."""
+        """(sum, count, max) of |exp(behavior) - exp(trainer)| over `mb`'s loss tokens sampled at `version`
+        (see `forward_backward`); zeros (max -inf) when there are none or no log-probs of that version."""
         zero = torch.zeros((), dtype=torch.float64, device=logprobs.device)
         ref = mb.proximal_logprobs if mb.proximal_logprobs is not None else (logprobs.detach() if first else None)
         if ref is None or mb.token_versions is None:
             return zero, zero, torch.full((), -math.inf, dtype=torch.float64, device=logprobs.device)
-        fresh = (mb.loss_mask > 0) & (mb.token_versions == self.step)
+        fresh = (mb.loss_mask > 0) & (mb.token_versions == self.version)
         d = (mb.old_logprobs.exp() - ref.to(logprobs.device).exp()).abs().double()[fresh]
         if not d.numel():
             return zero, zero, torch.full((), -math.inf, dtype=torch.float64, device=logprobs.device)

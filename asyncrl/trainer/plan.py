@@ -24,7 +24,7 @@ through a Ray call.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import msgspec
@@ -58,6 +58,11 @@ class BatchPlan:
     """Token id of padding columns and padding rows."""
     minibatches: int = 1
     """Optimizer steps of this trainer step (`trainer.minibatches`, at most one per row)."""
+    version: int = -1
+    """The policy version the trainer's weights carry at this step (what token versions are aged
+    against); -1: the engine's step count (a run that never resumed past a publish)."""
+    lineage: list[list[int]] = field(default_factory=list)
+    """The run's resumes (`transfer_queue.rules.Lineage`): token ages are measured along them."""
 
     def to_bytes(self) -> bytes:
         return msgspec.msgpack.encode(self)

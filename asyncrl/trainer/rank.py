@@ -82,7 +82,7 @@ class TrainerRank:
         parts, real = load_shard(plan, self.plane, self.engine.rank, self.engine.world)
         self.last_read_s = time.perf_counter() - t0
         read_bytes = StoragePlane.delivered_bytes - b0
-        metrics = self.engine.train_local(parts, real)
+        metrics = self.engine.train_local(parts, real, plan.version, plan.lineage)
         metrics.update(read_s=self.last_read_s, read_bytes=float(read_bytes))
         return metrics
 

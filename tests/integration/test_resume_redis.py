@@ -3,7 +3,8 @@
 The queue is durable (a real redis-server, records' tensors in per-record shm files), the
 trainer acks at its checkpoints: after the resume nothing acked is trained again, nothing
 is lost (a record trained after the checkpoint but before the kill is redelivered, or
-dropped by a counted rule), and the staleness accounting continues from the checkpoint.
+dropped by a counted rule), the staleness accounting continues from the checkpoint, and versions
+never go back (the checkpoint's weights come back under a new, higher version).
 """
 
 import json
@@ -46,7 +47,7 @@ def test_kill_and_resume_loses_nothing_and_trains_nothing_twice(tmp_path):
     try:
         proc = subprocess.Popen(_cmd(tmp_path, redis.url), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         deadline = time.time() + 240
-        while time.time() < deadline and proc.poll() is None and (not _steps(run) or _steps(run)[-1]["step"] < 4):
+        while time.time() < deadline and proc.poll() is None and (not _steps(run) or _steps(run)[-1]["step"] < 5):
             time.sleep(0.1)
         assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
         os.killpg(proc.pid, signal.SIGKILL)
@@ -55,6 +56,8 @@ def test_kill_and_resume_loses_nothing_and_trains_nothing_twice(tmp_path):
         ckpt = max(int(p.name.split("_")[1]) for p in (run / "checkpoints").glob("step_*") if (p / "state.json").exists())
         killed_at = first[-1]["step"]
         assert ckpt < killed_at, "the kill must land after the checkpoint for the test to mean something"
+        published = json.loads((run / "published_version.json").read_text())["version"]
+        assert published > ckpt, "a version must have been published after the checkpoint"
 
         out = subprocess.run(_cmd(tmp_path, redis.url, "resume=true"), capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-3000:]
@@ -79,5 +82,12 @@ def test_kill_and_resume_loses_nothing_and_trains_nothing_twice(tmp_path):
         # staleness accounting continues: the bound held on both sides of the resume
         metrics = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines() if '"staleness/max"' in l]
         assert metrics and all(m["staleness/max"] <= ETA for m in metrics)
+        # versions never go back: the resumed run published the checkpoint's weights above every version
+        # published before the kill, so the logged versions rise across the resume
+        versions = [m["version"] for m in metrics]
+        assert versions == sorted(set(versions)) and versions[-1] == 10 + published + 1 - ckpt, (versions, published, ckpt)
+        state = json.loads((run / "checkpoints" / "step_000010" / "state.json").read_text())
+        # (the version the checkpoint's weights came back as, the version they had)
+        assert state["staleness"]["lineage"] == [[published + 1, ckpt]]
     finally:
         redis.stop()

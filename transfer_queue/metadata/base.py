@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from transfer_queue.codec import MAX_COUNT, MAX_INT, WireError, check_int, check_seconds, expect_map
 from transfer_queue.records import Batch, QueueStats, SampleMeta
+from transfer_queue.rules import check_lineage
 
 DROP_CAUSES = ("stale", "failed", "filtered")
 FreeHook = Callable[[list[dict[str, Any]]], None]
@@ -59,6 +60,8 @@ class GetRequest:
     """Seconds to wait for a full batch; None forever."""
     allow_partial: bool = False
     """On timeout return what is ready instead of an empty batch."""
+    lineage: list[list[int]] | None = None
+    """The consumer's resumes (`rules.Lineage`): staleness is measured along them (None: none)."""
 
     def __post_init__(self) -> None:
         if not self.consumer_id:
@@ -83,6 +86,10 @@ class GetRequest:
             raise ValueError("get: allow_partial must be a bool")
         if self.max_staleness is not None and self.current_version is None:
             raise ValueError("get: max_staleness needs current_version")
+        if self.lineage is not None:
+            if not isinstance(self.lineage, (list, tuple)) or len(self.lineage) > 1024:
+                raise ValueError("get: lineage must be a list of at most 1024 (n, l) pairs")
+            self.lineage = check_lineage(self.lineage)
 
     def to_wire(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -201,7 +201,8 @@ class MemoryController(MetadataStore):
                                    records[members[0]].sample.group_size))
         sel = select_groups(offer, num_groups=req.num_groups, num_samples=req.num_samples, group_size=req.group_size,
                             max_staleness=req.max_staleness, current_version=req.current_version,
-                            max_version=req.max_version, is_ready=lambda gid: self._group_ready(candidates[gid], req.fields))
+                            max_version=req.max_version, is_ready=lambda gid: self._group_ready(candidates[gid], req.fields),
+                            lineage=req.lineage or ())
         for gid in sel.stale:
             self._dropped[c]["stale"] += len(candidates[gid])
             freed.extend(self._finish(c, candidates[gid]))
@@ -224,7 +225,7 @@ class MemoryController(MetadataStore):
             self._avail[req.consumer].pop(self._records[u].sample.group_id, None)
         samples = [self._records[u].sample for u in picked]
         if req.current_version is not None:
-            self._staleness[req.consumer].update(staleness(s.version, req.current_version) for s in samples)
+            self._staleness[req.consumer].update(staleness(s.version, req.current_version, req.lineage or ()) for s in samples)
         # copies: the caller may be in this process and must not alias the table
         return Batch(req.consumer, lease.lease_id, [_copy(s) for s in samples], req.current_version, stale_groups=stale)
 

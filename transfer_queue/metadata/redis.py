@@ -228,7 +228,7 @@ class RedisController(MetadataStore):
                 [Candidate(eid, min(s.version for s in g), len(g), g[0].group_size) for eid, g in parked.items()],
                 num_groups=req.num_groups, num_samples=req.num_samples, group_size=req.group_size,
                 max_staleness=req.max_staleness, current_version=req.current_version, max_version=req.max_version,
-                held_groups=len(held), held_records=sum(len(g) for _, g in held))
+                held_groups=len(held), held_records=sum(len(g) for _, g in held), lineage=req.lineage or ())
             if sel.stale:  # one FINISH for all of them (it finishes whole groups by any of their uids)
                 self._settle(cg, [parked.pop(eid)[0].uid for eid in sel.stale], "stale", "")
                 stale += len(sel.stale)
@@ -256,7 +256,7 @@ class RedisController(MetadataStore):
         samples = [s for _, g in held for s in g]
         if req.current_version is not None and samples:
             pipe = self.r.pipeline(transaction=False)
-            for age, n in Counter(staleness(s.version, req.current_version) for s in samples).items():
+            for age, n in Counter(staleness(s.version, req.current_version, req.lineage or ()) for s in samples).items():
                 pipe.hincrby(self.p + f"hist:{cg}", str(age), n)
             pipe.execute()
         lease = f"{me}|{','.join(e for e, _ in held)}" if held else ""
