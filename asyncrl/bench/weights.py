@@ -394,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")  # NIXL logs to stdout: keep --json clean
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # so does vLLM (read at its import)
     if args.worker:
         worker(args.worker)
         return 0
