@@ -66,6 +66,7 @@ from typing import Any
 from asyncrl.admission import Pace
 from asyncrl.config import Config
 from asyncrl.launch import Components
+from asyncrl.lengths import LengthBias
 from asyncrl.metrics import MetricsLogger, idle_ratio
 from asyncrl.observe.reporter import StatusReporter
 from asyncrl.progress import Progress
@@ -95,9 +96,13 @@ class Pipeline:
         pace = Pace(batch_groups=self.B, eta=eta, slack=cfg.trainer.admission_slack) if paced else None
         self.staleness = StalenessManager(batch_groups=self.B, eta=eta, in_order=in_order, pace=pace)
         # one lease holder name per run: a resumed run takes back at once what it had leased before it died
+        self.lengths = LengthBias()
+        """Response lengths of trained, dropped and redone samples (`summary.json` `lengths`)."""
+        self.stale_before_resume = 0
+        """Records dropped as stale that were generated before the run's last resume (what a restart cost)."""
         self.queue = TrajectoryQueue(cfg.queue, self.staleness, storage=parts.storage,
                                      consumer_id=f"{socket.gethostname()}:{run_dir.name}",
-                                     token_level=cfg.trainer.staleness_level == "token")
+                                     token_level=cfg.trainer.staleness_level == "token", on_stale=self._stale_dropped)
         self.trainer = TrainerHandle(parts.trainer)
         self.parity = ParityCheck.from_config(cfg.weights, cfg.model.dtype, vocab_bound(parts.tokenizer, parts.model_path))
         """The weight-parity probe after publishes (`weights.parity_*`; the `FleetManager` runs it)."""
@@ -105,7 +110,7 @@ class Pipeline:
             run_sample=self._run_sample, prompts=parts.prompts, staleness=self.staleness, sink=self.queue.put,
             discard=self.queue.discard, group_size=self.n, max_running_samples=cfg.rollout.max_running_samples,
             filter_groups=cfg.algorithm.filter_groups, filter_groups_max_batches=cfg.algorithm.filter_groups_max_batches,
-            shaping=OverlongShaping.from_config(cfg),
+            shaping=OverlongShaping.from_config(cfg), lengths=self.lengths,
         )
         self.step = 0
         self.version_offset = 0
@@ -137,6 +142,9 @@ class Pipeline:
             ckpt,
             {
                 "step": self.step,
+                "in_flight_samples": (lost + self.staleness.running) * self.n,
+                "lengths": self.lengths.state_dict(),
+                "stale_before_resume": self.stale_before_resume,
                 "version_offset": self.version_offset,
                 "staleness": state,
                 "prompt_position": self.parts.prompts.position - lost - self.staleness.running,
@@ -165,6 +173,9 @@ class Pipeline:
         self.curve = [tuple(p) for p in state["curve"]]
         self.staleness_hist = Counter({int(k): v for k, v in state["staleness_hist"].items()})
         self.bad_steps = state.get("bad_steps", 0)  # absent in checkpoints written before it was counted
+        self.lengths.load_state_dict(state.get("lengths", {}))
+        self.lengths.add_unmeasured("redone", state.get("in_flight_samples", 0))  # generated again from their prompts
+        self.stale_before_resume = int(state.get("stale_before_resume", 0))
         self.wall_before = state["wall_s"]
         return True
 
@@ -191,6 +202,12 @@ class Pipeline:
         if self.queue.ack_at_checkpoint:  # what the durable queue holds was accepted, and is queued
             resident = (await self.queue.depth())["resident"] // self.n
             self.staleness.accepted = self.staleness.taken + resident
+
+    def _stale_dropped(self, records: list[SampleMeta]) -> None:
+        """The queue dropped these as too stale: their lengths, and whether a restart made them so."""
+        self.lengths.add("dropped_stale", (response_length(s) for s in records))
+        if self.staleness.lineage:
+            self.stale_before_resume += sum(s.version < self.staleness.lineage[-1][0] for s in records)
 
     @property
     def version(self) -> int:
@@ -237,6 +254,7 @@ class Pipeline:
     def _batch_metrics(self, groups: list[list[SampleMeta]]) -> dict[str, float]:
         recs = [s for g in groups for s in g]
         lens = [response_length(s) for s in recs]
+        self.lengths.add("trained", lens)
         stale = [self.staleness.staleness(s.meta["min_version"], self.version) for s in recs]
         self.staleness_hist.update(stale)
         return {
@@ -362,6 +380,8 @@ class Pipeline:
             "wall_s": round(self.wall_before + time.time() - self.t_start, 1),
             "resumed": bool(resumed),
             "drops": dict(self.staleness.dropped),
+            "stale_dropped_from_before_resume": self.stale_before_resume,
+            "lengths": self.lengths.summary(),
             "reward_failures": self.rollouter.reward_failures,
             "bad_steps": self.bad_steps,
             "skipped_rows": self._skipped_rows(),

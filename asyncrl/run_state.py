@@ -18,7 +18,7 @@ can change a run or depend on an attribute name of the controller; this module o
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -84,6 +84,8 @@ class RunState:
     """The largest gap on the weight-parity probe at the servers' last checks (None: never checked)."""
     parity_tol: float | None = None
     """`weights.parity_tol` as applied (None: the probe is off)."""
+    lengths: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: MappingProxyType({}))
+    """Response lengths by fate (`asyncrl.lengths.LengthBias.summary`): trained, dropped_stale, ..."""
 
 
 class RunSource(Protocol):
@@ -136,6 +138,7 @@ class PipelineSource:
             last_publish_s=fleets.last_publish_s, evicted=_frozen_text(fleets.evicted),
             parity_max_abs=p.parity.max_gap() if p.parity is not None and p.parity.gaps else None,
             parity_tol=p.parity.tol if p.parity is not None else None,
+            lengths=MappingProxyType({k: MappingProxyType(v) for k, v in p.lengths.summary().items()}),
         )
 
     async def queue_stats(self) -> QueueStats:

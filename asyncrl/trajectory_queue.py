@@ -85,7 +85,8 @@ def reward_failed(s: SampleMeta) -> bool:
 
 class TrajectoryQueue:
     def __init__(self, cfg: TransferQueueConfig, staleness: StalenessManager, *, consumer: str = "trainer",
-                 storage: StoragePlane | None = None, consumer_id: str = "", token_level: bool = False) -> None:
+                 storage: StoragePlane | None = None, consumer_id: str = "", token_level: bool = False,
+                 on_stale: Any = None) -> None:
         """`storage`: the plane this process frees handles through (and, in one process, where
         producers write and the trainer reads); built from `cfg` when None. `consumer_id`: this
         consumer's lease holder name; a resumed run passes the same one to get its unacked
@@ -95,6 +96,8 @@ class TrajectoryQueue:
         while a long one of its group still ran is kept: its reward still counts in the group's
         advantages); the trainer masks the older tokens out of the loss (`batch.mask_stale_tokens`)."""
         self.token_level = token_level
+        self.on_stale = on_stale
+        """Called with the records of every group the queue dropped as too stale (metadata only)."""
         self.client = AsyncTransferQueueClient(cfg, storage=storage, consumer_id=consumer_id)
         self.staleness = staleness
         self.consumer = consumer
@@ -149,6 +152,8 @@ class TrajectoryQueue:
             )
             if batch.stale_groups:  # dropped by the queue as too stale: their admission slots are free again
                 await self.staleness.drop_accepted("stale", batch.stale_groups)
+                if self.on_stale is not None:
+                    self.on_stale(batch.stale)
             if batch.samples:
                 self._training = batch
                 break

@@ -91,6 +91,9 @@ class Batch(msgspec.Struct, forbid_unknown_fields=True):
     stale_groups: Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)] = 0
     """Groups this `get` dropped as too stale on the way (`rules.select_groups`), so a consumer
     frees their admission slots without diffing `stats()`; counted there as records."""
+    stale: Annotated[list[SampleMeta], msgspec.Meta(max_length=MAX_COUNT)] = []
+    """The records of those groups, metadata only (their tensors are freed): what a consumer needs
+    to see what the drops were (their versions, lengths, rewards)."""
 
     def __len__(self) -> int:
         return len(self.samples)

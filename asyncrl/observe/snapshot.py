@@ -136,6 +136,7 @@ class SnapshotBuilder:
                 "last_batch": self._last_batch,
             },
             "drops": {k: int(v) for k, v in sorted(s.drops.items())},
+            "lengths": {k: dict(v) for k, v in s.lengths.items()},
             "fleets": servers,
             "rates": {
                 "produced_per_s": round(float(stats.rates.get("put_per_s", 0.0)), 4),

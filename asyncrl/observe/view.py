@@ -82,6 +82,12 @@ def render(snap: dict[str, Any], now: float | None = None) -> Group:
             t.add_row(name, str(s["name"]), str(s["version"]), str(s["in_flight"]), f"{s['tokens_per_s']:.1f}", parity, health)
     parts.append(t)
 
+    if snap.get("lengths"):  # do the drops skew what is trained? (asyncrl/lengths.py)
+        t = _table("response lengths by fate", "fate", "samples", "mean", "p50", "p90", "max")
+        for fate, row in snap["lengths"].items():
+            t.add_row(fate, str(row["count"]), *(str(row.get(k, "-")) for k in ("mean", "p50", "p90", "max")))
+        parts.append(t)
+
     drops = ", ".join(f"{k} {v}" for k, v in snap["drops"].items()) or "none"
     qdrops = ", ".join(f"{k} {v}" for k, v in q["drops"].items() if v) or "none"
     beats = "  ".join(f"{k} {v:.1f} s" for k, v in live.get("component_age_s", {}).items())

@@ -35,7 +35,7 @@ from asyncrl.rollout.sample import Sample
 from asyncrl.data.datasets import Prompt
 from asyncrl.rollout.shaping import OverlongShaping
 from asyncrl.staleness import StalenessManager
-from asyncrl.trajectory_queue import generated_tokens, reward, reward_failed
+from asyncrl.trajectory_queue import generated_tokens, response_length, reward, reward_failed
 
 Group = list[Any]
 """The queue records (`SampleMeta`) of one group's samples, in index order."""
@@ -59,6 +59,7 @@ class Rollouter:
         filter_groups: bool = False,
         filter_groups_max_batches: int = 0,
         shaping: OverlongShaping | None = None,
+        lengths: Any = None,
     ) -> None:
         """`filter_groups_max_batches`: filtered groups in a row that stop the run, in batches of
         `staleness.batch_groups` groups (0: no limit). `shaping`: applied to every queued record."""
@@ -68,6 +69,8 @@ class Rollouter:
         self.staleness, self.sink, self.discard, self.group_size = staleness, sink, discard, group_size
         self.max_running_samples, self.filter_groups = max_running_samples, filter_groups
         self.filter_groups_max_batches, self.shaping = filter_groups_max_batches, shaping
+        self.lengths = lengths
+        """A `LengthBias` told the response lengths of the groups dropped here (None: not counted)."""
         self.filtered_in_a_row = 0
         """Groups dropped by the filter since the last queued group."""
         self.running_samples = 0
@@ -142,10 +145,12 @@ class Rollouter:
         failed = sum(reward_failed(m) for m in group)
         self.reward_failures += failed
         if failed == len(group):
+            self._count_lengths("dropped_reward_failed", group)
             await self.discard(group)
             await self.staleness.finish(accepted=False, cause="reward_failed", version=version)
             return
         if self.filter_groups and len({reward(m) for m in group}) == 1:
+            self._count_lengths("dropped_filtered", group)
             await self.discard(group)
             await self.staleness.finish(accepted=False, cause="filtered", version=version)
             self._filtered(reward(group[0]))
@@ -156,6 +161,10 @@ class Rollouter:
                 self.shaping.apply(m)
         await self.sink(group)  # queued before it stops counting as running: in-order consumption waits on it
         await self.staleness.finish(accepted=True, version=version)
+
+    def _count_lengths(self, fate: str, group: list[Any]) -> None:
+        if self.lengths is not None:
+            self.lengths.add(fate, (response_length(m) for m in group))
 
     def _filtered(self, value: float) -> None:
         """Count a filtered group; the limit's worth in a row raise `EndlessFiltering` (stops the run)."""

@@ -160,7 +160,7 @@ class MemoryController(MetadataStore):
         self._check_consumer(req.consumer)
         deadline = None if req.timeout is None else time.monotonic() + req.timeout
         freed: list[dict[str, Any]] = []
-        stale = 0
+        stale: list[SampleMeta] = []
         with self._cond:
             while True:
                 now = time.monotonic()
@@ -178,10 +178,10 @@ class MemoryController(MetadataStore):
             self._on_free(freed)
         return batch
 
-    def _take(self, req: GetRequest, freed: list[dict[str, Any]]) -> tuple[list[str], bool, int]:
+    def _take(self, req: GetRequest, freed: list[dict[str, Any]]) -> tuple[list[str], bool, list[SampleMeta]]:
         """Apply `rules.select_groups` to the ready groups (offer order: redeliveries first, then
         arrival); finish the stale ones (counted `stale`). Returns the records picked, whether the
-        batch is full, and how many groups were dropped as stale."""
+        batch is full, and (copies of) the records dropped as stale."""
         c, avail = req.consumer, self._avail[req.consumer]
         gone = []
         candidates: dict[str, list[str]] = {}
@@ -203,12 +203,13 @@ class MemoryController(MetadataStore):
                             max_staleness=req.max_staleness, current_version=req.current_version,
                             max_version=req.max_version, is_ready=lambda gid: self._group_ready(candidates[gid], req.fields),
                             lineage=req.lineage or ())
+        dropped = [_copy(self._records[u].sample) for gid in sel.stale for u in candidates[gid]]
         for gid in sel.stale:
             self._dropped[c]["stale"] += len(candidates[gid])
             freed.extend(self._finish(c, candidates[gid]))
         for gid in gone + sel.stale:
             avail.pop(gid, None)
-        return [u for gid in sel.take for u in candidates[gid]], sel.enough, len(sel.stale)
+        return [u for gid in sel.take for u in candidates[gid]], sel.enough, dropped
 
     @staticmethod
     def _ready(s: SampleMeta, fields: list[str] | None) -> bool:
@@ -217,9 +218,10 @@ class MemoryController(MetadataStore):
     def _group_ready(self, members: list[str], fields: list[str] | None) -> bool:
         return all(self._ready(self._records[u].sample, fields) for u in members)
 
-    def _lease(self, req: GetRequest, picked: list[str], now: float, stale: int) -> Batch:
+    def _lease(self, req: GetRequest, picked: list[str], now: float, stale: list[SampleMeta]) -> Batch:
+        groups = len({s.group_id for s in stale})
         if not picked:
-            return Batch(req.consumer, "", [], req.current_version, stale_groups=stale)
+            return Batch(req.consumer, "", [], req.current_version, stale_groups=groups, stale=stale)
         lease = self._leases.grant(req.consumer, req.consumer_id, picked, now)
         for u in picked:
             self._avail[req.consumer].pop(self._records[u].sample.group_id, None)
@@ -227,7 +229,8 @@ class MemoryController(MetadataStore):
         if req.current_version is not None:
             self._staleness[req.consumer].update(staleness(s.version, req.current_version, req.lineage or ()) for s in samples)
         # copies: the caller may be in this process and must not alias the table
-        return Batch(req.consumer, lease.lease_id, [_copy(s) for s in samples], req.current_version, stale_groups=stale)
+        return Batch(req.consumer, lease.lease_id, [_copy(s) for s in samples], req.current_version,
+                     stale_groups=groups, stale=stale)
 
     def _expire(self, now: float) -> None:
         for lease in self._leases.expired(now):

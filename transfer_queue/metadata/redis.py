@@ -206,7 +206,7 @@ class RedisController(MetadataStore):
         held: list[tuple[str, list[SampleMeta]]] = []
         parked = self._parked.setdefault(cg, {})
         given: list[Any] = []  # (stream id, group id) pairs a blocking read returned, for READ to load
-        stale = 0  # groups dropped as too stale
+        stale: list[list[SampleMeta]] = []  # groups dropped as too stale
         refreshed = not parked  # what this call reads is freshly leased; what it finds parked is refreshed once
         last_refresh = time.monotonic()
         while True:
@@ -230,8 +230,9 @@ class RedisController(MetadataStore):
                 max_staleness=req.max_staleness, current_version=req.current_version, max_version=req.max_version,
                 held_groups=len(held), held_records=sum(len(g) for _, g in held), lineage=req.lineage or ())
             if sel.stale:  # one FINISH for all of them (it finishes whole groups by any of their uids)
-                self._settle(cg, [parked.pop(eid)[0].uid for eid in sel.stale], "stale", "")
-                stale += len(sel.stale)
+                groups = [parked.pop(eid) for eid in sel.stale]
+                self._settle(cg, [g[0].uid for g in groups], "stale", "")
+                stale += groups
             held += [(eid, parked.pop(eid)) for eid in sel.take]
             if sel.enough:
                 break
@@ -260,7 +261,7 @@ class RedisController(MetadataStore):
                 pipe.hincrby(self.p + f"hist:{cg}", str(age), n)
             pipe.execute()
         lease = f"{me}|{','.join(e for e, _ in held)}" if held else ""
-        return Batch(cg, lease, samples, req.current_version, stale_groups=stale)
+        return Batch(cg, lease, samples, req.current_version, stale_groups=len(stale), stale=[s for g in stale for s in g])
 
     def _load(self, entries: list[tuple[bytes, dict]]) -> list[list[SampleMeta]]:
         if not entries:

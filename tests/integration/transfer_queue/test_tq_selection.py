@@ -131,6 +131,16 @@ def test_stale_drops_cross_the_memory_service_wire(tmp_path):
             q.put([Record(f"{gid}-{i}", gid, group_size=2, version=v) for i in range(2)])
         b = q.get("trainer", num_groups=1, max_staleness=2, current_version=5, timeout=1)
         assert b.group_ids == ["ok"] and b.stale_groups == 2 and q.stats().dropped["trainer"]["stale"] == 4
+        # the dropped records come back as metadata (their versions, for the consumer's accounting)
+        assert sorted((s.group_id, s.version) for s in b.stale) == [("old1", 0), ("old1", 0), ("old2", 1), ("old2", 1)]
+        # after a resume (version 6 = version 3's weights), staleness runs along the lineage: v4 is
+        # 1 past v3, and v7 one step after v6: 2 apart, not 3
+        for gid, v in (("branch", 4), ("fresh", 6)):
+            q.put([Record(f"{gid}-{i}", gid, group_size=2, version=v) for i in range(2)])
+        b = q.get("trainer", num_groups=2, max_staleness=2, current_version=7, lineage=[[6, 3]], timeout=1)
+        assert b.group_ids == ["branch", "fresh"] and b.stale_groups == 0
+        b = q.get("trainer", num_groups=1, max_staleness=2, current_version=7, lineage=[[6, 3]], timeout=0.2)
+        assert len(b) == 0
     finally:
         q.close()
         svc.close()

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 from asyncrl.config import Config
 from asyncrl.rollout.base import ServerStats
+from asyncrl.lengths import LengthBias
 from asyncrl.rollout.parity import ParityCheck
 from asyncrl.staleness import StalenessManager
 from transfer_queue.records import QueueStats
@@ -42,7 +43,10 @@ def fake_pipeline(run_dir: Path) -> SimpleNamespace:
     staleness.dropped = Counter({"stale": 1})
     parity = ParityCheck(every=1, tol=0.01, ids=[1, 2, 3])
     parity.judge("server-0", 3, [-1.0, -2.0], [-1.0, -2.00002])
-    return SimpleNamespace(parity=parity,
+    lengths = LengthBias()
+    lengths.add("trained", [4, 4, 5])
+    lengths.add("dropped_stale", [30])
+    return SimpleNamespace(parity=parity, lengths=lengths,
         cfg=Config(), run_dir=run_dir, step=3, staleness=staleness, publish_every=1,
         queue=SimpleNamespace(client=FakeClient(), consumer="trainer"),
         rollouter=SimpleNamespace(generated_tokens=1000, reward_failures=0, idle_seconds=lambda: 1.0),

@@ -81,7 +81,7 @@ def test_view_and_prometheus_show_the_same_figures(tmp_path):
     c.print(render(snap))
     text = c.export_text()
     for word in ("ready", "leased", "complete_groups", "queue (at delivery)", "0:8", "server-1", "UNHEALTHY", "stale 4",
-                 "parity (max/tol)", "2e-05/0.01"):
+                 "parity (max/tol)", "2e-05/0.01", "response lengths by fate", "dropped_stale"):
         assert word in text, word
     prom = prometheus.render(snap)
     assert 'asyncrl_queue_depth{state="ready"} 8.0' in prom and 'asyncrl_staleness{staleness="1",view="queue"} 12.0' in prom  # prometheus_client sorts label names

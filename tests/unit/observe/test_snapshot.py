@@ -23,7 +23,8 @@ def test_snapshot_figures_come_from_the_queue_and_pipeline(tmp_path):
     assert [s["version"] for s in servers] == [3, 2] and [s["healthy"] for s in servers] == [True, False]
     assert snap["fleets"]["default"]["in_flight"] == 6
     assert (snap["trainer"]["step"], snap["trainer"]["version"], snap["weights"]["last_publish_s"]) == (3, 3, 0.25)
-    assert snap["weights"]["evicted"] == {"server-1": "timeout"}  # a reason, as the fleet manager records it
+    assert snap["weights"]["evicted"] == {"server-1": "timeout"}
+    assert snap["lengths"]["dropped_stale"] == {"count": 1, "mean": 30.0, "p50": 30, "p90": 30, "max": 30}  # a reason, as the fleet manager records it
     assert abs(snap["weights"]["parity_max_abs"] - 2e-5) < 1e-9 and snap["weights"]["parity_tol"] == 0.01
     assert 0 < snap["rates"]["produced_per_s"] and 0 < snap["trainer"]["idle_ratio"] < 1
     json.dumps(snap)  # plain JSON, no custom types
