@@ -66,6 +66,7 @@ class NixlSenderTransport(SenderTransport):
     def close(self) -> None:
         if self.slots:
             self.agent.deregister_memory(self._reg)
+        self.agent = None  # an agent's progress thread spins a core until the agent itself is gone
         super().close()
 
 
@@ -124,3 +125,4 @@ class NixlReceiverTransport(ReceiverTransport):
         if self.remote is not None:
             self.agent.remove_remote_agent(self.remote)
             self.remote = None
+        self.agent = None  # its progress thread spins a core until the agent is gone

@@ -135,3 +135,4 @@ class NixlStorage(StoragePlane):
         if self._endpoint is not None:
             self._endpoint.close()
         self._sender.close()
+        self._agent = None  # a NIXL agent's progress thread spins a core until the agent is gone
