@@ -49,7 +49,7 @@ class AlgorithmConfig:
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     """KL estimator: `k1`, `k2`, `k3` (verl's `low_var_kl`, clamped as the references do: finite at any log-prob gap)."""
     filter_groups: bool = False
-    """DAPO dynamic sampling: drop finished groups whose rewards are all equal (no advantage signal), counted as `dropped/filtered`; admission refills the batch. Needs `rollout.group_size` >= 2. Rewards are compared before overlong shaping (`agent.overlong_buffer_len`), as DAPO compares accuracy."""
+    """DAPO dynamic sampling: drop finished groups whose rewards are all equal (no advantage signal), counted as `drops/filtered` (metrics; `drops` in summary.json and `asyncrl status`); admission refills the batch. Needs `rollout.group_size` >= 2. Rewards are compared before overlong shaping (`agent.overlong_buffer_len`), as DAPO compares accuracy."""
     filter_groups_max_batches: int = 10
     """`filter_groups`: this many batches' worth of groups (x `trainer.prompts_per_step`) filtered in a row stop the run with an error (a task the policy always solves or always fails would otherwise generate forever; verl: `filter_groups.max_num_gen_batches`); 0 = no limit. Any queued group resets the count."""
     entropy_coef: float = 0.0

@@ -34,6 +34,9 @@ def _a(key: str, *asyncrl: str, note: str = "") -> Alias:
     return Alias(key, tuple(asyncrl), note)
 
 
+BACKENDS = "`vllm`, `torch` (embedded), `openai` (OpenAI-compatible servers you run, at `rollout.server_urls`) or `cost_model` (simulated)"
+"""The note of every key that names the inference engine."""
+
 ALIASES: tuple[Alias, ...] = (
     # model and data
     _a("actor_rollout_ref.model.path", "model.path", note="a local folder only; nothing is downloaded"),
@@ -48,9 +51,9 @@ ALIASES: tuple[Alias, ...] = (
     # rollout
     _a("actor_rollout_ref.rollout.n", "rollout.group_size"),
     _a("rollout.n", "rollout.group_size"),
-    _a("actor_rollout_ref.rollout.name", "rollout.backend", note="`vllm`, `torch` (embedded) or `cost_model`"),
-    _a("rollout.name", "rollout.backend"),
-    _a("rollout.engine", "rollout.backend"),
+    _a("actor_rollout_ref.rollout.name", "rollout.backend", note=BACKENDS),
+    _a("rollout.name", "rollout.backend", note=BACKENDS),
+    _a("rollout.engine", "rollout.backend", note=BACKENDS),
     _a("actor_rollout_ref.rollout.temperature", "rollout.temperature"),
     _a("actor_rollout_ref.rollout.top_p", "rollout.top_p"),
     _a("actor_rollout_ref.rollout.top_k", "rollout.top_k"),
@@ -125,7 +128,7 @@ ALIASES: tuple[Alias, ...] = (
     _a("trainer.logger", "logging.mlflow", note="MLflow only"),
     _a("trainer.default_local_dir", "logging.run_root"),
     _a("trainer.resume_mode", "resume", note="`resume=true` with `logging.run_name`"),
-    _a("trainer.val_before_train", note="asyncrl always evaluates at step 0"),
+    _a("trainer.val_before_train", note="asyncrl always evaluates at step 0: drop the override"),
     _a("trainer.batch_size", "trainer.prompts_per_step"),
 )
 
@@ -142,8 +145,9 @@ SECTIONS: dict[str, str] = {
 
 
 def _point(a: Alias) -> str:
-    where = " and ".join(a.asyncrl) if a.asyncrl else "no asyncrl key"
-    return f"in asyncrl it is {where}" + (f" ({a.note})" if a.note else "")
+    if not a.asyncrl:
+        return "there is no asyncrl key" + (f" ({a.note})" if a.note else "")
+    return f"in asyncrl it is {' and '.join(a.asyncrl)}" + (f" ({a.note})" if a.note else "")
 
 
 def hint(key: str, keys: frozenset[str]) -> str:

@@ -9,6 +9,11 @@ an unknown key's error says what to set instead (`asyncrl.config_aliases`: verl'
 matches). A string-choice field is typed `Literal[...]`: OmegaConf (>= 2.4) rejects any other value while merging,
 and its message is reworded as `config_checks.one_of`'s (what the dataclass's own check says when built directly).
 `document` reads the docstring under each field for `asyncrl config --doc` and `configs/README.md`.
+
+Two presets are applied after the merge, before any check, each reported by `load_with_changes` (what
+`asyncrl train` prints): a data path with no `data.task` set anywhere selects `data.task=jsonl` (a digit task
+set together with a data path is an error, never a silently ignored file), and `hardware=cpu` moves every GPU
+setting the recipe holds to its CPU counterpart (`cpu_preset`), below the command line's own keys.
 """
 
 from __future__ import annotations
@@ -51,10 +56,9 @@ def _unknown_key(e: Exception, named: list[tuple[str, Any]]) -> Any:
 
     top = str(getattr(e, "full_key", "") or "")
     known = asyncrl_keys()
+    found: list[str] = []
     for where, layer in named:
         for key in _flat(OmegaConf.to_container(layer, resolve=False)):
-            if top and key != top and not key.startswith(top + "."):
-                continue
             if any(key == k or key.startswith(k + ".") for k in known):
                 continue
             h = hint(key, known)
@@ -64,8 +68,13 @@ def _unknown_key(e: Exception, named: list[tuple[str, Any]]) -> Any:
                 h = (f"{section} has no such key" if any(k.startswith(section + ".") for k in known)
                      else f"the config has no section {key.partition('.')[0]!r} (sections: {', '.join(sections)})")
                 h += "; every key: asyncrl config --doc"
-            return ConfigError(f"{key}: unknown key (in {where}); {h}")
-    return None
+            line = f"{key}: unknown key (in {where}); {h}"
+            first = bool(top) and (key == top or key.startswith(top + "."))
+            found.insert(0 if first else len(found), line)
+    if not found:
+        return None
+    more = f" (and {len(found) - 1} more unknown: " + "; ".join(found[1:]) + ")" if found[1:] else ""
+    return ConfigError(found[0] + more)
 
 
 def _check_missing(named: list[tuple[str, Any]]) -> None:
@@ -93,6 +102,11 @@ _ABSENT = object()
 
 def load(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -> Any:
     """Defaults <- YAML recipe <- `key=value` overrides, validated; errors name the key."""
+    return load_with_changes(path, overrides)[0]
+
+
+def load_with_changes(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -> tuple[Any, list[tuple[str, str, str]]]:
+    """`load`, and the presets it applied: (key, value as written, why) each (`data.task` from a data path, `hardware=cpu`)."""
     from asyncrl.config_checks import ConfigError
     from asyncrl.config_tree import Config
     from omegaconf import OmegaConf
@@ -113,12 +127,16 @@ def load(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -
             if OmegaConf.is_dict(y):
                 named.append((str(path), y))
         for o in overrides:
+            _check_hydra_prefix(o)
             if "=" not in o:
                 raise ConfigError(f"override {o!r} must look like key=value")
         layers.append(_read_overrides(overrides))
         named.append(("the overrides", layers[-1]))
         _check_missing(named)
         merged = OmegaConf.merge(*layers)
+        changes = _presets(merged, named)
+        for key, value, _ in changes:
+            OmegaConf.update(merged, key, value, merge=False)
         cfg = OmegaConf.to_object(merged)
     except (ConfigKeyError, ConfigAttributeError) as e:
         raise (_unknown_key(e, named) or _translate(e)) from None
@@ -127,9 +145,99 @@ def load(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -
     except ValueError as e:  # raised by a __post_init__ (already names its key)
         if isinstance(e, ConfigError):
             raise
-        raise ConfigError(str(e)) from None
+        raise ConfigError(_with_fix(str(e))) from None
     assert isinstance(cfg, Config)
-    return cfg
+    return cfg, [(key, _show(value), why) for key, value, why in changes]
+
+
+def _show(value: Any) -> str:
+    return value if isinstance(value, str) else "[...]" if isinstance(value, list) else str(value).lower()
+
+
+def _with_fix(msg: str) -> str:
+    """A check of the planes' own configs (which know nothing of asyncrl's keys), with the fix a CPU machine needs."""
+    if msg.startswith("weights.device must be cuda"):
+        return msg + "; without a CUDA GPU use weights.device=cpu with weights.backend=shm (one host) or gloo, or hardware=cpu"
+    return msg
+
+
+def _check_hydra_prefix(override: str) -> None:
+    """Hydra's `+key=` (add), `++key=` (force) and `~key` (delete) are not asyncrl syntax: one line saying what to write."""
+    from asyncrl.config_aliases import hint
+    from asyncrl.config_checks import ConfigError
+
+    key, _, value = override.partition("=")
+    key = key.strip()
+    if not key.startswith(("+", "~")):
+        return
+    bare = key.lstrip("+~")
+    if key.startswith("~"):
+        what = f"Hydra's ~ (delete a key) has no meaning here, every key has a default: drop the override, or set {bare}=<value>"
+    else:
+        what = f"drop the + (Hydra's add-a-key prefix; any asyncrl key is set with key=value): {bare}={value}"
+    known = asyncrl_keys()
+    if bare not in known and not any(bare.startswith(k + ".") for k in known):
+        what += f"; {bare} itself is not an asyncrl key: {hint(bare, known) or 'every key: asyncrl config --doc'}"
+    raise ConfigError(f"{key}: {what}")
+
+
+CPU_PRESET_DTYPES = ("bfloat16", "float16")
+"""`model.dtype` values `hardware=cpu` turns into float32."""
+
+
+def _given(named: list[tuple[str, Any]], key: str, only: str | None = None) -> bool:
+    """Whether a user layer (`only`: that one, e.g. "the overrides") sets `key`."""
+    from omegaconf import OmegaConf
+
+    return any(OmegaConf.select(layer, key, default=_ABSENT) is not _ABSENT
+               for where, layer in named if only is None or where == only)
+
+
+def _presets(merged: Any, named: list[tuple[str, Any]]) -> list[tuple[str, Any, str]]:
+    """(key, value, why) of each preset to apply to the merged tree: the data task a data path selects,
+    and `hardware=cpu`'s CPU counterparts of GPU settings (`cpu_preset`; a key the overrides set is left alone)."""
+    from asyncrl.config_checks import ConfigError
+    from omegaconf import OmegaConf
+
+    out: list[tuple[str, Any, str]] = []
+    paths = [k for k in ("data.train_path", "data.eval_path") if OmegaConf.select(merged, k) and _given(named, k)]
+    if paths and merged.data.task != "jsonl":
+        if _given(named, "data.task"):
+            raise ConfigError(f"{paths[0]}: given, but data.task={merged.data.task} is a built-in digit task that reads no "
+                              f"file; set data.task=jsonl to train on the file, or drop {paths[0]} for the digit task")
+        out.append(("data.task", "jsonl", f"selected by {paths[0]}"))
+    if OmegaConf.select(merged, "hardware") == "cpu":
+        user = [k for k, _, _ in out]
+        out += [(k, v, why) for k, v, why in cpu_preset(merged) if k not in user and not _given(named, k, "the overrides")]
+    return out
+
+
+def cpu_preset(merged: Any) -> list[tuple[str, Any, str]]:
+    """What `hardware=cpu` changes in the merged tree `merged`: (key, CPU value, why) of each GPU setting it holds."""
+    from omegaconf import OmegaConf
+
+    t, r, w, m = merged.trainer, merged.rollout, merged.weights, merged.model
+    why = "hardware=cpu"
+    out: list[tuple[str, Any, str]] = []
+    if t.device != "cpu":
+        out.append(("trainer.device", "cpu", why))
+    if str(w.device).startswith("cuda"):
+        out.append(("weights.device", "cpu", why))
+    if w.backend in ("nccl", "cuda_ipc"):
+        out.append(("weights.backend", "gloo" if merged.ray.enabled and merged.ray.address else "shm", why))
+    if m.dtype in CPU_PRESET_DTYPES:
+        out.append(("model.dtype", "float32", why))
+    for key, gpu, cpu in (("gpu_bundles", True, False), ("backend", "vllm", "torch"), ("enforce_eager", False, True)):
+        if r[key] == gpu:
+            out.append((f"rollout.{key}", cpu, why))
+    if r.tensor_parallel_size > 1:
+        out.append(("rollout.tensor_parallel_size", 1, why))
+    fleets = OmegaConf.to_container(r.fleets, resolve=True)
+    cpu_fleets = [{**f, **{k: v for k, v in (("gpu_bundles", False), ("tensor_parallel_size", 1)) if k in f},
+                   **({"backend": "torch"} if f.get("backend") == "vllm" else {})} for f in fleets]
+    if cpu_fleets != fleets:
+        out.append(("rollout.fleets", cpu_fleets, why + " (each fleet)"))
+    return out
 
 
 def _read_yaml(p: Path) -> Any:

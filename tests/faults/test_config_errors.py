@@ -97,7 +97,10 @@ def test_verl_key_is_one_line_with_the_asyncrl_key(tmp_path):
     out = cli(tmp_path, "actor_rollout_ref.rollout.n=4", "rollout.engine=vllm")
     assert out.returncode == 2
     line = one_line(out.stderr)
-    assert line == "asyncrl: config error: actor_rollout_ref.rollout.n: unknown key (in the overrides); in asyncrl it is rollout.group_size"
+    assert line == ("asyncrl: config error: actor_rollout_ref.rollout.n: unknown key (in the overrides); in asyncrl it is "
+                    "rollout.group_size (and 1 more unknown: rollout.engine: unknown key (in the overrides); in asyncrl it is "
+                    "rollout.backend (`vllm`, `torch` (embedded), `openai` (OpenAI-compatible servers you run, at "
+                    "`rollout.server_urls`) or `cost_model` (simulated)))")  # every unknown key, not only the first
 
 
 def fake_model_folder(tmp_path: Path, tokenizer_json: str | None) -> Path:
