@@ -1,6 +1,7 @@
 """`asyncrl` command line: train, bench, config, status, export.
 
-    asyncrl train [CONFIG.yaml] [key=value ...]   run a job (no CONFIG: the embedded demo)
+    asyncrl [--debug] train [CONFIG.yaml] [key=value ...]
+                                                  run a job (no CONFIG: the embedded demo; --help: recipes, keys)
     asyncrl bench rollout|queue|weights|pipeline|planes [--json]
                                                   measurements, ratios against baselines
     asyncrl bench rollout --fleet [--json]        fleet scaling over 1, 2, 4 servers
@@ -21,6 +22,7 @@ import argparse
 import asyncio
 import json
 import sys
+from typing import Any
 
 BENCHES = {
     "rollout": "asyncrl.bench.rollout",
@@ -50,63 +52,106 @@ def _seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def train(args: list[str]) -> int:
-    from asyncrl.config import ConfigError, dump_resolved, load, to_dict
+TRAIN_KEYS = ("model.path", "data.train_path", "data.eval_path", "trainer.mode", "trainer.total_steps", "trainer.prompts_per_step",
+              "rollout.group_size", "rollout.backend", "ray.enabled", "hardware", "logging.run_name", "resume")
+"""The keys `asyncrl train --help` shows (every key: `asyncrl config --doc`)."""
+
+
+def train_help() -> str:
+    """`asyncrl train --help`: usage, the recipes in configs/, the common keys, where the rest is."""
+    from pathlib import Path
+
+    from asyncrl.config import document
+
+    lines = ["usage: asyncrl [--debug] train [CONFIG.yaml] [key=value ...]", "",
+             "No CONFIG: the embedded demo (a tiny model learns a digit task on CPU). Recipes:"]
+    for recipe in sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml")):
+        head = next((ln.lstrip("# ").strip() for ln in recipe.read_text().splitlines() if ln.startswith("#")), "")
+        lines.append(f"  configs/{recipe.name:<28} {head}")
+    lines += ["", "Common keys (key=value, the last value of a key wins):"]
+    docs = {k: (d, doc) for k, d, doc in document()}
+    for key in TRAIN_KEYS:
+        default, doc = docs[key]
+        first = doc.split(". ")[0].rstrip(".")
+        lines.append(f"  {key:<26} {default:<14} {first if len(first) <= 76 else first[:72].rpartition(' ')[0] + ' ...'}")
+    lines += ["", "Every key with its default and meaning: asyncrl config --doc (also configs/README.md); the resolved",
+              "config of a command line: asyncrl config [CONFIG.yaml] [key=value ...]. A GPU recipe on a machine without a",
+              "GPU: add hardware=cpu. Coming from verl: docs/verl.md (a verl key's error names the asyncrl one).",
+              "A stop prints one line and is recorded in the run directory (status.json, summary.json, error.log);",
+              "--debug also prints the traceback. Ctrl-C stops a run with the command that resumes it."]
+    return "\n".join(lines)
+
+
+def _print_changes(changes: list[tuple[str, str, str]]) -> None:
+    """One line per reason of the presets `load` applied (`config_io.load_with_changes`)."""
+    by: dict[str, list[str]] = {}
+    for key, value, why in changes:
+        by.setdefault(why, []).append(f"{key}={value}")
+    for why, kv in by.items():
+        print(f"asyncrl: {why}: {' '.join(kv)}" if len(kv) > 1 else f"asyncrl: {kv[0]} ({why})", flush=True)
+
+
+def train(args: list[str], debug: bool = False) -> int:
+    from asyncrl.config import dump_resolved, to_dict
+    from asyncrl.config_io import load_with_changes
     from asyncrl.preflight import preflight
     from asyncrl.run_dir import resolve_run_dir, write_status
 
     if args and args[0] in ("-h", "--help"):
-        print("usage: asyncrl train [CONFIG.yaml] [key=value ...]   (keys: asyncrl config --doc; resume: resume=true)")
+        print(train_help())
         return 0
     path, overrides = _split(args)
-    cfg = load(path, overrides)
-    preflight(cfg)  # data files, model folder, tokenizer, engine: one line naming the key, before a run directory or a server
+    cfg, changes = load_with_changes(path, overrides)
+    _print_changes(changes)
+    preflight(cfg)  # data files, model folder, tokenizer, engine, servers: one line naming the key, before a run directory or Ray
     run_dir = resolve_run_dir(cfg)
     dump_resolved(cfg, run_dir / "config.yaml")
     write_status(run_dir, state="starting", step=0)
     print(f"asyncrl: run directory {run_dir}", flush=True)
-    _seed(cfg.seed)
-
-    from asyncrl.controller import Pipeline
-    from asyncrl.launch import build
-    from asyncrl.metrics import MetricsLogger
-    from asyncrl.trainer.handle import TrainerDied
-
+    end = RunEnd(run_dir, path, overrides, cfg)
+    pipeline = metrics = None
     try:
-        parts = build(cfg, run_dir)
-    except ConfigError as e:  # e.g. a data file with no usable row: printed as one line by main()
-        write_status(run_dir, state="failed", step=0, error=f"config error: {e}"[:500])
-        raise
-    metrics = MetricsLogger(cfg.logging, run_dir, to_dict(cfg))
-    metrics.artifact(run_dir / "config.yaml")
-    restarts = 0
-    while True:
-        pipeline = Pipeline(cfg, parts, run_dir, metrics)
+        _seed(cfg.seed)
 
-        async def go() -> dict:
+        from asyncrl.controller import Pipeline
+        from asyncrl.launch import build
+        from asyncrl.metrics import MetricsLogger
+        from asyncrl.trainer.handle import TrainerDied
+
+        parts = build(cfg, run_dir)  # a ConfigError here (e.g. a data file with no usable row) is one line too
+        metrics = MetricsLogger(cfg.logging, run_dir, to_dict(cfg))
+        metrics.artifact(run_dir / "config.yaml")
+        restarts = 0
+        while True:
+            pipeline = Pipeline(cfg, parts, run_dir, metrics)
+
+            async def go() -> dict:
+                try:
+                    return await pipeline.run()
+                finally:
+                    await parts.close()
+
             try:
-                return await pipeline.run()
-            finally:
-                await parts.close()
-
-        try:
-            summary = asyncio.run(go())
-            break
-        except TrainerDied as e:  # restart every process of the run from its last checkpoint, as resume=true
-            if restarts < cfg.trainer.max_restarts:
-                restarts += 1
-                print(f"asyncrl: {e}; restarting from the last checkpoint ({restarts} of trainer.max_restarts="
-                      f"{cfg.trainer.max_restarts})", file=sys.stderr, flush=True)
-                cfg.resume = True
-                parts = build(cfg, run_dir)
-                continue
-            write_status(run_dir, state="failed", step=pipeline.step, error=f"{type(e).__name__}: {e}"[:500])
-            metrics.close("FAILED")
+                summary = asyncio.run(go())
+                break
+            except TrainerDied as e:  # restart every process of the run from its last checkpoint, as resume=true
+                if restarts < cfg.trainer.max_restarts:
+                    restarts += 1
+                    print(f"asyncrl: {e}; restarting from the last checkpoint ({restarts} of trainer.max_restarts="
+                          f"{cfg.trainer.max_restarts})", file=sys.stderr, flush=True)
+                    cfg.resume = True
+                    parts = build(cfg, run_dir)
+                    continue
+                end.note = f" (after {restarts} restarts: trainer.max_restarts={cfg.trainer.max_restarts})"
+                raise
+    except BaseException as e:
+        rc = end.record(e, pipeline.step if pipeline is not None else 0)
+        if metrics is not None:
+            metrics.close("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+        if debug or isinstance(e, SystemExit):
             raise
-        except BaseException as e:
-            write_status(run_dir, state="failed", step=pipeline.step, error=f"{type(e).__name__}: {e}"[:500])
-            metrics.close("FAILED" if not isinstance(e, KeyboardInterrupt) else "KILLED")
-            raise
+        print(end.line, file=sys.stderr, flush=True)
+        return rc
     summary["trainer_restarts"] = restarts
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     metrics.artifact(run_dir / "summary.json")
@@ -116,6 +161,110 @@ def train(args: list[str]) -> int:
     s = {k: v for k, v in summary.items() if k != "curve"}
     print("asyncrl: finished  " + "  ".join(f"{k}={v}" for k, v in s.items()), flush=True)
     return 0
+
+
+STOPS = ("agents.scoring:RewardBroken", "asyncrl.rollout.parity:WeightParityError", "asyncrl.rollout.rollouter:EndlessFiltering",
+         "asyncrl.trainer.handle:TrainerDied", "asyncrl.rollout.openai_server:ReplyError", "asyncrl.rollout.router:NoServerError",
+         "builtins:FloatingPointError")
+"""The errors the framework raises on purpose to stop a run, each with a message that says what, which key and what
+to do: a broken reward, a weight-parity failure, DAPO filtering that never fills a batch, a trainer that keeps dying,
+an external server's unusable reply, no server left, `trainer.max_bad_steps` non-finite steps in a row. Such a stop
+prints `asyncrl: stopped: <message>`; `ConfigError` prints `asyncrl: config error: <message>`."""
+
+
+def _stop_types() -> tuple[type, ...]:
+    import importlib
+
+    from asyncrl.config import ConfigError
+
+    return (ConfigError,) + tuple(getattr(importlib.import_module(m), n) for m, _, n in (s.partition(":") for s in STOPS))
+
+
+def deliberate(e: BaseException) -> BaseException | None:
+    """The stop of `STOPS` (or a `ConfigError`) behind `e`: `e` itself, the cause a Ray error carries (a task's error
+    arrives as `RayTaskError(cause)`, whose text is a remote traceback ending with the cause's own), or one it was
+    raised from; None for anything else (a bug: its traceback goes to the run's error.log)."""
+    stops = _stop_types()
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [e]
+    while todo:
+        x = todo.pop(0)
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        cause = getattr(x, "cause", None)
+        if isinstance(x, stops):
+            return cause if isinstance(cause, stops) else x
+        todo += [cause if isinstance(cause, BaseException) else None, x.__cause__, x.__context__]
+    return None
+
+
+def one_line(e: BaseException) -> str:
+    """The text of `e` on one line (whitespace collapsed); a Ray-wrapped error's last line, which is the cause's own."""
+    text = str(e).strip()
+    if hasattr(e, "traceback_str"):
+        text = text.splitlines()[-1] if text else ""
+    return " ".join(text.split())
+
+
+class RunEnd:
+    """How `asyncrl train` ends a run that did not finish: one line for the console, and the same in the run
+    directory: `status.json` (state `failed` or `interrupted`, `error`; what `asyncrl status` shows), `summary.json`
+    (`state`, `steps`, `error`, and `resume` for an interrupted run) and the traceback in `error.log`.
+
+        asyncrl: stopped: algorithm.filter_groups: 20 groups in a row were dropped ...      (a stop of STOPS; rc 1)
+        asyncrl: config error: data.train_path: ...                                          (a ConfigError; rc 2)
+        asyncrl: failed: OSError: ... (traceback: runs/r/error.log; --debug prints it)      (anything else; rc 1)
+        asyncrl: interrupted at step 7 (last checkpoint: step 5); resume with: asyncrl train ... resume=true ...  (rc 130)
+    """
+
+    def __init__(self, run_dir: Any, path: str | None, overrides: list[str], cfg: Any) -> None:
+        self.run_dir, self.path, self.overrides, self.cfg = run_dir, path, overrides, cfg
+        self.line = ""
+        self.note = ""
+        """Appended to a stop's message (e.g. how many trainer restarts were spent)."""
+
+    def resume_command(self) -> str:
+        import shlex
+
+        keep = [o for o in self.overrides if o.partition("=")[0].strip() not in ("resume", "logging.run_name")]
+        return shlex.join(["asyncrl", "train", *([self.path] if self.path else []), *keep, "resume=true",
+                           f"logging.run_name={self.run_dir.name}"])
+
+    def record(self, e: BaseException, step: int) -> int:
+        """Write the end of the run for `e` at `step`; sets `line`, returns the exit code."""
+        import time
+        import traceback
+
+        from asyncrl.config import ConfigError
+        from asyncrl.run_dir import latest_checkpoint, write_status
+
+        log = self.run_dir / "error.log"
+        with log.open("a") as f:
+            f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} step {step}\n{''.join(traceback.format_exception(e))}\n")
+        out: dict[str, Any] = {"state": "failed", "steps": step}
+        if isinstance(e, KeyboardInterrupt):
+            ckpt = latest_checkpoint(self.run_dir)
+            since = (f"last checkpoint: step {int(ckpt.name.rpartition('_')[2])}" if ckpt is not None else
+                     f"no checkpoint yet, trainer.save_every={self.cfg.trainer.save_every}: a resume starts over")
+            text = f"interrupted at step {step} ({since}); resume with: {self.resume_command()}"
+            out.update(state="interrupted", resume=self.resume_command())
+            self.line, rc = f"asyncrl: {text}", 130
+        else:
+            stop = deliberate(e)
+            if isinstance(stop, ConfigError):
+                text = f"config error: {one_line(stop)}"
+                self.line, rc = f"asyncrl: {text}", 2
+            elif stop is not None:
+                text = one_line(stop) + self.note
+                self.line, rc = f"asyncrl: stopped: {text}", 1
+            else:
+                text = f"{type(e).__name__}: {one_line(e)}"[:500]
+                self.line, rc = f"asyncrl: failed: {text} (traceback: {log}; --debug prints it)", 1
+        out.update(error=text, error_type=type(e).__name__, traceback=log.name)
+        write_status(self.run_dir, state=out["state"], step=step, error=text[:1000])
+        (self.run_dir / "summary.json").write_text(json.dumps(out, indent=1))
+        return rc
 
 
 def config_cmd(args: list[str]) -> int:
@@ -148,13 +297,13 @@ def bench(args: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv  # a stop's traceback printed too (it is always in the run's error.log)
+    argv = [a for a in argv if a != "--debug"]
     if argv and argv[0] == "status":  # reads a snapshot only: answers without importing torch
         from asyncrl.observe.command import main as status_main
 
         return status_main(argv[1:])
-    from agents.base import RewardBroken
     from asyncrl.config import ConfigError
-    from asyncrl.rollout.parity import WeightParityError
 
     parser = argparse.ArgumentParser(prog="asyncrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["train", "bench", "plan", "config", "status", "export"])
@@ -164,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd, rest = argv[0], argv[1:]
     try:
         if cmd == "train":
-            return train(rest)
+            return train(rest, debug)
         if cmd == "bench":
             return bench(rest)
         if cmd == "plan":  # simulator, split search, projection, validation (asyncrl/plan/)
@@ -178,10 +327,20 @@ def main(argv: list[str] | None = None) -> int:
 
             return export_main(rest)
     except ConfigError as e:
+        if debug:
+            raise
         print(f"asyncrl: config error: {e}", file=sys.stderr)
         return 2
-    except (RewardBroken, WeightParityError) as e:  # the run stopped on purpose; through Ray the text ends with the cause's own
-        print(f"asyncrl: stopped: {str(e).strip().splitlines()[-1]}", file=sys.stderr)
+    except KeyboardInterrupt:  # before a run directory exists (a run's own is recorded by `train`)
+        if debug:
+            raise
+        print("asyncrl: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # the run stopped on purpose (outside `train`'s run directory): one line
+        stop = deliberate(e)
+        if stop is None or debug:
+            raise
+        print(f"asyncrl: stopped: {one_line(stop)}", file=sys.stderr)
         return 1
     parser.error(f"unknown command {cmd!r}")
     return 2

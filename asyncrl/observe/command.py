@@ -7,8 +7,8 @@
     asyncrl status --watch [--interval 1] [--prometheus 9464]
 
 Job: locate the snapshot (a run directory's `status.json`, or Redis keys written by
-`StatusReporter`), add `liveness` (alive, or dead / stalled / finished / failed with the
-age of its last heartbeat) and `source`, then print it. Boundary: reads only; never
+`StatusReporter`), add `liveness` (alive, or dead / stalled / finished / failed / interrupted, with
+the age of its last heartbeat; a failed or interrupted run's recorded line) and `source`, then print it. Boundary: reads only; never
 touches the run. A missing run is the one error translated into a message (exit code 1);
 a dead run is not an error, it is a status.
 """
@@ -102,6 +102,8 @@ def judge(snap: dict[str, Any], now: float | None = None) -> dict[str, Any]:
     status, alive, detail = state, state in ("starting", "running"), state
     if state == "failed":
         detail = f"failed: {snap.get('error') or 'unknown error'}"
+    elif state == "interrupted":  # Ctrl-C: `asyncrl train` recorded the step and the command that resumes the run
+        detail = snap.get("error") or f"interrupted at step {(snap.get('trainer') or {}).get('step', '?')}"
     elif state == "finished":
         detail = f"finished {age:.0f} s ago" if age is not None else "finished"
     elif pid is not None and host == socket.gethostname() and not pid_alive(pid):

@@ -17,7 +17,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-_STYLE = {"running": "green", "starting": "cyan", "finished": "blue", "failed": "red", "dead": "bold red", "stalled": "yellow"}
+_STYLE = {"running": "green", "starting": "cyan", "finished": "blue", "failed": "red", "dead": "bold red", "stalled": "yellow",
+          "interrupted": "yellow"}
 
 
 def _hist(h: dict[str, int]) -> str:
@@ -95,7 +96,7 @@ def render(snap: dict[str, Any], now: float | None = None) -> Group:
                                ("groups ", "bold"), f"running {ro['running_groups']} accepted {ro['accepted_groups']}"
                                f" admission limit {ro.get('admission_limit', '-')} ({ro.get('admission', '-')})\n",
                                ("heartbeats ", "bold"), beats or "-"))
-    if snap.get("error"):
+    if snap.get("error") and snap.get("state") != "interrupted":  # an interrupted run's line is the head's detail
         parts.append(Text(f"error: {snap['error']}", style="red"))
     return Group(*parts)
 
