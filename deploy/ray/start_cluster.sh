@@ -11,7 +11,10 @@
 #
 # --block keeps the node in the foreground (srun, a container's entrypoint): it ends with the job step.
 # --pid-file starts it in the background in its own process group and writes that group's id to FILE;
-# `stop --pid-file FILE` ends exactly that node (never `ray stop`, which ends every Ray on the host).
+# `stop --pid-file FILE` ends exactly that node (never `ray stop`, which ends every Ray on the host), and
+# removes Ray's `ray_current_cluster` file (in the node's temp dir) when the address it names no longer
+# answers: `ray.init()` on this host would otherwise try to join the dead cluster instead of starting a
+# local one (asyncrl's `ray.enabled=true` then dies with "num_cpus and num_gpus must not be provided").
 # After `--`, head and worker pass the rest to `ray start` (e.g. --dashboard-port, --ray-client-server-port
 # where several clusters share a host). Neither --block nor --pid-file: `ray start` returns and the node runs on as a daemon (end it with `ray stop`).
 # `run` waits until N nodes are alive, then runs the command with ray.enabled=true ray.address=IP:PORT
@@ -53,6 +56,12 @@ if [ "$role" = head ] || [ "$role" = worker ]; then extra=("$@"); fi
 # Recent Ray (2.60 here) turns on token authentication for clusters it starts; every node and driver must
 # carry the token: RAY_AUTH_TOKEN (or the file RAY_AUTH_TOKEN_PATH, default ~/.ray/auth_token)
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
+# The token opens the whole cluster (jobs, objects, logs): what this script's nodes write (Ray's own token
+# file when a head generates one, its session files) is this user's only, and a token file already there
+# is made so.
+umask 077
+token_file="${RAY_AUTH_TOKEN_PATH:-$HOME/.ray/auth_token}"
+if [ -f "$token_file" ]; then chmod 600 "$token_file"; fi
 
 # `ray start` arguments common to head and worker nodes
 node_args() {
@@ -73,8 +82,22 @@ start_node() {
     # its own session: the group id is the leader's pid, and killing the group ends gcs, raylet and workers
     setsid "$RAY" start "${args[@]}" --block >"$pid_file.log" 2>&1 < /dev/null &
     echo "$!" > "$pid_file"
+    echo "${temp_dir:-$(default_temp_dir)}" > "$pid_file.temp_dir"  # where this node's ray_current_cluster is
   else
     "$RAY" start "${args[@]}"
+  fi
+}
+
+# Ray's temp dir when --temp-dir is not given (ray._common.utils.get_default_ray_temp_dir)
+default_temp_dir() { echo "${RAY_TMPDIR:-${TMPDIR:-/tmp}}/ray"; }
+
+# remove $1/ray_current_cluster if the address it holds does not answer (a cluster that was stopped)
+forget_dead_cluster() {
+  local file="$1/ray_current_cluster" addr
+  [ -f "$file" ] || return 0
+  addr="$(cat "$file")"
+  if ! timeout 2 bash -c "exec 3<>/dev/tcp/${addr%:*}/${addr##*:}" 2>/dev/null; then
+    rm -f "$file"
   fi
 }
 
@@ -137,7 +160,10 @@ case "$role" in
       sleep 0.5
     done
     kill -KILL -- "-$pgid" 2>/dev/null || true
-    rm -f "$pid_file"
+    for dir in "$(cat "$pid_file.temp_dir" 2>/dev/null || true)" "$(default_temp_dir)"; do
+      [ -n "$dir" ] && forget_dead_cluster "$dir"
+    done
+    rm -f "$pid_file" "$pid_file.temp_dir"
     ;;
   *)
     die "unknown role $role (head, worker, run or stop)"
