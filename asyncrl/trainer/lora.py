@@ -63,9 +63,20 @@ def wrap(model: torch.nn.Module, spec: LoraSpec) -> torch.nn.Module:
     from peft import get_peft_model
 
     try:
-        return get_peft_model(model, spec.peft_config())
+        peft = get_peft_model(model, spec.peft_config())
     except ValueError as e:  # peft: "Target modules {...} not found in the base model"
         raise ValueError(f"model.target_modules: {list(spec.target_modules)} do not fit the model ({e})") from e
+    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+        print(f"asyncrl: {trainable_line(peft, spec)}", flush=True)
+    return peft
+
+
+def trainable_line(model: torch.nn.Module, spec: LoraSpec) -> str:
+    """What LoRA trains, in one line: `LoRA rank 8 (alpha 16) on [all-linear]: 1,024 of 494,032 parameters train (0.21%)`."""
+    train = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    return (f"LoRA rank {spec.rank} (alpha {spec.alpha}) on {list(spec.target_modules)}: {train:,} of {total:,} parameters "
+            f"train ({100 * train / max(total, 1):.2f}%; model.lora_rank, model.target_modules)")
 
 
 def is_adapter_key(key: str) -> bool:
