@@ -96,6 +96,7 @@ def plot(rows: list[dict[str, Any]], path: str, title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedFormatter, FixedLocator, NullLocator
 
     fig, ax = plt.subplots(1, 2, figsize=(10, 4))
     g = [r["gpus"] for r in rows]
@@ -106,9 +107,16 @@ def plot(rows: list[dict[str, Any]], path: str, title: str) -> None:
     ax[1].plot(g, [r["speedup_vs_sync"] for r in rows], "o-", label="speedup vs sync")
     ax[1].plot(g, [r["staleness_mean"] for r in rows], "^-", label="staleness mean")
     for r in rows:
-        ax[1].annotate(f"{r['rollout_gpus']}:{r['trainer_gpus']}", (r["gpus"], r["speedup_vs_sync"]), fontsize=8)
+        ax[1].annotate(f"{r['rollout_gpus']}:{r['trainer_gpus']}", (r["gpus"], r["speedup_vs_sync"]), fontsize=8,
+                       xytext=(0, 6), textcoords="offset points", ha="center")
     ax[1].set(xscale="log", xlabel="GPUs", title="best split (rollout:trainer)")
     ax[1].legend()
+    ax[1].margins(x=0.08, y=0.12)  # room for the split labels at both ends
+    for a in ax:  # one label per GPU count, written out (log axes otherwise label 2x10^2, 3x10^2 ... on top of each other)
+        a.xaxis.set_major_locator(FixedLocator(g))
+        a.xaxis.set_major_formatter(FixedFormatter([f"{x:,}" for x in g]))
+        a.xaxis.set_minor_locator(NullLocator())
+        a.tick_params(axis="x", labelrotation=45 if len(g) > 6 else 0)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
