@@ -122,6 +122,13 @@ class RolloutServer(abc.ABC):
         backend cannot score (an external server with frozen weights), and its parity goes unchecked."""
         return None
 
+    async def live_requests(self) -> list[GenerateOutput]:
+        """The requests generating now, each with what it has so far (`finish_reason` `running`): its
+        tokens, their log-probs and versions, under the `request_id` it was given. A checkpoint saves
+        them so that a resume continues those samples (`asyncrl/rollout/inflight.py`). Default: nothing
+        (an engine that cannot tell; its samples in flight are generated again, counted as `redone`)."""
+        return []
+
     @abc.abstractmethod
     def stats(self) -> ServerStats: ...
 

@@ -209,6 +209,11 @@ class TorchRolloutServer(RolloutServer):
             raise ValueError("score: needs at least 2 token ids")
         return await self._command("score", list(token_ids))
 
+    async def live_requests(self) -> list[GenerateOutput]:
+        """What every running request has so far, read on the engine thread between two steps
+        (queued ones have nothing yet and are not listed)."""
+        return await self._command("live")
+
     def stats(self) -> ServerStats:
         inbox = self._inbox
         with inbox.cv:

@@ -70,7 +70,8 @@ class Request:
 class Command:
     """Work for the engine thread between steps: `update`, `reset_prefix_cache`, `abort_all`,
     `drain` (resolved once no request runs), `barrier` (resolved at the next step boundary),
-    `score` (resolved with the log-probs of the payload's token ids)."""
+    `score` (resolved with the log-probs of the payload's token ids), `live` (resolved with what
+    every running request has so far)."""
 
     kind: str
     payload: Any
@@ -175,6 +176,9 @@ class EngineWorker:
             return
         elif cmd.kind == "score":
             resolve(cmd.loop, cmd.future, self._score(cmd.payload))
+            return
+        elif cmd.kind == "live":  # between steps: every row's lists have the same length
+            resolve(cmd.loop, cmd.future, [r.output("running") for r in self.batch.rows if not r.cancelled])
             return
         elif cmd.kind != "barrier":
             raise ValueError(f"unknown engine command {cmd.kind!r}")

@@ -135,6 +135,8 @@ class VLLMRolloutServer(RolloutServer):
         self._workers = tensor_parallel_size
         self._version = 0
         self._in_flight = 0
+        self._live: dict[str, tuple[list[int], list[float], list[int]]] = {}
+        """Request id -> the token, log-prob and version lists its `generate` is filling (`live_requests`)."""
         self._paused = False
         self._admit: asyncio.Event | None = None  # created on the server's event loop
         self._rate = TokenRate(_RATE_WINDOW_S)
@@ -162,6 +164,7 @@ class VLLMRolloutServer(RolloutServer):
         versions: list[int] = []
         finish_reason = "abort"
         self._in_flight += 1
+        self._live[rid] = (tokens, logprobs, versions)
         try:
             prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
             async for out in self._engine.generate(prompt, _vllm_sampling(sampling, self.eos_token_ids), rid):
@@ -177,7 +180,12 @@ class VLLMRolloutServer(RolloutServer):
                     versions = _span_versions(comp.weight_versions, len(tokens)) or versions
         finally:
             self._in_flight -= 1
+            self._live.pop(rid, None)
         return GenerateOutput(rid, tokens, logprobs, versions, finish_reason)
+
+    async def live_requests(self) -> list[GenerateOutput]:
+        """What every request streaming now has received so far (versions: the stamps at arrival)."""
+        return [GenerateOutput(rid, list(t), list(lp), list(v), "running") for rid, (t, lp, v) in self._live.items()]
 
     def _count(self, n: int) -> None:
         self._rate.add(n)
