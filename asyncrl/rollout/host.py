@@ -13,9 +13,15 @@ planes) and Ray (`server_actor.ServerActor` holds one in each actor). It is itse
 `RolloutServer` (it forwards the interface's verbs), so the `Router` and the `FleetManager`
 treat local hosts and actor proxies alike.
 
+Checkpoints: each sample's agent talks to the engine through its own `inflight.SampleClient`,
+so `partial_samples()` can say what every running sample has generated so far (its finished calls,
+the router's segments and the engine's `live_requests`); a resumed sample is run with that state
+(`run_sample(sample, resume=...)`) and continues from its saved tokens, the agent unchanged.
+
     host = ServerHost(server, name="main-0", agent=agent, eval_agent=eval_agent, plane=plane)
     meta = await host.run_sample(sample)             # SampleMeta: into the queue, by the controller
     await host.join_weights(cfg.weights, trainer.endpoints, pause_mode="keep")
+    saved = await host.partial_samples()             # at a checkpoint: list[SavedSample]
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any, Iterable
 from agents.base import AgentLoop
 from asyncrl.rollout.sample import Sample
 from asyncrl.rollout.base import GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats
+from asyncrl.rollout.inflight import SampleClient, SavedSample
 from asyncrl.rollout.router import Router
 from asyncrl.trajectory_queue import trajectory_sample
 
@@ -59,14 +66,30 @@ class ServerHost(RolloutServer):
         self._stop: asyncio.Event | None = None
         self.load_errors: list[str] = []
         """Updates this server could not load (refused to the sender, which re-syncs it)."""
+        self._running: dict[int, SampleClient] = {}
+        """The training samples generating here, by their client's id."""
 
     # ---- samples ------------------------------------------------------------------------
-    async def run_sample(self, sample: Sample) -> Any:
-        """One training sample end to end; returns its queue record (`SampleMeta`)."""
+    async def run_sample(self, sample: Sample, resume: SavedSample | None = None) -> Any:
+        """One training sample end to end; returns its queue record (`SampleMeta`). `resume`: the
+        sample's state at a checkpoint; it continues from there (the record's `meta` then says
+        `resumed_tokens`, the tokens taken from it, and `resumed_max_version`, their newest version)."""
         if self.agent is None:
             raise RuntimeError(f"server {self.name} was started without a host spec: it runs no samples")
-        traj = await self.agent.run(sample, self.llm)
+        client = SampleClient(self.llm, sample.uid, resume)
+        self._running[id(client)] = client
+        try:
+            traj = await self.agent.run(sample, client)
+        finally:
+            del self._running[id(client)]
+        if resume is not None:
+            traj.meta.update(resumed_tokens=client.resumed_tokens, resumed_max_version=client.resumed_max_version)
         return await asyncio.to_thread(trajectory_sample, self.plane, traj)  # may wait for arena space
+
+    async def partial_samples(self) -> list[SavedSample]:
+        """What every training sample running here has generated so far (see the module docstring)."""
+        engine = {o.request_id: o for o in await self.server.live_requests()}
+        return [c.saved(engine) for c in list(self._running.values())]
 
     async def run_eval(self, sample: Sample) -> dict[str, Any]:
         """One held-out sample: its reward and reward info, and for `generations.jsonl` the response as
@@ -141,6 +164,9 @@ class ServerHost(RolloutServer):
 
     async def score(self, token_ids: list[int]) -> list[float] | None:
         return await self.server.score(token_ids)
+
+    async def live_requests(self) -> list[GenerateOutput]:
+        return await self.server.live_requests()
 
     def stats(self) -> ServerStats:
         return self.server.stats()

@@ -82,13 +82,24 @@ class RemoteServer(RolloutServer):
         got = await self._call("update_weights_named", list(named_tensors), version)
         self._stats = dataclasses.replace(self._stats, version=got)
 
-    async def run_sample(self, sample: Any) -> Any:
-        """The actor's host runs the whole sample; returns its queue record (`SampleMeta`)."""
+    async def run_sample(self, sample: Any, resume: Any = None) -> Any:
+        """The actor's host runs the whole sample (continued from `resume`, an `inflight.SavedSample`,
+        when given); returns its queue record (`SampleMeta`)."""
         from asyncrl.rollout.host_spec import decode_record, encode_sample
+        from asyncrl.rollout.inflight import encode_saved
 
-        data = await self._call("run_sample", encode_sample(sample))
+        data = await self._call("run_sample", encode_sample(sample), None if resume is None else encode_saved([resume]))
         self.record_bytes += len(data)
         return decode_record(data)
+
+    async def partial_samples(self) -> list[Any]:
+        """What the actor's running samples have generated so far (`list[inflight.SavedSample]`)."""
+        from asyncrl.rollout.inflight import decode_saved
+
+        return decode_saved(await self._call("partial_samples"))
+
+    async def live_requests(self) -> list[GenerateOutput]:
+        return await self._call("live_requests")
 
     async def run_eval(self, sample: Any) -> dict[str, Any]:
         from asyncrl.rollout.host_spec import encode_sample
@@ -142,5 +153,6 @@ class RemoteServer(RolloutServer):
         self._dead = True
 
 
-_CONTROL_VERBS = frozenset({"stats", "resume", "join_weights", "close", "reset_prefix_cache", "pid", "score"})
+_CONTROL_VERBS = frozenset({"stats", "resume", "join_weights", "close", "reset_prefix_cache", "pid", "score", "partial_samples",
+                            "live_requests"})
 """Verbs that answer at once on a healthy server (`start` loads the model, `pause` may drain, samples generate: no limit)."""

@@ -13,6 +13,7 @@ In-flight counts are the router's own, so a choice needs no round trip to the se
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -96,6 +97,8 @@ class Router:
         self.resubmits = 0
         """Aborted segments resubmitted (partial rollouts), since start."""
         self._ids = itertools.count()
+        self.live: dict[str, PartialRollout] = {}
+        """Requests given a `request_id`, while they run: the segments they have so far."""
         self.server_wait_s = 0.0
         """With no active server but one coming (`server_coming(fleet)`: a restart in progress), how
         long a request waits for it before `NoServerError`; 0 raises at once. Set by the `FleetManager`."""
@@ -203,29 +206,45 @@ class Router:
         self._sessions.pop(session_id, None)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, session_id: str | None = None,
-                       fleet: str | None = None) -> GenerateOutput:
-        """One whole response: segments cut by `abort` pauses are joined, dead servers failed over."""
-        acc = PartialRollout(prompt_ids, sampling, request_id=f"route-{next(self._ids)}")
+                       fleet: str | None = None, *, request_id: str | None = None,
+                       prefix: GenerateOutput | None = None) -> GenerateOutput:
+        """One whole response: segments cut by `abort` pauses are joined, dead servers failed over.
+
+        `request_id`: the caller's name for the request; then segment k goes to its server as
+        `<request_id>.<k>` and the request is in `live` while it runs (what a checkpoint reads,
+        with the server's `live_requests`). `prefix`: tokens generated for this request before (a
+        sample continued after a resume); it counts as the first segment."""
+        acc = PartialRollout(prompt_ids, sampling, request_id=request_id or f"route-{next(self._ids)}")
+        if prefix is not None and prefix.token_ids:
+            acc.add(dataclasses.replace(prefix, finish_reason="abort"))
+            if acc.done:  # the saved tokens spent the budget
+                return acc.result()
         failover = Failover(self.max_failovers)
         slot = await self._pick(session_id, fleet)
-        while True:
-            prompt, seg_sampling = acc.request()
-            try:
-                out = await self._call(slot, prompt, seg_sampling)
-            except ServerDied as exc:
-                self.take_out(slot.server, exc)
-                failover.retry_after(exc)
-                self.failovers += 1
-                slot = await self._pick(session_id, fleet)
-                continue
-            if out.finish_reason == "abort" and not self.partial_rollouts:
-                return out
-            acc.add(out)
-            if acc.done:
-                return acc.result()
-            self.resubmits += 1
-            if slot.state != "active":  # drained or taken out meanwhile: move on
-                slot = await self._pick(session_id, fleet)
+        if request_id is not None:
+            self.live[request_id] = acc
+        try:
+            while True:
+                prompt, seg_sampling = acc.request()
+                try:
+                    out = await self._call(slot, prompt, seg_sampling, None if request_id is None else f"{request_id}.{acc.segments}")
+                except ServerDied as exc:
+                    self.take_out(slot.server, exc)
+                    failover.retry_after(exc)
+                    self.failovers += 1
+                    slot = await self._pick(session_id, fleet)
+                    continue
+                if out.finish_reason == "abort" and not self.partial_rollouts:
+                    return out
+                acc.add(out)
+                if acc.done:
+                    return acc.result()
+                self.resubmits += 1
+                if slot.state != "active":  # drained or taken out meanwhile: move on
+                    slot = await self._pick(session_id, fleet)
+        finally:
+            if request_id is not None:
+                self.live.pop(request_id, None)
 
     async def call(self, verb: Callable[[RolloutServer], Awaitable[T]], session_id: str | None = None,
                    fleet: str | None = None) -> T:
@@ -243,8 +262,8 @@ class Router:
                 self.failovers += 1
                 slot = await self._pick(session_id, fleet)
 
-    async def _call(self, slot: Slot, prompt: list[int], sampling: SamplingParams) -> GenerateOutput:
-        return await self._run(slot, slot.server.generate(prompt, sampling))
+    async def _call(self, slot: Slot, prompt: list[int], sampling: SamplingParams, request_id: str | None = None) -> GenerateOutput:
+        return await self._run(slot, slot.server.generate(prompt, sampling, request_id))
 
     async def _run(self, slot: Slot, work: Awaitable[T]) -> T:
         slot.in_flight += 1

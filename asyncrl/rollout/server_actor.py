@@ -67,10 +67,22 @@ class ServerActor:
             self.host = ServerHost(self.server, name=self.name, agent=None, eval_agent=None, plane=None)
         return self.server.version
 
-    async def run_sample(self, sample: bytes) -> bytes:
+    async def run_sample(self, sample: bytes, resume: bytes | None = None) -> bytes:
+        """`resume`: the sample's saved state at a checkpoint (`inflight.SavedSample`, msgpack)."""
         from asyncrl.rollout.host_spec import decode_sample, encode_record
+        from asyncrl.rollout.inflight import decode_saved
 
-        return encode_record(await self.host.run_sample(decode_sample(sample)))
+        saved = decode_saved(resume)[0] if resume is not None else None
+        return encode_record(await self.host.run_sample(decode_sample(sample), saved))
+
+    async def partial_samples(self) -> bytes:
+        """The host's running samples as far as they got (`list[SavedSample]`, msgpack)."""
+        from asyncrl.rollout.inflight import encode_saved
+
+        return encode_saved(await self.host.partial_samples())
+
+    async def live_requests(self) -> list[GenerateOutput]:
+        return await self.server.live_requests()
 
     async def run_eval(self, sample: bytes) -> dict[str, Any]:
         from asyncrl.rollout.host_spec import decode_sample
