@@ -20,6 +20,12 @@ trainer acks at its checkpoint, so a crash between checkpoints redelivers what w
 yet covered by a checkpoint; leases of delivered, unacked batches are renewed after
 every step. With the in-process `memory` queue (which dies with the process anyway) a
 batch is acked as soon as it is trained.
+
+Checkpoints: the `memory` queue dies with the process, so a checkpoint keeps what it holds.
+`TrajectoryQueue` remembers the groups it put and has not handed out or seen dropped
+(`queued()`); the checkpoint writes them with their bytes (`save_record`: metadata and arrays,
+msgpack, no pickle) and a resume puts them back under their own versions (`restore`). A
+durable queue keeps its records itself; `groups_held` says which groups it holds.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import numpy as np
 from asyncrl.staleness import StalenessManager
 from asyncrl.types import Trajectory
 from transfer_queue import AsyncTransferQueueClient, Batch, Record, SampleMeta, StoragePlane, TransferQueueConfig, write_record
+from transfer_queue.codec import DTYPES
 from transfer_queue.storage import inline_bytes
 
 _ARRAYS = {"prompt_ids": np.int32, "response_ids": np.int32, "behavior_logprobs": np.float32, "loss_mask": np.int8, "token_versions": np.int32}
@@ -56,6 +63,45 @@ def to_record(t: Trajectory) -> Record:
 def trajectory_sample(plane: StoragePlane, t: Trajectory) -> SampleMeta:
     """Write `t`'s arrays to `plane` (once) and return its queue record: metadata and handles."""
     return write_record(plane, to_record(t.validate()))
+
+
+class SavedArray(msgspec.Struct, forbid_unknown_fields=True):
+    """One array of a saved record: dtype tag (`transfer_queue.codec.DTYPES`), shape, raw bytes."""
+
+    dtype: str
+    shape: list[int]
+    data: bytes
+
+
+class SavedRecord(msgspec.Struct, forbid_unknown_fields=True):
+    """A queue record with its arrays, as a checkpoint keeps it (the plane it lived in may not
+    outlive the process). `version`: the record's queue version, unchanged by the round trip."""
+
+    uid: str
+    group_id: str
+    group_size: int
+    version: int
+    meta: dict[str, Any]
+    arrays: dict[str, SavedArray]
+
+
+def save_record(plane: StoragePlane, s: SampleMeta) -> SavedRecord:
+    """`s` with the bytes of its arrays read from `plane` (copied: the plane may free them after)."""
+    names = list(s.handles)
+    arrays = plane.read([s.handles[k] for k in names])
+    return SavedRecord(s.uid, s.group_id, s.group_size, s.version, dict(s.meta),
+                       {k: SavedArray(s.handles[k].dtype, list(a.shape), a.tobytes()) for k, a in zip(names, arrays)})
+
+
+def load_record(plane: StoragePlane, r: SavedRecord) -> SampleMeta:
+    """A saved record's arrays written to `plane` (once); its queue record, ready to `add`."""
+    tensors = {}
+    for k, a in r.arrays.items():
+        if a.dtype not in DTYPES or a.dtype == "bfloat16":
+            raise ValueError(f"saved record {r.uid}: array {k} has dtype {a.dtype!r}, which a trajectory never has")
+        tensors[k] = np.frombuffer(a.data, dtype=DTYPES[a.dtype]).reshape(a.shape)
+    return write_record(plane, Record(uid=r.uid, group_id=r.group_id, group_size=r.group_size, version=r.version,
+                                      meta=dict(r.meta), tensors=tensors))
 
 
 def from_record(meta: dict[str, Any], tensors: dict[str, Any]) -> Trajectory:
@@ -111,6 +157,8 @@ class TrajectoryQueue:
         self.inline_tensor_bytes = 0
         """Tensor bytes that rode inside those records' handles (`queue.inline_max_bytes`)."""
         self.records = 0
+        self._queued: dict[str, list[SampleMeta]] = {}
+        """In-process queue: the groups put and not yet handed out or dropped, by group id (what a checkpoint keeps)."""
 
     @property
     def storage(self) -> StoragePlane:
@@ -128,6 +176,28 @@ class TrajectoryQueue:
             newest = max(int(s.meta["max_version"]) for s in group)
             group = [dataclasses.replace(s, version=newest) for s in group]
         await self.client.add(group)
+        if not self.ack_at_checkpoint:
+            self._queued[group[0].group_id] = group
+
+    def queued(self) -> list[list[SampleMeta]]:
+        """In-process queue: the groups it holds for the trainer now (none for a durable queue, which keeps them itself)."""
+        return list(self._queued.values())
+
+    async def restore(self, groups: list[list[SampleMeta]]) -> None:
+        """Put back groups a checkpoint kept (`queued`), their versions as they were."""
+        for group in groups:
+            self.received(group, sum(len(msgspec.msgpack.encode(s)) for s in group))
+            await self.client.add(group)
+            if not self.ack_at_checkpoint:
+                self._queued[group[0].group_id] = group
+
+    async def groups_held(self, group_ids: list[str]) -> set[str]:
+        """Of `group_ids`, those whose records the queue holds now: queued, leased or trained and
+        not yet acked (a durable queue after a restart); the in-process queue: those put since start."""
+        held = getattr(self.client.sync.metadata, "groups_held", None)
+        if held is None:
+            return {g for g in group_ids if g in self._queued}
+        return await asyncio.to_thread(held, group_ids)
 
     async def discard(self, group: list[SampleMeta]) -> None:
         """Free the tensors of a finished group that will not be queued (every reward failed)."""
@@ -150,6 +220,8 @@ class TrajectoryQueue:
                 # a limit is only good until a running group ends: then ask again at once
                 timeout=poll_s if newest is None else 0.01,
             )
+            for s in [*batch.samples, *batch.stale]:  # handed out or dropped: no longer the queue's to keep
+                self._queued.pop(s.group_id, None)
             if batch.stale_groups:  # dropped by the queue as too stale: their admission slots are free again
                 await self.staleness.drop_accepted("stale", batch.stale_groups)
                 if self.on_stale is not None:

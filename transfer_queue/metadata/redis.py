@@ -321,6 +321,15 @@ class RedisController(MetadataStore):
             raise ValueError(f"unknown consumer group {consumer!r}; queue.consumer_groups={self.consumer_groups}")
 
     # ---- observability ---------------------------------------------------
+    def groups_held(self, group_ids: list[str]) -> set[str]:
+        """Of `group_ids`, those with records in the queue now (put and not yet finished by every
+        consumer group): one pipelined EXISTS per group. A restarted producer asks it to learn which of
+        the groups it was generating reached the queue before it died."""
+        pipe = self.r.pipeline(transaction=False)
+        for gid in group_ids:
+            pipe.exists(self.p + f"grp:{gid}")
+        return {gid for gid, n in zip(group_ids, pipe.execute()) if n}
+
     def stats(self) -> QueueStats:
         c = {k.decode(): int(v) for k, v in self.r.hgetall(self.p + "stats").items()}
         put, resident = c.get("put", 0), int(self.r.get(self.p + "resident") or 0)
