@@ -50,6 +50,11 @@ publish is taken out of routing and re-synced; a restarted one is synced before 
   server; a dead or hung one (no answer in `rollout.health_timeout_s`) is killed and restarted,
   its samples move to other servers. A trainer step with a non-finite gradient is skipped
   (counted as `bad_steps`); `trainer.max_bad_steps` in a row stop the run.
+Checkpoints (`save`, every `trainer.save_every` steps, in the trainer loop): the trainer's state, then
+what is in flight (`asyncrl/rollout/resume.py`): the groups the in-process queue holds, with their
+arrays, and every running group with what each sample has generated so far (each server's
+`partial_samples`); a resume puts the first back into the queue and continues the others from their
+saved tokens (partial rollouts), so nothing queued or half generated is generated again.
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ from asyncrl.metrics import MetricsLogger, idle_ratio
 from asyncrl.observe.reporter import StatusReporter
 from asyncrl.progress import Progress
 from asyncrl.rollout.parity import ParityCheck, vocab_bound
+from asyncrl.rollout.resume import capture, read_async_state, reinstate, write_async_state
 from asyncrl.rollout.rollouter import Rollouter
 from asyncrl.rollout.shaping import OverlongShaping, overlong_metrics
 from asyncrl.run_dir import checkpoint_dir, latest_checkpoint, plot_curve, prune_checkpoints, read_published, write_published, write_state
@@ -110,8 +116,13 @@ class Pipeline:
             run_sample=self._run_sample, prompts=parts.prompts, staleness=self.staleness, sink=self.queue.put,
             discard=self.queue.discard, group_size=self.n, max_running_samples=cfg.rollout.max_running_samples,
             filter_groups=cfg.algorithm.filter_groups, filter_groups_max_batches=cfg.algorithm.filter_groups_max_batches,
-            shaping=OverlongShaping.from_config(cfg), lengths=self.lengths,
+            shaping=OverlongShaping.from_config(cfg), lengths=self.lengths, on_resumed=self._resumed_sample,
         )
+        self.resume_counts: Counter[str] = Counter()
+        """What resumes did with the work in flight at their checkpoints (`asyncrl/rollout/resume.py`;
+        `continued` and `redone` as the resumed samples end); summary.json `resume`."""
+        self._resumed_audit: Any = None
+        """`resumed_samples.jsonl`: one line per sample of a resumed group as it ends (opened at the first)."""
         self.step = 0
         self.version_offset = 0
         """`version` - `step`: 0 until a resume finds versions published after its checkpoint (see `restore`)."""
@@ -134,20 +145,22 @@ class Pipeline:
         ckpt.mkdir(parents=True, exist_ok=True)
         await self.trainer.save(str(ckpt / "trainer"))
         await self.queue.checkpointed()
+        # the queued groups (in-process queue) and every group in flight, continued on resume; from
+        # here to write_state no await: the counters below describe exactly what it holds
+        work = await capture(self.parts.fleets.servers, self.rollouter, self.queue)
         state = self.staleness.state_dict()
-        # the in-process queue dies with the process: its groups are regenerated on resume
-        lost = 0 if self.queue.ack_at_checkpoint else (await self.queue.depth())["resident"] // self.n
-        state["accepted"] -= lost
+        write_async_state(ckpt, work)
         write_state(
             ckpt,
             {
                 "step": self.step,
-                "in_flight_samples": (lost + self.staleness.running) * self.n,
+                "in_flight_samples": sum(g.group_size - len(g.finished) for g in work.groups),
                 "lengths": self.lengths.state_dict(),
+                "resume_counts": dict(self.resume_counts),
                 "stale_before_resume": self.stale_before_resume,
                 "version_offset": self.version_offset,
                 "staleness": state,
-                "prompt_position": self.parts.prompts.position - lost - self.staleness.running,
+                "prompt_position": self.parts.prompts.position,
                 "trained_samples": self.trained_samples,
                 "trained_tokens": self.trained_tokens,
                 "curve": self.curve,
@@ -174,10 +187,34 @@ class Pipeline:
         self.staleness_hist = Counter({int(k): v for k, v in state["staleness_hist"].items()})
         self.bad_steps = state.get("bad_steps", 0)  # absent in checkpoints written before it was counted
         self.lengths.load_state_dict(state.get("lengths", {}))
-        self.lengths.add_unmeasured("redone", state.get("in_flight_samples", 0))  # generated again from their prompts
+        self.resume_counts = Counter({k: int(v) for k, v in state.get("resume_counts", {}).items()})
         self.stale_before_resume = int(state.get("stale_before_resume", 0))
         self.wall_before = state["wall_s"]
+        work = read_async_state(ckpt)
+        if work is None:  # written before in-flight work was kept: it was generated again from the prompts
+            self.lengths.add_unmeasured("redone", state.get("in_flight_samples", 0))
+            return True
+        counts = await reinstate(work, rollouter=self.rollouter, queue=self.queue)
+        if not self.queue.ack_at_checkpoint:  # what the in-process queue holds again was accepted, and is queued
+            self.staleness.accepted = self.staleness.taken + counts.pop("queued_groups")
+        counts.pop("queued_groups", None)
+        self.resume_counts.update(counts)
         return True
+
+    def _resumed_sample(self, fate: str, record: SampleMeta) -> None:
+        """A sample of a group taken back from a checkpoint ended: `continued` from its saved tokens or
+        `redone` from its prompt; counted, and a line in `resumed_samples.jsonl`."""
+        self.resume_counts[fate] += 1
+        if fate == "redone":
+            self.lengths.add("redone", [response_length(record)])
+        if self._resumed_audit is None:
+            self._resumed_audit = (self.run_dir / "resumed_samples.jsonl").open("a")
+        m = record.meta
+        self._resumed_audit.write(json.dumps({
+            "step": self.step, "uid": record.uid, "fate": fate, "response_length": response_length(record),
+            "resumed_tokens": m["meta"].get("resumed_tokens", 0), "resumed_max_version": m["meta"].get("resumed_max_version", -1),
+            "min_version": m["min_version"], "max_version": m["max_version"]}) + "\n")
+        self._resumed_audit.flush()
 
     async def _resume_versions(self) -> None:
         """Versions never go back. A crash after the checkpoint loses the weights of the versions
@@ -223,8 +260,10 @@ class Pipeline:
         await self.staleness.set_version(self.version)
         return m
 
-    async def _run_sample(self, sample: Any) -> SampleMeta:
-        return await self.parts.router.call(lambda host: host.run_sample(sample))
+    async def _run_sample(self, sample: Any, resume: Any = None) -> SampleMeta:
+        if resume is None:
+            return await self.parts.router.call(lambda host: host.run_sample(sample))
+        return await self.parts.router.call(lambda host: host.run_sample(sample, resume))  # continued from a checkpoint
 
     async def evaluate(self) -> dict[str, float]:
         router = self.parts.router
@@ -360,6 +399,8 @@ class Pipeline:
             progress.close()
             await self.queue.close()
             self._audit.close()
+            if self._resumed_audit is not None:
+                self._resumed_audit.close()
         return self.summary(resumed)
 
     def _skipped_rows(self) -> dict[str, dict[str, int]]:
@@ -382,6 +423,9 @@ class Pipeline:
             "drops": dict(self.staleness.dropped),
             "stale_dropped_from_before_resume": self.stale_before_resume,
             "lengths": self.lengths.summary(),
+            "samples_continued": self.resume_counts["continued"],
+            "redone": self.lengths.summary().get("redone", {}).get("count", 0),
+            "resume": dict(self.resume_counts),
             "reward_failures": self.rollouter.reward_failures,
             "bad_steps": self.bad_steps,
             "skipped_rows": self._skipped_rows(),

@@ -18,7 +18,9 @@ from collections import Counter
 from typing import Any, Iterable
 
 FATES = ("trained", "dropped_stale", "dropped_filtered", "dropped_reward_failed", "redone")
-"""`redone`: samples a restart generated again (in flight at the checkpoint; their lengths unknown: counted only)."""
+"""`redone`: samples in flight at a checkpoint that a resume generated again from their prompt (none of their
+saved tokens used; `asyncrl/rollout/resume.py`), by the length they came out; after a resume from a checkpoint
+written before in-flight work was kept, counted only."""
 
 
 class LengthBias:

@@ -127,6 +127,16 @@ class StalenessManager:
                 self._idle_since = None
             return self.version
 
+    def readmit(self, version: int) -> None:
+        """A group that was in flight at a checkpoint, taken back by a resume: running again under the
+        version it was admitted at (what `finish` is then told), outside the admission rule (it was
+        admitted before the checkpoint; `load_state_dict` counts no group as running)."""
+        self.running_by_version[version] += 1
+        self._started.setdefault(version, deque()).append(time.monotonic())
+        if self._idle_since is not None:
+            self._idle_s += time.monotonic() - self._idle_since
+            self._idle_since = None
+
     def takeable_version(self) -> int | None:
         """The newest group version the trainer may take now; None: any. In order, that is the
         oldest version still running: a newer group waits until the older ones are queued."""

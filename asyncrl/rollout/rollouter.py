@@ -23,12 +23,20 @@ sample stops the run loudly (errors propagate through `run`).
 
 Trace (filter on, 2 groups per batch, max 2 batches -> limit 4): filtered, filtered, filtered,
 queued (count back to 0), filtered x 4 -> `EndlessFiltering` at the fourth, counted as dropped.
+
+Checkpoints: `running()` lists the groups in flight (prompt, admission version, the records of
+the samples that finished) for the controller to save; `resume(...)` takes such a group back after
+a restart, with the samples that had finished and the saved state of the others, and `run` starts
+it before any new group: its samples continue from their saved tokens (`inflight.py`), or start
+again from the prompt where nothing was saved. `on_resumed(fate, record)` hears how each of its
+samples ended: `continued` (saved tokens used) or `redone`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterator
 
 from asyncrl.rollout.sample import Sample
@@ -39,6 +47,23 @@ from asyncrl.trajectory_queue import generated_tokens, response_length, reward, 
 
 Group = list[Any]
 """The queue records (`SampleMeta`) of one group's samples, in index order."""
+
+
+@dataclass(eq=False)
+class RunningGroup:
+    """A group the rollouter started and has not finished with."""
+
+    group_id: str
+    version: int
+    """What `StalenessManager.acquire` returned for it (passed back to `finish`)."""
+    prompt: Prompt
+    samples: list[Sample]
+    done: dict[int, Any] = field(default_factory=dict)
+    """index in group -> the record of a sample that finished."""
+    phase: str = "generating"
+    """`generating`, `queueing` (all done, being put into the queue), `dropping` (all done, dropped)."""
+    resumed: bool = False
+    """Taken back from a checkpoint (`Rollouter.resume`)."""
 
 
 class EndlessFiltering(RuntimeError):
@@ -60,6 +85,7 @@ class Rollouter:
         filter_groups_max_batches: int = 0,
         shaping: OverlongShaping | None = None,
         lengths: Any = None,
+        on_resumed: Callable[[str, Any], None] | None = None,
     ) -> None:
         """`filter_groups_max_batches`: filtered groups in a row that stop the run, in batches of
         `staleness.batch_groups` groups (0: no limit). `shaping`: applied to every queued record."""
@@ -80,6 +106,11 @@ class Rollouter:
         self._tasks: set[asyncio.Task] = set()
         self._error: BaseException | None = None
         self._run_task: asyncio.Task | None = None
+        self.on_resumed = on_resumed
+        """Told `(fate, record)` for each sample of a resumed group that ran: `continued` or `redone`."""
+        self._groups: dict[str, RunningGroup] = {}
+        self._resumed: list[tuple[RunningGroup, dict[str, Any]]] = []
+        """Groups taken back from a checkpoint, with their samples' saved state by uid; `run` starts them first."""
 
     def idle_seconds(self) -> float:
         """Seconds with no group generating because admission (the staleness bound) held new ones back."""
@@ -89,14 +120,14 @@ class Rollouter:
         """Start groups forever (until cancelled); raises the first error of any group."""
         self._run_task = asyncio.current_task()
         try:
+            resumed, self._resumed = self._resumed, []
+            for g, saved in resumed:
+                self._start(g, saved)
             while True:
                 await self._wait_for_slot()
                 version = await self.staleness.acquire()
                 prompt = next(self.prompts)
-                self.running_samples += self.group_size
-                t = asyncio.create_task(self._run_group(prompt, version))
-                self._tasks.add(t)
-                t.add_done_callback(self._done)
+                self._start(self._new_group(prompt, version), {})
         except asyncio.CancelledError:
             if self._error is not None:
                 raise self._error from None
@@ -105,30 +136,35 @@ class Rollouter:
             for t in self._tasks:
                 t.cancel()
 
-    async def _wait_for_slot(self) -> None:
-        """Fleet back-pressure: wait while every slot is taken (a group may overfill by up to
-        group_size - 1 samples, which start as soon as short samples finish)."""
-        if self.max_running_samples:
-            async with self._slot_freed:
-                await self._slot_freed.wait_for(lambda: self.running_samples < self.max_running_samples)
+    def _start(self, g: RunningGroup, saved: dict[str, Any]) -> None:
+        self.running_samples += self.group_size - len(g.done)
+        self._groups[g.group_id] = g
+        t = asyncio.create_task(self._run_group(g, saved))
+        self._tasks.add(t)
+        t.add_done_callback(self._done)
 
-    async def _run_sample(self, s: Sample) -> Any:
-        try:
-            return await self.run_sample(s)
-        finally:
-            self.running_samples -= 1
-            async with self._slot_freed:
-                self._slot_freed.notify_all()
+    def running(self) -> list[RunningGroup]:
+        """The groups in flight now (generating, or being queued), for a checkpoint; not those being dropped."""
+        return [g for g in self._groups.values() if g.phase != "dropping"]
 
-    def _done(self, t: asyncio.Task) -> None:
-        self._tasks.discard(t)
-        if not t.cancelled() and t.exception() is not None and self._error is None:
-            self._error = t.exception()
-            self._run_task.cancel()  # run() re-raises the group's error
+    def resume(self, group_id: str, version: int, prompt: Prompt, done: dict[int, Any], saved: dict[str, Any], *,
+               queueing: bool = False) -> None:
+        """Take back a group that was in flight at a checkpoint: admitted at `version`, `done` the
+        records of its samples that had finished, `saved` the others' saved state by uid (an
+        `inflight.SavedSample`; a sample without one starts again from the prompt). `queueing`: it
+        was being put into the queue (every record done, filtered and shaped): it is only put. Counted
+        as running at once; `run` starts it before any new group."""
+        g = RunningGroup(group_id, version, prompt, self._samples(group_id, prompt), dict(done),
+                         phase="queueing" if queueing else "generating", resumed=True)
+        self.staleness.readmit(version)
+        self._resumed.append((g, saved))
 
-    async def _run_group(self, prompt: Prompt, version: int) -> None:
+    def _new_group(self, prompt: Prompt, version: int) -> RunningGroup:
         gid = uuid.uuid4().hex[:12]
-        samples = [
+        return RunningGroup(gid, version, prompt, self._samples(gid, prompt))
+
+    def _samples(self, gid: str, prompt: Prompt) -> list[Sample]:
+        return [
             Sample(
                 uid=f"{gid}-{i}",
                 group_id=gid,
@@ -140,22 +176,65 @@ class Rollouter:
             )
             for i in range(self.group_size)
         ]
-        group = list(await asyncio.gather(*(self._run_sample(s) for s in samples)))
-        self.generated_tokens += sum(generated_tokens(m) for m in group)
+
+    async def _wait_for_slot(self) -> None:
+        """Fleet back-pressure: wait while every slot is taken (a group may overfill by up to
+        group_size - 1 samples, which start as soon as short samples finish)."""
+        if self.max_running_samples:
+            async with self._slot_freed:
+                await self._slot_freed.wait_for(lambda: self.running_samples < self.max_running_samples)
+
+    async def _run_sample(self, g: RunningGroup, s: Sample, saved: Any = None) -> None:
+        try:
+            record = await (self.run_sample(s) if saved is None else self.run_sample(s, saved))
+            g.done[s.index_in_group] = record
+            if g.resumed and self.on_resumed is not None:
+                used = int(record.meta.get("meta", {}).get("resumed_tokens", 0))
+                self.on_resumed("continued" if used > 0 else "redone", record)
+        finally:
+            self.running_samples -= 1
+            async with self._slot_freed:
+                self._slot_freed.notify_all()
+
+    def _done(self, t: asyncio.Task) -> None:
+        self._tasks.discard(t)
+        if not t.cancelled() and t.exception() is not None and self._error is None:
+            self._error = t.exception()
+            self._run_task.cancel()  # run() re-raises the group's error
+
+    async def _run_group(self, g: RunningGroup, saved: dict[str, Any]) -> None:
+        try:
+            todo = [s for s in g.samples if s.index_in_group not in g.done]
+            await asyncio.gather(*(self._run_sample(g, s, saved.get(s.uid)) for s in todo))
+            group = [g.done[i] for i in range(self.group_size)]
+            await self._finish(g, group, new=[g.done[s.index_in_group] for s in todo])
+        finally:
+            self._groups.pop(g.group_id, None)
+
+    async def _finish(self, g: RunningGroup, group: list[Any], new: list[Any]) -> None:
+        version = g.version
+        if g.phase == "queueing":  # resumed as it was being queued: checked and shaped before the checkpoint
+            await self.sink(group)
+            await self.staleness.finish(accepted=True, version=version)
+            return
+        self.generated_tokens += sum(generated_tokens(m) for m in new)
         failed = sum(reward_failed(m) for m in group)
-        self.reward_failures += failed
+        self.reward_failures += sum(reward_failed(m) for m in new)
         if failed == len(group):
+            g.phase = "dropping"
             self._count_lengths("dropped_reward_failed", group)
             await self.discard(group)
             await self.staleness.finish(accepted=False, cause="reward_failed", version=version)
             return
         if self.filter_groups and len({reward(m) for m in group}) == 1:
+            g.phase = "dropping"
             self._count_lengths("dropped_filtered", group)
             await self.discard(group)
             await self.staleness.finish(accepted=False, cause="filtered", version=version)
             self._filtered(reward(group[0]))
             return
         self.filtered_in_a_row = 0
+        g.phase = "queueing"  # from here a checkpoint keeps it as queued: shaped once, not again after a resume
         if self.shaping is not None:
             for m in group:
                 self.shaping.apply(m)
