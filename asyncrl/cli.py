@@ -210,7 +210,7 @@ def one_line(e: BaseException) -> str:
 class RunEnd:
     """How `asyncrl train` ends a run that did not finish: one line for the console, and the same in the run
     directory: `status.json` (state `failed` or `interrupted`, `error`; what `asyncrl status` shows), `summary.json`
-    (`state`, `steps`, `error`, and `resume` for an interrupted run) and the traceback in `error.log`.
+    (`state`, `steps`, `error`, and `resume_command` for an interrupted run) and the traceback in `error.log`.
 
         asyncrl: stopped: algorithm.filter_groups: 20 groups in a row were dropped ...      (a stop of STOPS; rc 1)
         asyncrl: config error: data.train_path: ...                                          (a ConfigError; rc 2)
@@ -248,7 +248,7 @@ class RunEnd:
             since = (f"last checkpoint: step {int(ckpt.name.rpartition('_')[2])}" if ckpt is not None else
                      f"no checkpoint yet, trainer.save_every={self.cfg.trainer.save_every}: a resume starts over")
             text = f"interrupted at step {step} ({since}); resume with: {self.resume_command()}"
-            out.update(state="interrupted", resume=self.resume_command())
+            out.update(state="interrupted", resume_command=self.resume_command())
             self.line, rc = f"asyncrl: {text}", 130
         else:
             stop = deliberate(e)

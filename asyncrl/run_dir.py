@@ -5,7 +5,7 @@ Layout of `<logging.run_root>/<run name>/`:
     metrics.jsonl          one line per logged step (also in MLflow)
     trained_uids.jsonl     audit: the trajectory uids trained at each step
     checkpoints/step_NNNNNN/{trainer/, state.json}
-    summary.json           written at the end of the run (one that stopped: state, steps, error, resume; error.log: its traceback)
+    summary.json           written at the end of the run (one that stopped: state, steps, error, resume_command; error.log: its traceback)
     generations.jsonl      evaluated samples: prompt as rendered, response, reward, version (`logging.num_generations` per evaluation)
     reward_curve.png       over steps: training and held-out reward, response length, staleness
     status.json            heartbeat: pid, state (running / finished / failed), step, time

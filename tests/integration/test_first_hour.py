@@ -128,7 +128,7 @@ def test_ctrl_c_is_one_line_rc_130_and_status_says_how_to_resume(tmp_path, capsy
     shown = _status(capsys, run)
     assert f"interrupted at step {step} " in shown and "resume with: asyncrl train" in shown, shown
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["state"] == "interrupted" and summary["steps"] == step and summary["resume"] == resume
+    assert summary["state"] == "interrupted" and summary["steps"] == step and summary["resume_command"] == resume
     assert "KeyboardInterrupt" in (run / "error.log").read_text()
 
     ckpt = int(line.split("last checkpoint: step ")[1].split(")")[0])
