@@ -21,7 +21,10 @@ only for a run that finished, which has acked its whole lineage), `queue_consist
 + dropped + resident),
 `completed` (the final segment finished every step), `restart_stale_drops` (records dropped as stale
 that were generated before the last resume; target <= 1% of produced), `wall_ratio` (with faults over
-without; target 1.5), `lengths` (response lengths by fate, from summary.json).
+without; target 1.5), `lengths` (response lengths by fate, from summary.json), `samples_continued` (samples
+in flight at the controller's kill continued from the tokens its checkpoint saved; target > 0), `redone`
+(those generated again from their prompt) and `resume` (what the resume did with the checkpoint's work in
+flight, `asyncrl/rollout/resume.py`).
 
     asyncrl bench chaos [--json] [--steps 100] [--quick]
 """
@@ -43,6 +46,11 @@ from pathlib import Path
 from typing import Any
 
 
+MAX_TOKENS = 32
+"""`rollout.max_tokens` of the runs: long enough that a checkpoint finds samples mid-generation (the demo's 4
+tokens finish between two looks), so the controller's kill measures what a resume continues."""
+
+
 def flaky_digits(response: str, answer: str) -> float:
     """The demo's reward, except that 5% of calls raise and 5% hang for 3 s (decided by a hash of the
     response, so a retried sample meets the same fate)."""
@@ -56,9 +64,9 @@ def flaky_digits(response: str, answer: str) -> float:
     return get_reward("digits")(response, answer)
 
 
-def _cmd(tmp: Path, redis_url: str, steps: int, faults: bool, name: str, *extra: str) -> list[str]:
+def _cmd(tmp: Path, redis_url: str, steps: int, faults: bool, name: str, *extra: str, max_tokens: int = MAX_TOKENS) -> list[str]:
     return [
-        sys.executable, "-m", "asyncrl.cli", "train", "configs/demo.yaml",
+        sys.executable, "-m", "asyncrl.cli", "train", "configs/demo.yaml", f"rollout.max_tokens={max_tokens}",
         "ray.enabled=true", "ray.num_cpus=5", "trainer.num_ranks=2", "rollout.num_servers=2", "trainer.mode=fully_async",
         f"trainer.total_steps={steps}", "trainer.save_every=5", "trainer.eval_every=1000",
         "trainer.prompts_per_step=4", "rollout.group_size=4", "data.eval_size=8",
@@ -154,7 +162,8 @@ def lineage(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def run_once(tmp: Path, redis_url: str, steps: int, faults_on: bool, server_every: float, seed: int) -> dict[str, Any]:
+def run_once(tmp: Path, redis_url: str, steps: int, faults_on: bool, server_every: float, seed: int,
+             max_tokens: int = MAX_TOKENS) -> dict[str, Any]:
     from transfer_queue import TransferQueueConfig, connect
 
     name = "chaos" if faults_on else "calm"
@@ -166,7 +175,8 @@ def run_once(tmp: Path, redis_url: str, steps: int, faults_on: bool, server_ever
     with open(tmp / f"{name}.log", "ab") as log:
         how, code = "", 0
         while not segments or how == "killed":  # a killed controller is resumed; a failed run is not retried
-            code, how = _segment(_cmd(tmp, redis_url, steps, faults_on, name, *(["resume=true"] if segments else [])), run, steps, faults,
+            code, how = _segment(_cmd(tmp, redis_url, steps, faults_on, name, *(["resume=true"] if segments else []), max_tokens=max_tokens),
+                                 run, steps, faults,
                                  kill_trainer=faults_on, kill_controller_after=steps // 2 if faults_on else None,
                                  server_every=server_every if faults_on else 1e9, rng=rng, log=log, timeout_s=1800)
             segments.append(how)
@@ -198,6 +208,9 @@ def run_once(tmp: Path, redis_url: str, steps: int, faults_on: bool, server_ever
         # dropped as stale, generated before the last resume: what the restart cost in samples
         "restart_stale_drops": summary.get("stale_dropped_from_before_resume"),
         "lengths": summary.get("lengths"),
+        "samples_continued": summary.get("samples_continued"),
+        "redone": summary.get("redone"),
+        "resume": summary.get("resume"),
         "steps": summary.get("steps"),
         "trainer_restarts": summary.get("trainer_restarts"),
         "final_eval_reward": summary.get("final_eval_reward"),
@@ -205,7 +218,7 @@ def run_once(tmp: Path, redis_url: str, steps: int, faults_on: bool, server_ever
     }
 
 
-def run(steps: int, server_every: float, seed: int, baseline: bool = True) -> dict[str, Any]:
+def run(steps: int, server_every: float, seed: int, baseline: bool = True, max_tokens: int = MAX_TOKENS) -> dict[str, Any]:
     """The run with faults, then (`baseline`) the same run without them, for the wall-time ratio."""
     from asyncrl.bench.redis_tools import redis_server as _redis_server
 
@@ -213,8 +226,8 @@ def run(steps: int, server_every: float, seed: int, baseline: bool = True) -> di
     (tmp / "shm").mkdir()
     redis, url = _redis_server(str(tmp))
     try:
-        chaos = run_once(tmp, url, steps, True, server_every, seed)
-        calm = run_once(tmp, url, steps, False, server_every, seed) if baseline else None
+        chaos = run_once(tmp, url, steps, True, server_every, seed, max_tokens)
+        calm = run_once(tmp, url, steps, False, server_every, seed, max_tokens) if baseline else None
     finally:
         redis.kill()
         redis.wait()
@@ -224,7 +237,8 @@ def run(steps: int, server_every: float, seed: int, baseline: bool = True) -> di
     res["wall_ratio"] = round(chaos["wall_s"] / calm["wall_s"], 2) if calm else None
     res["targets"] = {"lost": {"target": 0, "met": chaos["lost"] == 0}, "trained_twice": {"target": 0, "met": chaos["trained_twice"] == 0},
                       "completed": {"target": True, "met": chaos["completed"]},
-                      "restart_stale_drop_ratio": {"target": 0.01, "met": res["restart_stale_drop_ratio"] is not None and res["restart_stale_drop_ratio"] <= 0.01}}
+                      "restart_stale_drop_ratio": {"target": 0.01, "met": res["restart_stale_drop_ratio"] is not None and res["restart_stale_drop_ratio"] <= 0.01},
+                      "samples_continued": {"target": "> 0", "met": bool(chaos["samples_continued"])}}
     if calm:
         res["targets"]["wall_ratio"] = {"target": 1.5, "met": res["wall_ratio"] <= 1.5}
     if all(t["met"] for t in res["targets"].values()) and (calm is None or calm["completed"]):
@@ -239,15 +253,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="30 steps")
     p.add_argument("--server-every", type=float, default=10.0, help="seconds between server kills (default 10)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help=f"rollout.max_tokens of the runs (default {MAX_TOKENS})")
     p.add_argument("--no-baseline", action="store_true", help="skip the run without faults (no wall ratio; what the test runs)")
     a = p.parse_args(argv)
-    res = run(30 if a.quick else a.steps, a.server_every, a.seed, baseline=not a.no_baseline)
+    res = run(30 if a.quick else a.steps, a.server_every, a.seed, baseline=not a.no_baseline, max_tokens=a.max_tokens)
     if a.json:
         print(json.dumps(res, indent=1))
     else:
         for k in ("faults_injected", "segments", "trajectories_produced", "trained", "trained_twice", "acked", "dropped_by_cause",
                   "resident", "lost", "completed", "restart_stale_drops", "restart_stale_drop_ratio", "trainer_restarts",
-                  "final_eval_reward", "wall_s", "wall_s_no_faults", "wall_ratio", "lengths", "logs"):
+                  "final_eval_reward", "wall_s", "wall_s_no_faults", "wall_ratio", "samples_continued", "redone", "resume",
+                  "lengths", "logs"):
             print(f"{k:24} {res[k]}")
         for name, t in res["targets"].items():
             print(f"target {name} {t['target']}: {'met' if t['met'] else 'NOT met'}")
