@@ -130,6 +130,22 @@ def test_cancelled_caller_stops_its_request(server, loop) -> None:
     run(loop, go())
 
 
+def test_live_requests_report_what_a_running_request_has_so_far(server, loop) -> None:
+    async def go():
+        task = asyncio.ensure_future(server.generate(PROMPTS[0], SamplingParams(seed=3, max_tokens=400), "u-0/0.0"))
+        live: list = []
+        while not task.done() and not (live and len(live[0].token_ids) >= 10):
+            live = await server.live_requests()
+            await asyncio.sleep(0.005)
+        return live, await task, await server.live_requests()
+
+    live, out, after = run(loop, go())
+    [got] = live  # a checkpoint reads this (asyncrl/rollout/inflight.py)
+    assert got.request_id == "u-0/0.0" and got.finish_reason == "running"
+    assert len(got.token_ids) == len(got.logprobs) == len(got.versions) >= 10
+    assert out.token_ids[: len(got.token_ids)] == got.token_ids and after == []
+
+
 def test_pause_abort_returns_partial_outputs(server, loop, hf) -> None:
     async def go():
         g0 = server.stats().generated_tokens
