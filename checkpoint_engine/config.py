@@ -8,7 +8,7 @@ at load, not in the middle of the first publish.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 BACKENDS = ("local", "shm", "gloo", "nccl", "nixl", "cuda_ipc")
 
@@ -58,11 +58,11 @@ class WeightsConfig:
     150 bytes per tensor in the bucket, so 4 MiB holds ~25k tensors); a receiver's frames (Join, Ack,
     Nack) are far smaller, and the sender refuses any over 64 KiB as `oversized`."""
 
-    secret: str = ""
+    secret: str = field(default="", repr=False)
     """Per-run secret. Set: the sender's socket is a ZeroMQ CURVE server whose only admitted
     client key is derived from it (`checkpoint_engine.auth`), and receivers connect with CURVE;
     a peer without it cannot join. Empty: no authentication (standalone use on a trusted host).
-    The asyncrl launcher always sets one."""
+    The asyncrl launcher always sets one (never written: the saved config says `<set>`)."""
 
     parity_every: int = 1
     """Weight parity probe: every this many publishes (the first included), each server that loaded

@@ -4,8 +4,11 @@ Every frame a peer sends is checked before the sender sees it: exactly two parts
 payload), a routing id that is a receiver id (UTF-8, not ZeroMQ's generated `\\0...` one), at most
 `MAX_INBOUND` bytes, a strict `wire.decode`, and the sender's own checks (`admit`: is this peer a
 member, does this update / bucket exist). A frame that fails is counted by reason in `malformed`
-and dropped: nothing a stranger sends raises out of `recv`. Frames over
-`WeightsConfig.max_message_bytes` never reach it (ZeroMQ drops that peer, ZMQ_MAXMSGSIZE).
+and dropped: nothing a stranger sends raises out of `recv`. Frames over `SOCKET_INBOUND` (or
+`WeightsConfig.max_message_bytes` if smaller) never reach it: ZeroMQ drops that peer before it
+buffers the frame (ZMQ_MAXMSGSIZE), and that limit holds during the CURVE handshake too, so a peer
+without the secret makes the sender hold at most that much; a handshake not done within
+`HANDSHAKE_S` closes the connection.
 
 The socket binds `config.host` only, on a context of its own (one ZAP handler per context), and
 is a CURVE server when `config.secret` is set (`auth.py`).
@@ -25,6 +28,11 @@ from checkpoint_engine.wire import MAX_ID, Malformed, Message, decode, encode
 
 MAX_INBOUND = 64 << 10
 """Largest frame a receiver sends (Join, Ack, Nack are < 2 KiB); bigger ones are `oversized`."""
+SOCKET_INBOUND = 2 * MAX_INBOUND
+"""ZMQ_MAXMSGSIZE of the sender's socket: a receiver's frames are small (the sender sends the big
+ones), so a peer, before or after its handshake, is cut at this size."""
+HANDSHAKE_S = 10
+"""Seconds a connecting peer has to finish the ZeroMQ (CURVE) handshake."""
 LATE_BURST = 1000
 """Frames still read after a deadline passed, so a flood cannot hold the sender past it."""
 
@@ -47,7 +55,8 @@ class SenderSocket:
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.linger = 0
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted receiver takes over its identity
-        self.sock.maxmsgsize = config.max_message_bytes
+        self.sock.maxmsgsize = min(config.max_message_bytes, SOCKET_INBOUND)
+        self.sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_S * 1000)
         self.auth = CurveServer(self.ctx, self.sock, config.secret) if config.secret else None
         if config.port:
             self.sock.bind(f"tcp://{config.host}:{config.port}")

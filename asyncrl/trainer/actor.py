@@ -1,7 +1,8 @@
 """Ray shell of the trainer: one `TrainerWorker` actor per FSDP2 rank, and `TrainerGroup` to drive them.
 
 The worker only sets the torch.distributed environment (MASTER_ADDR / MASTER_PORT / RANK /
-WORLD_SIZE) and forwards verbs to a `TrainerRank` (`rank.py`), which reads its shard of each
+WORLD_SIZE, and `ASYNCRL_PG_KEY`: the group's random rendezvous prefix, so that a process reaching
+rank 0's store without it cannot join, `setup.rendezvous_store`) and forwards verbs to a `TrainerRank` (`rank.py`), which reads its shard of each
 batch from the data plane and, on rank 0, holds the weight plane's `Sender`. The group places
 the workers in one placement group (a bundle per rank: `trainer.cpus_per_rank` CPUs, plus
 `trainer.gpus_per_rank` GPUs when `trainer.device=cuda`, plus `trainer.ray_resources`) and fans every verb out to all ranks
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import secrets
 from typing import Any
 
 import ray
@@ -49,11 +51,15 @@ class TrainerRankShell:
         return ray.util.get_node_ip_address(), free_port()
 
     def setup(self, master_addr: str, master_port: int, model_path: str, engine_kwargs: dict[str, Any],
-              queue: dict[str, Any], weights: dict[str, Any] | None) -> dict[str, Any]:
+              queue: dict[str, Any], weights: dict[str, Any] | None, pg_key: str = "") -> dict[str, Any]:
+        from asyncrl.trainer.setup import PG_KEY_ENV
+
         os.environ.update(
             MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
             WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",  # Ray pins one GPU per actor: it is cuda:0 here
         )  # fmt: skip
+        if pg_key:  # every rank gets the same one from the group (without: torch's env:// rendezvous)
+            os.environ[PG_KEY_ENV] = pg_key
         from checkpoint_engine import WeightsConfig
         from transfer_queue import TransferQueueConfig, make_storage
 
@@ -134,7 +140,8 @@ class TrainerGroup:
         addr, port = ray.get(self.workers[0].rendezvous_address.remote())
         kwargs = dict(trainer=trainer, algorithm=algorithm, critic=critic, lora=lora, dtype=dtype, temperature=temperature, seed=seed)
         wcfg = dataclasses.asdict(weights) if weights is not None else None
-        infos = self._all("setup", addr, port, model_path, kwargs, dataclasses.asdict(queue), wcfg)
+        pg_key = secrets.token_hex(16)  # the process group's rendezvous prefix: only these ranks know it
+        infos = self._all("setup", addr, port, model_path, kwargs, dataclasses.asdict(queue), wcfg, pg_key)
         self.step: int = infos[0]["step"]
         """Trainer steps taken (the policy version), as of the last verb."""
         self.endpoints: list[str] = [i["endpoint"] for i in infos if i["endpoint"]]

@@ -6,6 +6,7 @@ a unit test, under `torchrun` and inside the Ray shell.
 
 from __future__ import annotations
 
+import datetime
 import math
 import os
 import socket
@@ -38,15 +39,55 @@ def pick_device(setting: str) -> torch.device:
     return dev
 
 
+PG_KEY_ENV = "ASYNCRL_PG_KEY"
+"""Environment variable the Ray shell sets to the run's random rendezvous prefix (`rendezvous_store`)."""
+
+
+def rendezvous_store(addr: str, port: int, rank: int, world_size: int, key: str, timeout_s: float = 1800.0) -> dist.Store:
+    """The process group's store: rank 0 hosts a TCPStore on `addr:port` only (its socket is bound here
+    and handed over; TCPStore alone listens on every interface), and every key lives under `key`, a
+    random prefix handed to the ranks by their launcher. The store itself authenticates nobody: a
+    process that reaches the port but lacks `key` cannot find the rendezvous keys (a TCPStore cannot
+    list them), so it cannot take a rank or read the ranks' addresses (or NCCL's unique id)."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if rank == 0:
+        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((addr, port))
+            sock.listen(512)
+        except OSError:
+            sock.close()
+            raise
+        store = dist.TCPStore(addr, port, world_size, is_master=True, wait_for_workers=False, timeout=timeout,
+                              master_listen_fd=sock.detach())
+    else:
+        store = dist.TCPStore(addr, port, world_size, is_master=False, timeout=timeout)
+    return dist.PrefixStore(key, store)
+
+
 def ensure_process_group(device: torch.device) -> bool:
-    """Use the existing process group, or start a 1-rank one; True if this call started it."""
+    """Use the existing process group, or start one; True if this call started it.
+
+    - one rank (no `RANK` / `MASTER_ADDR`): an in-process store (no TCPStore listens);
+    - the Ray shell (`ASYNCRL_PG_KEY` set): `rendezvous_store` on `MASTER_ADDR:MASTER_PORT`;
+    - torchrun (`RANK`, `MASTER_ADDR`, no key): torchrun's own rendezvous (its store is torchrun's).
+    """
     if dist.is_initialized():
         return False
     backend = "nccl" if device.type == "cuda" else "gloo"
-    if "RANK" in os.environ and "MASTER_ADDR" in os.environ:  # torchrun / the Ray shell
-        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+    device_id = device if device.type == "cuda" else None
+    if "RANK" in os.environ and "MASTER_ADDR" in os.environ:
+        key = os.environ.get(PG_KEY_ENV, "")
+        if key:
+            rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            store = rendezvous_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), rank, world, key)
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world, device_id=device_id)
+        else:
+            dist.init_process_group(backend, device_id=device_id)
     else:
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return True
 
 

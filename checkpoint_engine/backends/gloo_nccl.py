@@ -9,7 +9,15 @@ and the receive buffers live on `config.device`; the code path is otherwise iden
 Listeners bind `config.host` only: the store's socket is bound here and handed to the TCPStore
 (`master_listen_fd`; TCPStore itself would listen on every interface), and gloo's pair
 listener binds `config.host` on the sender and, on a receiver, the local address that routes
-to it. NCCL's own bootstrap listener follows `NCCL_SOCKET_IFNAME` (process-wide; not set here).
+to it. NCCL's own bootstrap listener follows `NCCL_SOCKET_IFNAME` (process-wide, read once by
+NCCL; not set here).
+
+The store has no authentication of its own (anyone who reaches its port may set and get keys),
+so every key the groups use lives under a random prefix of the sender's (`key`, 128 bits), handed
+to receivers in `Begin.info` over the control socket (CURVE with `secret`). A process that knows
+only the port cannot find the rendezvous keys (a TCPStore cannot list its keys), so it cannot take
+a rank in a group, read the members' addresses or NCCL's unique id (whose magic NCCL's bootstrap
+checks on every connection).
 
 Every wait is bounded by `timeout_s` on the host, whatever the backend: `wait()` on an NCCL work
 only orders streams, and a stream synchronize behind a broadcast a dead peer never joins would
@@ -33,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import secrets
 import socket
 import threading
 import time
@@ -76,8 +85,8 @@ def _watchdog_s(timeout_s: float) -> float:
 
 
 def _new_group(config: WeightsConfig, device: torch.device, store: dist.Store, epoch: int, rank: int,
-               world: int, bind: str):
-    prefixed = dist.PrefixStore(f"weights/epoch{epoch}", store)
+               world: int, bind: str, key: str = ""):
+    prefixed = dist.PrefixStore(f"{key}/weights/epoch{epoch}", store)
     if config.backend == "nccl":
         torch.cuda.set_device(device)
         opts = dist.ProcessGroupNCCL.Options()
@@ -177,17 +186,19 @@ class CollectiveSenderTransport(SenderTransport):
         self.store = dist.TCPStore(
             config.host, port, is_master=True, wait_for_workers=False,
             timeout=datetime.timedelta(seconds=config.timeout_s), master_listen_fd=fd)
+        self.key = secrets.token_hex(16)
+        """Prefix of every store key of this sender's groups: only who got `Begin.info` knows it."""
         self.slots = [torch.empty(config.bucket_bytes, dtype=torch.uint8, device=self.device)
                       for _ in range(2)]
         self.pg = None
 
     def begin_info(self) -> dict[str, Any]:
-        return {"host": self.config.host, "port": self.store.port}
+        return {"host": self.config.host, "port": self.store.port, "key": self.key}
 
     def form_group(self, epoch: int, world_size: int) -> None:
         abort_group(self.pg)  # the old group may name an evicted member
         self.pg = None
-        self.pg = _new_group(self.config, self.device, self.store, epoch, 0, world_size, self.config.host)
+        self.pg = _new_group(self.config, self.device, self.store, epoch, 0, world_size, self.config.host, self.key)
 
     def seal(self, meta: BucketMeta) -> None:
         sync_stream(self.device)  # the packer's copies into the slot are done before it is broadcast
@@ -211,10 +222,12 @@ class CollectiveReceiverTransport(ReceiverTransport):
         self.landing = torch.empty(config.bucket_bytes, dtype=torch.uint8, device=self.device)
         self.store: dist.TCPStore | None = None
         self.addr: tuple[str, int] | None = None
+        self.key = ""
         self.pg = None
 
     def attach(self, info: dict[str, Any]) -> None:
         addr = (info["host"], int(info["port"]))
+        self.key = str(info["key"])
         if addr != self.addr:
             self.store = dist.TCPStore(
                 addr[0], addr[1], is_master=False,
@@ -226,7 +239,7 @@ class CollectiveReceiverTransport(ReceiverTransport):
         abort_group(self.pg)
         self.pg = None
         self.pg = _new_group(self.config, self.device, self.store, epoch, rank, world_size,
-                             local_address(self.addr[0]))
+                             local_address(self.addr[0]), self.key)
 
     def recv(self, meta: BucketMeta) -> torch.Tensor:
         assert self.pg is not None, "form_group before recv"
