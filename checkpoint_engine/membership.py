@@ -10,7 +10,12 @@ Rules it owns (and nothing else decides them):
   *behind* and is re-synced by the next publish / `sync()` once it joins again;
 - liveness: a receiver evicted for a *timeout* is a *suspect*; a Join from it is not enough
   to take part again: it must answer a probe first (`Sender._admit`: Join -> Probe -> Pong), so a
-  peer that joins and then stays silent costs one timeout in all, not one per publish.
+  peer that joins and then stays silent costs one timeout in all, not one per publish;
+- newcomers: a receiver id that was not a member of the sender's first update and never
+  completed one takes part in a publish only when the caller names it (`receivers=`) or when
+  no established receiver is live (a fresh start); otherwise it is brought in by `Sender.sync()`. So a peer that joins under
+  a fresh id before every publish (ids cost nothing; any holder of the secret can make them) never
+  stalls a publish; it may cost a `sync()` one timeout per id.
 
 Example trace (timeout 2 s):
 
@@ -72,6 +77,9 @@ class Membership:
     def __init__(self) -> None:
         self.receivers: dict[str, ReceiverState] = {}
         self.version = -1
+        self.established: set[str] = set()
+        """Receiver ids that were members of the sender's first update or completed one since (kept
+        across evictions and re-joins)."""
 
     def join(self, receiver_id: str, version: int) -> None:
         """(Re)admit a receiver; it is behind until it acknowledges the current version."""
@@ -100,6 +108,22 @@ class Membership:
 
     def complete(self, receiver_id: str, version: int) -> None:
         self.receivers[receiver_id].version = version
+        self.established.add(receiver_id)
+
+    def start(self, members: list[str]) -> None:
+        """An update begins with `members`: the first one's members are established."""
+        if not self.established:
+            self.established.update(members)
+
+    def publishable(self) -> list[str]:
+        """Live receivers a publish that names none takes: the established ones, or every live one
+        when none of those is (before the first update, or after all of them left)."""
+        live = self.live()
+        return [r for r in live if r in self.established] or live
+
+    def newcomers(self) -> list[str]:
+        """Live receivers an unnamed publish leaves for `sync()`."""
+        return sorted(set(self.live()) - set(self.publishable()))
 
     def commit(self, version: int) -> None:
         self.version = max(self.version, version)

@@ -21,6 +21,10 @@ runs (`publish`, `sync`, `poll`, `wait_for`): it has no background thread.
 Nothing a peer sends can raise out of it: malformed frames (`control.py`) are counted in
 `stats()["malformed"]` and dropped, and only a joined member's acks count for an update.
 
+Newcomers (receiver ids not in the first update that never completed one) take part in a publish
+only when named; `sync()` brings them in (`Membership.publishable`): fresh ids cost an insider
+nothing, so they must not cost every publish a timeout.
+
 Liveness: a receiver evicted for a timeout is a suspect; when it joins again it is sent a
 `Probe` and takes part only once it answers (`Pong`), so a peer that keeps joining but never
 reads stalls one publish (one `timeout_s`), not every one:
@@ -227,12 +231,15 @@ class Sender:
     # ---- one update ----------------------------------------------------------------
     def publish(self, named_tensors: NamedTensors, version: int,
                 receivers: Iterable[str] | None = None) -> UpdateOutcome:
-        """Send `named_tensors` as `version` to every live receiver (or only to those of them in
-        `receivers`); returns once each one loaded it (its engine serves the new weights) or
-        was evicted. Receivers in `receivers` that are not live are reported as evicted."""
+        """Send `named_tensors` as `version` to every live receiver that was in the first update or completed one
+        (or, named, to those of `receivers` that are live); returns once each one loaded it (its
+        engine serves the new weights) or was evicted. Receivers in `receivers` that are not live
+        are reported as evicted. A newcomer (not in the first update, never completed one) is left
+        for `sync()` unless named (`Membership.publishable`)."""
         self.membership.check_next(version)
         self.poll()
-        members, absent = self._select(self.membership.live(), receivers)
+        candidates = self.membership.live() if receivers is not None else self.membership.publishable()
+        members, absent = self._select(candidates, receivers)
         out = self._run(named_tensors, version, members)
         out.evicted.update(absent)
         self.membership.commit(version)
@@ -275,6 +282,7 @@ class Sender:
         self._rejoined = set()
         self._shipped = -1
         members = list(members)
+        self.membership.start(members)
         outcome = UpdateOutcome(version)
         begin = Begin(uid, version, self.transport.begin_info())
         for rid in members:

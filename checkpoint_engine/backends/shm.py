@@ -1,7 +1,10 @@
 """`shm`: same-host transfer through two files in /dev/shm that the sender fills once.
 
 The sender creates and maps the two slots when it starts (removing the slot files of senders
-that were killed before closing theirs: `sweep_dead`); a receiver maps them on `Begin` and copies
+that were killed before closing theirs: `sweep_dead`; a sender holds a shared `flock` on its slots
+while it lives, so a slot file is removed only once an exclusive lock on it is granted, i.e. its
+owner is provably gone, whatever pid namespace it ran in, and only a file of this user); a
+receiver maps them on `Begin` and copies
 each bucket out (one memcpy per receiver, all receivers in parallel). The files are removed by
 `close`, or when the transport is collected, or at interpreter exit (`weakref.finalize`), so only
 a process killed outright (SIGKILL) leaves them, for the next sender's sweep. A receiver maps only
@@ -13,9 +16,12 @@ exits (Python < 3.13), which would break the sender whenever a receiver dies.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import mmap
 import os
 import re
+import stat
 import uuid
 import weakref
 from typing import Any
@@ -32,48 +38,68 @@ PREFIX = "asyncrl-weights-"
 _NAME = re.compile(PREFIX + r"\d+-[0-9a-f]{8}-[01]")
 
 
-def _map(path: str, size: int, create: bool) -> mmap.mmap:
-    flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+def _map(path: str, size: int, create: bool, lock: list[int] | None = None) -> mmap.mmap:
+    """Map `path` (`create`: a new 0600 file of `size` bytes); `lock`: keep the descriptor open there,
+    holding a shared flock (the owner's mark, dropped by the kernel when the process ends)."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT | os.O_EXCL if create else 0)
     fd = os.open(path, flags, 0o600)
     try:
         if create:
             os.ftruncate(fd, size)
-        return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        if lock is not None:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            lock.append(fd)
+            fd = -1
+        return mm
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
 
 
-def _unlink(paths: list[str]) -> None:
+def _unlink(paths: list[str], fds: list[int] | None = None) -> None:
     for p in paths:
         try:
             os.unlink(p)
         except FileNotFoundError:
             pass
+    for fd in fds or []:
+        os.close(fd)
+    if fds:
+        fds.clear()
 
 
 def sweep_dead(prefix: str = PREFIX) -> int:
-    """Remove slot files left by senders whose process is gone (killed before `close`); returns how
-    many. Receivers that mapped one keep their mapping; nobody can open it again."""
+    """Remove slot files of this user left by senders that are gone (killed before `close`): those
+    on which an exclusive flock is granted (a live sender holds a shared one); returns how many.
+    Receivers that mapped one keep their mapping; nobody can open it again."""
     removed = 0
     for name in os.listdir(SHM_DIR):
-        pid = name[len(prefix):].split("-", 1)[0] if name.startswith(prefix) else ""
-        if pid.isdigit() and not _alive(int(pid)):
+        if not name.startswith(prefix):
+            continue
+        path = os.path.join(SHM_DIR, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:  # gone, or not ours to read
+            continue
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+                continue
             try:
-                os.unlink(os.path.join(SHM_DIR, name))
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    continue  # its sender lives
+                raise
+            if os.path.samestat(st, os.lstat(path)):
+                os.unlink(path)
                 removed += 1
-            except FileNotFoundError:  # another sender swept it first
-                pass
+        except FileNotFoundError:  # another sender swept it first
+            pass
+        finally:
+            os.close(fd)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
 
 
 class ShmSenderTransport(SenderTransport):
@@ -83,8 +109,9 @@ class ShmSenderTransport(SenderTransport):
         size = config.bucket_bytes
         tag = f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.paths = [os.path.join(SHM_DIR, f"{tag}-{i}") for i in range(2)]
-        self._cleanup = weakref.finalize(self, _unlink, list(self.paths))  # also runs at exit
-        self._maps = [_map(p, size, create=True) for p in self.paths]
+        self._locks: list[int] = []
+        self._cleanup = weakref.finalize(self, _unlink, list(self.paths), self._locks)  # also runs at exit
+        self._maps = [_map(p, size, create=True, lock=self._locks) for p in self.paths]
         self.slots = [torch.from_numpy(np.frombuffer(m, dtype=np.uint8)) for m in self._maps]
 
     def begin_info(self) -> dict[str, Any]:
