@@ -50,7 +50,10 @@ class TransferQueueConfig:
     """Redis server of the `redis` backend."""
 
     run_id: str = "default"
-    """Namespace of every Redis key (`tq:<run_id>:...`), so runs never share state."""
+    """Namespace of the run's queue state: every Redis key (`tq:<run_id>:...`) and shm file (`tq-<run_id>-...`);
+    a handle of another run is refused and a sweep touches only this run's files. Processes of one queue
+    share it. asyncrl replaces `default` with the run's own (`<run name>-<8 hex>`, kept in the run
+    directory so that a resume finds it)."""
 
     storage_address: str = ""
     """ZeroMQ address of the `zmq` storage unit. Empty: start one in this process."""
@@ -84,10 +87,16 @@ class TransferQueueConfig:
     data_max_frame_bytes: int = (4 << 30) + (1 << 20)
     """ZMQ_MAXMSGSIZE of the `zmq` storage unit's sockets (one frame per tensor; >= `max_tensor_bytes`)."""
 
-    secret: str = ""
+    secret: str = field(default="", repr=False)
     """Per-run secret. Set: every listening socket of the package is a ZeroMQ CURVE server that admits
     only clients holding the same secret (keys derived in `transfer_queue/auth.py`). Empty: no
-    authentication, for standalone use on a trusted host."""
+    authentication, for standalone use on a trusted host. Never in a repr (nor in asyncrl's saved
+    config, which says `<set>`)."""
+
+    max_connections: int = 256
+    """Peers each listening socket of the package (controller service, zmq storage unit, arena free
+    endpoints) keeps at once; one more is disconnected at once (counted). With the small frames a
+    listener takes before a handshake (256 KiB), it bounds what strangers can make it hold."""
 
     max_blocking_ops: int = 32
     """Controller service: `get`s (and `put`s) that may wait (timeout > 0 or None) in flight at once,
@@ -136,5 +145,7 @@ class TransferQueueConfig:
             raise ValueError(f"queue.data_max_frame_bytes={self.data_max_frame_bytes}: must be >= queue.max_tensor_bytes")
         if not isinstance(self.secret, str):
             raise ValueError("queue.secret: must be a string ('' for none)")
+        if not 1 <= self.max_connections <= 65536:
+            raise ValueError(f"queue.max_connections={self.max_connections}: must be in [1, 65536]")
         if not 1 <= self.max_blocking_ops <= 4096:
             raise ValueError(f"queue.max_blocking_ops={self.max_blocking_ops}: must be in [1, 4096]")

@@ -24,7 +24,9 @@ Count = Annotated[int, msgspec.Meta(ge=1, le=MAX_COUNT)]
 Int = Annotated[int, msgspec.Meta(ge=0, le=MAX_INT)]
 Uids = Annotated[list[str], msgspec.Meta(max_length=MAX_COUNT)]
 ClientId = Text
-"""The caller (`host:pid` or its consumer id): who may act on records (`rules.may_act`)."""
+"""The caller: the token `hello` gave it (the service acts as the identity behind the token; with
+`queue.secret` an unknown token is refused), or, on a service without a secret, a name taken as given.
+Who may act on records: `rules.may_act`."""
 
 
 class _Args(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -90,6 +92,19 @@ class NoArgs(_Args):
     """`stats` and `info` take nothing."""
 
 
+class HelloArgs(_Args):
+    """`hello`: a client asks for its token; `name` (its consumer id) only labels the identity."""
+
+    name: ClientId
+
+
+class Hello(msgspec.Struct):
+    """The `hello` reply: the token to send as `client_id` / `consumer_id` from now on. Only this
+    connection saw it (CURVE encrypts it), so no other client can act as this one."""
+
+    token: str
+
+
 class Info(msgspec.Struct):
     """The `info` reply: how a client reaches this run's plane."""
 
@@ -128,10 +143,10 @@ class RawReply(msgspec.Struct):
 ARGS: dict[str, msgspec.msgpack.Decoder] = {
     "put": decoder(PutArgs), "update": decoder(UpdateArgs), "get": decoder(GetArgs), "ack": decoder(AckArgs),
     "nack": decoder(NackArgs), "drop": decoder(DropArgs), "renew": decoder(RenewArgs), "stats": decoder(NoArgs),
-    "info": decoder(NoArgs)}
+    "info": decoder(NoArgs), "hello": decoder(HelloArgs)}
 RESULTS: dict[str, msgspec.msgpack.Decoder] = {
     "put": decoder(None), "update": decoder(None), "get": decoder(Batch), "ack": decoder(int),
     "nack": decoder(int), "drop": decoder(int), "renew": decoder(bool), "stats": decoder(QueueStats),
-    "info": decoder(Info)}
+    "info": decoder(Info), "hello": decoder(Hello)}
 request_decoder = decoder(Request)
 reply_decoder = decoder(RawReply)

@@ -13,6 +13,18 @@ counts are rejected and counted); ops that change or finish records carry the ca
 `client_id` (ownership: `rules.may_act`); handles are typed per plane, then checked against
 the run's plane (`storage.handles`, `StoragePlane.verify`) before they are stored.
 
+Identities: a client's first call is `hello`, answered with a random token that only its (CURVE
+encrypted) connection saw; it sends that token as `client_id` (and a `get`'s `consumer_id`), and
+the service acts as the identity behind it (`<name>#<random>`), never as a name a message claims:
+with `queue.secret` an unknown token is refused (`rejected`). So a secret holder can act as a
+producer or consumer of its own, not as another client. Without a secret (a trusted host) a
+client_id that is no token is taken as given. The free capability of a handle (`handles.without_free`)
+goes only to the client that put it: other consumers get copies they can read but not free.
+
+A request may arrive cut in parts (`auth.parts`; the listener takes frames of at most
+`auth.LISTEN_FRAME_BYTES`, before and after the handshake): the parts are joined, at most
+`queue.max_message_bytes` in all (the rest of a longer request is drained and the request rejected).
+
 Workers: `get` and `put` calls that may wait (timeout > 0 or nil) run in two pools of
 `queue.max_blocking_ops` threads each; one more such call is refused at once
 (`BusyError`, counted in `stats().busy`). Every other op runs on a small separate pool,
@@ -30,6 +42,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import secrets
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -43,11 +56,14 @@ from transfer_queue.codec import WireError, decode, pack
 from transfer_queue.config import TransferQueueConfig
 from transfer_queue.metadata.base import GetRequest, MetadataStore, default_consumer_id
 from transfer_queue.metadata.memory import MemoryController
-from transfer_queue.protocol import (ARGS, RESULTS, AckArgs, DropArgs, GetArgs, Info, NackArgs, PutArgs, Reply,
-                                     UpdateArgs, reply_decoder, request_decoder)
+from transfer_queue.protocol import (ARGS, RESULTS, AckArgs, DropArgs, GetArgs, Hello, HelloArgs, Info, NackArgs,
+                                     PutArgs, Reply, UpdateArgs, reply_decoder, request_decoder)
 from transfer_queue.records import Batch, QueueStats, SampleMeta
 from transfer_queue.storage import make_storage
-from transfer_queue.storage.handles import Handle
+from transfer_queue.storage.handles import Handle, identity, without_free
+
+MAX_CLIENTS = 1 << 16
+"""Tokens a service hands out (`hello`) at most; one more is refused (`BusyError`)."""
 
 _ERRORS: dict[str, type[Exception]] = {"ValueError": ValueError, "KeyError": KeyError, "TimeoutError": TimeoutError,
                                        "WireError": WireError, "PermissionError": PermissionError}
@@ -67,17 +83,19 @@ class ControllerService:
         self.config = config
         self.plane = make_storage(config)  # checks and frees handles; for `zmq` it also hosts the storage unit
         self.controller = MemoryController(config.capacity, config.consumer_groups, config.lease_timeout_s,
-                                           on_free=self.plane.free)
+                                           on_free=self._freed)
         self.rejected = 0
         self.busy = 0
         self._count_lock = threading.Lock()
+        self._clients: dict[str, str] = {}
+        """hello token -> the identity the service acts as for it."""
+        self._owners: dict[tuple, str] = {}
+        """Memory of a live record (`handles.identity`) -> the identity that put it (the one client
+        whose `get`s keep the handle's free capability)."""
         self._ctx = zmq.Context()
-        self.gate = auth.Gate(self._ctx, config.secret)
+        self.gate = auth.Gate(self._ctx, config.secret, config.max_connections)
         self._sock = self.gate.server(self._ctx.socket(zmq.ROUTER), config.max_frame_bytes)
-        if port:
-            self._sock.bind(f"tcp://{config.bind_host}:{port}")
-        else:
-            port = self._sock.bind_to_random_port(f"tcp://{config.bind_host}")
+        port = self.gate.bind(self._sock, config.bind_host, port)
         self.address = f"tcp://{config.bind_host}:{port}"
         self._inproc = f"inproc://tq-replies-{id(self)}"
         self._replies = self._ctx.socket(zmq.PULL)
@@ -92,7 +110,7 @@ class ControllerService:
         self._in_flight = {name: 0 for name in self._pools}
         self._ops: dict[str, Callable[[Any], Any]] = {
             "put": self._put, "update": self._update, "get": self._get, "ack": self._ack, "nack": self._nack,
-            "drop": self._drop, "renew": self._renew, "stats": self._stats, "info": self._info}
+            "drop": self._drop, "renew": self._renew, "stats": self._stats, "info": self._info, "hello": self._hello}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tq-ctl-loop", daemon=True)
         self._thread.start()
@@ -107,13 +125,12 @@ class ControllerService:
                 if sock is self._replies:
                     self._sock.send_multipart(self._replies.recv_multipart())
                     continue
-                frames = self._sock.recv_multipart()
-                ident, body = frames[0], frames[1:]
+                ident, body = self._recv_request()
                 rid = -1
                 try:
-                    if len(body) != 1:
-                        raise WireError(f"expected 1 frame, got {len(body)}")
-                    req = decode(request_decoder, body[0], self.config.max_message_bytes, "request")
+                    if body is None:
+                        raise WireError(f"request over queue.max_message_bytes={self.config.max_message_bytes}")
+                    req = decode(request_decoder, body, self.config.max_message_bytes, "request")
                     if req.op not in self._ops:
                         raise WireError(f"unknown op {req.op!r}")
                     rid = req.id
@@ -137,6 +154,20 @@ class ControllerService:
         self._sock.close(0)
         self._replies.close(0)
 
+    def _recv_request(self) -> tuple[bytes, bytes | None]:
+        """(routing id, the request's parts joined), or None for a request over `queue.max_message_bytes`
+        (its remaining parts are read and dropped, never kept)."""
+        ident = self._sock.recv()
+        parts: list[bytes] = []
+        size, over = 0, False
+        while self._sock.getsockopt(zmq.RCVMORE):
+            part = self._sock.recv()
+            size += len(part)
+            over = over or size > self.config.max_message_bytes
+            if not over:
+                parts.append(part)
+        return ident, None if over else b"".join(parts)
+
     def _count(self, what: str) -> None:
         with self._count_lock:
             setattr(self, what, getattr(self, what) + 1)
@@ -158,39 +189,85 @@ class ControllerService:
         out.send_multipart([ident, pack(rep)])
 
     # ---- ops: arguments arrive typed (protocol.ARGS); what a type cannot say is checked here -----
+    def _hello(self, a: HelloArgs) -> Hello:
+        with self._count_lock:
+            if len(self._clients) >= MAX_CLIENTS:
+                raise BusyError(f"busy: {MAX_CLIENTS} clients already said hello")
+            token = secrets.token_urlsafe(24)
+            self._clients[token] = f"{a.name}#{secrets.token_hex(8)}"
+        return Hello(token)
+
+    def _who(self, client: str) -> str:
+        """The identity behind a `hello` token; with a secret nothing else is anyone."""
+        who = self._clients.get(client)
+        if who is not None:
+            return who
+        if self.config.secret:
+            raise WireError("unknown client token (a client says hello first; names are not identities)")
+        return client  # no secret: a trusted host, the name is taken as given
+
     def _put(self, a: PutArgs) -> None:
         if len(a.samples) > self.config.capacity:
             raise WireError(f"put: number of samples must be an integer in [0, {self.config.capacity}], got {len(a.samples)}")
+        who = self._who(a.client_id)
         for smp in a.samples:
             smp.handles = self._checked(smp.handles)
-        self.controller.put(a.samples, a.timeout, a.client_id)
+        self.controller.put(a.samples, a.timeout, who)
+        self._own([h for smp in a.samples for h in smp.handles.values()], who)
 
     def _update(self, a: UpdateArgs) -> None:
-        self.controller.update(a.uid, self._checked(a.handles), a.meta, a.seal, a.client_id)
+        who = self._who(a.client_id)
+        handles = self._checked(a.handles)
+        self.controller.update(a.uid, handles, a.meta, a.seal, who)
+        self._own(list(handles.values()), who)
 
     def _checked(self, handles: dict[str, Handle]) -> dict[str, Handle]:
         return {name: self.plane.check(h) for name, h in handles.items()}
 
+    def _own(self, handles: list[Handle], who: str) -> None:
+        for h in handles:
+            i = identity(h)
+            if i is not None:
+                self._owners[i] = who
+
+    def _freed(self, handles: list[Any]) -> None:
+        for h in handles:
+            i = identity(h)
+            if i is not None:
+                self._owners.pop(i, None)
+        self.plane.free(handles)
+
     def _get(self, a: GetArgs) -> Batch:
+        a.consumer_id = self._who(a.consumer_id)
         try:
             req = GetRequest(**msgspec.structs.asdict(a))
         except (TypeError, ValueError) as e:
             raise WireError(f"get request: {e}") from e
         if (req.num_groups or 0) > self.config.capacity or (req.num_samples or 0) > self.config.capacity:
             raise WireError(f"get: batch size exceeds queue.capacity={self.config.capacity}")
-        return self.controller.get(req)
+        batch = self.controller.get(req)
+        return msgspec.structs.replace(batch, samples=self._readable(batch.samples, a.consumer_id),
+                                       stale=self._readable(batch.stale, a.consumer_id))
+
+    def _readable(self, samples: list[SampleMeta], who: str) -> list[SampleMeta]:
+        """`samples` as `who` may see them: the free capability only of handles it put itself."""
+        out = []
+        for s in samples:
+            handles = {n: h if self._owners.get(identity(h)) == who else without_free(h) for n, h in s.handles.items()}
+            out.append(s if handles == s.handles else msgspec.structs.replace(s, handles=handles))
+        return out
 
     def _ack(self, a: AckArgs) -> int:
-        return self.controller.ack(a.consumer, a.uids, a.client_id)
+        return self.controller.ack(a.consumer, a.uids, self._who(a.client_id))
 
     def _nack(self, a: NackArgs) -> int:
-        return self.controller.nack(a.consumer, a.lease_id, a.uids, a.client_id)
+        return self.controller.nack(a.consumer, a.lease_id, a.uids, self._who(a.client_id))
 
     def _drop(self, a: DropArgs) -> int:
-        return self.controller.drop(a.consumer, a.uids, a.cause, a.client_id)
+        return self.controller.drop(a.consumer, a.uids, a.cause, self._who(a.client_id))
 
     def _renew(self, a: NackArgs) -> bool:
-        return self.controller.renew(a.consumer, a.lease_id, a.uids, a.client_id)
+        return self.controller.renew(a.consumer, a.lease_id, a.uids, self._who(a.client_id))
 
     def _stats(self, a: Any) -> QueueStats:
         s = self.controller.stats()
@@ -230,7 +307,21 @@ class RemoteController(MetadataStore):
         self._ids = itertools.count(1)
         self._grace_ms = int(rpc_grace_s * 1000)
         self._secret, self._max_frame = secret, max_frame_bytes
+        self._tokens: dict[str, str] = {}
+        """This process's client ids -> the tokens the service gave them (`hello`)."""
+        self._tokens_lock = threading.Lock()
         self.consumer_groups = self.call("info", {}).consumer_groups
+
+    def token(self, client_id: str) -> str:
+        """The service's token for `client_id` (asked for once, with `hello`)."""
+        client_id = client_id or default_consumer_id()
+        with self._tokens_lock:
+            token = self._tokens.get(client_id)
+        if token is None:
+            token = self.call("hello", HelloArgs(name=client_id)).token
+            with self._tokens_lock:
+                token = self._tokens.setdefault(client_id, token)
+        return token
 
     def call(self, op: str, args: Any, timeout: float | None = 0.0) -> Any:
         """One op; `args` a map or that op's args Struct; returns the op's typed result."""
@@ -241,7 +332,7 @@ class RemoteController(MetadataStore):
             sock.connect(self.address)
             self._socks.append(sock)
         rid = next(self._ids)
-        sock.send(pack({"id": rid, "op": op, "args": args}))
+        sock.send_multipart(auth.parts(pack({"id": rid, "op": op, "args": args})), copy=False)
         wait = None if timeout is None else int(timeout * 1000) + self._grace_ms
         while True:
             if not sock.poll(wait):
@@ -254,29 +345,31 @@ class RemoteController(MetadataStore):
         return decode(RESULTS[op], rep.result, self._max_frame, f"{op} reply") if op in RESULTS else rep.result
 
     def put(self, samples: list[SampleMeta], timeout: float | None = None, client_id: str = "") -> None:
-        self.call("put", PutArgs(samples=samples, timeout=timeout, client_id=client_id or default_consumer_id()), timeout)
+        self.call("put", PutArgs(samples=samples, timeout=timeout, client_id=self.token(client_id)), timeout)
 
     def update(self, uid: str, handles: dict, meta: dict | None = None, seal: bool = True, client_id: str = "") -> None:
         self.call("update", {"uid": uid, "handles": handles, "meta": meta or {}, "seal": seal,
-                             "client_id": client_id or default_consumer_id()})
+                             "client_id": self.token(client_id)})
 
     def get(self, req: GetRequest) -> Batch:
-        return self.call("get", req.to_wire(), req.timeout)
+        wire = req.to_wire()
+        wire["consumer_id"] = self.token(req.consumer_id)
+        return self.call("get", wire, req.timeout)
 
     def ack(self, consumer: str, uids: list[str], client_id: str = "") -> int:
-        return self.call("ack", {"consumer": consumer, "uids": uids, "client_id": client_id or default_consumer_id()})
+        return self.call("ack", {"consumer": consumer, "uids": uids, "client_id": self.token(client_id)})
 
     def nack(self, consumer: str, lease_id: str, uids: list[str], client_id: str = "") -> int:
         return self.call("nack", {"consumer": consumer, "lease_id": lease_id, "uids": uids,
-                                  "client_id": client_id or default_consumer_id()})
+                                  "client_id": self.token(client_id)})
 
     def drop(self, consumer: str, uids: list[str], cause: str, client_id: str = "") -> int:
         return self.call("drop", {"consumer": consumer, "uids": uids, "cause": cause,
-                                  "client_id": client_id or default_consumer_id()})
+                                  "client_id": self.token(client_id)})
 
     def renew(self, consumer: str, lease_id: str, uids: list[str], client_id: str = "") -> bool:
         return self.call("renew", {"consumer": consumer, "lease_id": lease_id, "uids": uids,
-                                   "client_id": client_id or default_consumer_id()})
+                                   "client_id": self.token(client_id)})
 
     def stats(self) -> QueueStats:
         return self.call("stats", {})
@@ -297,9 +390,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--consumer-groups", default="trainer")
     p.add_argument("--lease-timeout-s", type=float, default=60.0)
     p.add_argument("--run-id", default="default")
+    p.add_argument("--max-connections", type=int, default=256)
     a = p.parse_args(argv)
     cfg = TransferQueueConfig(storage=a.storage, capacity=a.capacity, bind_host=a.bind_host, run_id=a.run_id,
-                              consumer_groups=a.consumer_groups.split(","), lease_timeout_s=a.lease_timeout_s)
+                              consumer_groups=a.consumer_groups.split(","), lease_timeout_s=a.lease_timeout_s,
+                              max_connections=a.max_connections)
     cfg.secret = os.environ.get("TQ_SECRET", "")  # never on the command line (visible to every user in ps)
     svc = ControllerService(cfg, port=a.port)
     print(svc.address, flush=True)

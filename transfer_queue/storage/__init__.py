@@ -9,7 +9,7 @@ from transfer_queue.storage.base import Handle, StoragePlane, inline_bytes
 def make_storage(config: TransferQueueConfig, storage_address: str | None = None) -> StoragePlane:
     """The plane named by `config.storage`; heavy imports (zmq, nixl) only for the chosen one."""
     kw = {"max_tensor_bytes": config.max_tensor_bytes, "inline_max_bytes": config.inline_max_bytes,
-          "secret": config.secret, "max_frame_bytes": config.max_frame_bytes}
+          "secret": config.secret, "max_frame_bytes": config.max_frame_bytes, "max_connections": config.max_connections}
     if config.storage == "local":
         from transfer_queue.storage.local import LocalStorage
 
@@ -18,7 +18,7 @@ def make_storage(config: TransferQueueConfig, storage_address: str | None = None
         from transfer_queue.storage.shm import ShmStorage
 
         return ShmStorage(shm_dir=config.shm_dir, run_id=config.run_id, arena_bytes=config.shm_arena_bytes,
-                          bind_host=config.bind_host, **kw)
+                          bind_host=config.bind_host, sweep_arenas=config.metadata == "memory", **kw)
     if config.storage == "zmq":
         from transfer_queue.storage.zmq import ZmqStorage
 

@@ -34,6 +34,8 @@ _frees = decoder(list[tuple[U63, U63, U63]])
 """A free message: [[offset, nbytes, slot], ...]."""
 
 ALIGN = 256
+FREES_PER_MESSAGE = 4096
+"""Slots per free message (~30 bytes each: well under a listener's frame limit, `auth.LISTEN_FRAME_BYTES`)."""
 
 
 def aligned(n: int) -> int:
@@ -99,11 +101,11 @@ class FreeEndpoint:
     Malformed messages are counted in `rejected` and ignored (refused releases: `Arena.rejected`)."""
 
     def __init__(self, release: Callable[[int, int, int], bool], bind_host: str, secret: str = "",
-                 max_frame_bytes: int = 1 << 24) -> None:
+                 max_frame_bytes: int = 1 << 24, max_connections: int = auth.MAX_CONNECTIONS) -> None:
         self._ctx = zmq.Context()
-        self.gate = auth.Gate(self._ctx, secret)
+        self.gate = auth.Gate(self._ctx, secret, max_connections)
         sock = self.gate.server(self._ctx.socket(zmq.PULL), max_frame_bytes)
-        self.address = f"tcp://{bind_host}:{sock.bind_to_random_port(f'tcp://{bind_host}')}"
+        self.address = f"tcp://{bind_host}:{self.gate.bind(sock, bind_host)}"
         self.rejected = 0
         self._release = release
         self._stop = threading.Event()
@@ -153,10 +155,12 @@ class FreeSender:
                     s.setsockopt(zmq.LINGER, 2000)
                     s.connect(addr)
                     self._socks[addr] = s
-                try:
-                    self._socks[addr].send(pack(offs), zmq.NOBLOCK)
-                except zmq.Again:
-                    self.undelivered += len(offs)
+                for i in range(0, len(offs), FREES_PER_MESSAGE):  # each message fits the endpoint's frame limit
+                    some = offs[i:i + FREES_PER_MESSAGE]
+                    try:
+                        self._socks[addr].send(pack(some), zmq.NOBLOCK)
+                    except zmq.Again:
+                        self.undelivered += len(some)
 
     def close(self) -> None:
         with self._lock:

@@ -32,13 +32,15 @@ class StoragePlane(ABC):
     included): what a process that must never receive trajectory tensors checks."""
 
     def __init__(self, inline_max_bytes: int = 1024, max_tensor_bytes: int = 4 << 30, secret: str = "",
-                 max_frame_bytes: int = 64 << 20) -> None:
+                 max_frame_bytes: int = 64 << 20, max_connections: int = 256) -> None:
         self.inline_max_bytes = inline_max_bytes
         self.max_tensor_bytes = max_tensor_bytes
         self.secret = secret
         """`queue.secret`: CURVE keys of every socket this plane opens ('' for none)."""
         self.max_frame_bytes = max_frame_bytes
         """`queue.max_frame_bytes`: limit of this plane's control sockets (free endpoints)."""
+        self.max_connections = max_connections
+        """`queue.max_connections`: peers each listener this plane opens keeps at once."""
 
     def check(self, h: Any) -> Handle:
         """`h` (typed) if it is a well-formed handle of this plane (or inline) that `verify` accepts; else WireError."""
@@ -67,7 +69,7 @@ class StoragePlane(ABC):
     def read(self, handles: list[Handle]) -> list[np.ndarray]:
         """Arrays for `handles`, in order; views of plane memory where possible."""
         out: list[np.ndarray | None] = [None] * len(handles)
-        handles = [check_handle(h, self.kind, self.max_tensor_bytes) for h in handles]
+        handles = [check_handle(h, self.kind, self.max_tensor_bytes, owned=False) for h in handles]
         remote = []
         for i, h in enumerate(handles):
             if isinstance(h, InlineHandle):

@@ -10,6 +10,12 @@ header must be consistent. `identity` names the memory a handle refers to, so th
 refuse a second live record that points at memory a first one already holds (a forged or replayed
 handle).
 
+A handle may carry the capability to *free* its memory: an arena slot's `slot` number and `free`
+address (shm, nixl), a zmq key's `token`. The producer and the metadata holder keep it; the
+copies the memory service hands to other consumers do not (`without_free`): a consumer reads
+with them but cannot free (or make the producer reuse) memory it does not own. `check_handle`
+asks for the capability where a handle is stored (`owned=True`, at `put`), not where it is read.
+
 Whether the memory was really allocated by that plane's producer is checked where the
 memory lives: a storage unit or arena releases only allocations it made itself
 (`arena.Arena.release`, `zmq.ZmqStorageUnit`), and `StoragePlane.verify` checks what the
@@ -105,6 +111,8 @@ class ZmqHandle(_HandleBase, frozen=True, tag="zmq"):
 
     address: Address
     key: Name
+    token: Annotated[bytes, msgspec.Meta(max_length=64)] | None = None
+    """The unit's free token for `key` (what its `put` was answered with); absent in a consumer's copy."""
 
 
 class NixlHandle(_HandleBase, frozen=True, tag="nixl"):
@@ -116,8 +124,9 @@ class NixlHandle(_HandleBase, frozen=True, tag="nixl"):
     descs: bytes
     addr: U63
     offset: U63
-    free: Address
-    slot: U63
+    free: Address | None = None
+    """The producer's free endpoint (absent in a consumer's copy, with `slot`)."""
+    slot: U63 | None = None
 
 
 Handle = Union[InlineHandle, LocalHandle, ShmHandle, ZmqHandle, NixlHandle]
@@ -133,16 +142,31 @@ def as_handle(h: Any) -> Handle:
         raise WireError(f"handle: {e}") from None
 
 
-def check_handle(h: Any, plane: str, max_tensor_bytes: int) -> Handle:
-    """`h` (typed) if it is a well-formed handle of `plane` (or inline); WireError naming what is wrong."""
+def check_handle(h: Any, plane: str, max_tensor_bytes: int, owned: bool = True) -> Handle:
+    """`h` (typed) if it is a well-formed handle of `plane` (or inline); WireError naming what is wrong.
+    `owned` (where a handle is stored): an arena slot must carry its free capability; a handle only
+    read (a consumer's copy) need not."""
     h = as_handle(h)
     if h.plane not in ("inline", plane):
         raise WireError(f"handle of plane {h.plane!r}: this queue's plane is {plane!r} (queue.storage)")
-    if isinstance(h, ShmHandle) and ((h.offset is None) != (h.slot is None) or (h.offset is None) != (h.free is None)):
+    if isinstance(h, ShmHandle) and (h.slot is None) != (h.free is None):
+        raise WireError(f"shm handle: slot and free come together (fields {h.keys()})")
+    if isinstance(h, ShmHandle) and (h.slot is not None or owned) and (h.offset is None) != (h.slot is None):
         raise WireError(f"shm handle: offset, slot and free come together (fields {h.keys()})")
+    if isinstance(h, NixlHandle) and (h.slot is None) != (h.free is None) or owned and isinstance(h, NixlHandle) and h.slot is None:
+        raise WireError(f"nixl handle: slot and free come together (fields {h.keys()})")
     _, _, n = check_header(h, max_tensor_bytes)
     if isinstance(h, InlineHandle) and len(h.data) != n:
         raise WireError(f"inline handle: {len(h.data)} data bytes, header says {n}")
+    return h
+
+
+def without_free(h: Handle) -> Handle:
+    """`h` without its free capability (arena `slot` and `free`, zmq `token`): a consumer's copy."""
+    if isinstance(h, (ShmHandle, NixlHandle)) and h.slot is not None:
+        return msgspec.structs.replace(h, slot=None, free=None)
+    if isinstance(h, ZmqHandle) and h.token is not None:
+        return msgspec.structs.replace(h, token=None)
     return h
 
 

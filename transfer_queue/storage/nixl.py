@@ -69,7 +69,8 @@ class NixlStorage(StoragePlane):
             agent = self._agent_()
             agent.register_memory(agent.get_reg_descs([(arena.buf.ctypes.data, len(arena.buf), 0, "")], "DRAM"))
             self._meta = agent.get_agent_metadata()
-            self._endpoint = FreeEndpoint(arena.release, self.bind_host, self.secret, self.max_frame_bytes)
+            self._endpoint = FreeEndpoint(arena.release, self.bind_host, self.secret, self.max_frame_bytes,
+                                              self.max_connections)
             self._arena = arena
         return self._arena
 
@@ -125,7 +126,8 @@ class NixlStorage(StoragePlane):
     def _free(self, handles: list[Handle]) -> None:
         slots: dict[str, list[list[int]]] = {}
         for h in handles:
-            slots.setdefault(h.free, []).append([h.offset, h.nbytes, h.slot])
+            if h.slot is not None:  # a consumer's copy (no free capability) frees nothing
+                slots.setdefault(h.free, []).append([h.offset, h.nbytes, h.slot])
         self._sender.send(slots)
 
     def arena_used(self) -> int:

@@ -15,14 +15,20 @@ view is valid until the batch is acked; copy what you keep longer. It does not u
 creating process exits.
 
 Cleanup: a producer's arena file is removed when the producer closes its plane or exits
-(`weakref.finalize`, which also runs at interpreter exit), and a producer that creates its
-arena first removes this run's arena files whose owner pid (in the name
-`tq-<run>-<pid>-<rand>-arena`) is dead. One-file-per-tensor segments are meant to outlive
-their producer; `sweep()` removes those when asked.
+(`weakref.finalize`, which also runs at interpreter exit). A producer holds a shared `flock` on
+its arena for as long as it lives (the kernel drops it when the process dies, whatever pid
+namespace it ran in), so an arena is provably orphaned when an exclusive lock on it is granted:
+a producer that creates its arena first removes this run's orphaned arenas of this user
+(`tq-<run>-<pid>-<rand>-arena`), never another run's, a live one or another user's; it does not
+when the queue's metadata is durable (`sweep_arenas=False`, the `redis` backend: records there may
+still name an orphan's slots). One-file-per-tensor segments are meant to outlive their producer;
+`sweep()` removes this run's (of this user, whose writer pid is gone) when asked.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import itertools
 import mmap
 import os
@@ -42,8 +48,10 @@ class ShmStorage(StoragePlane):
     kind = "shm"
 
     def __init__(self, shm_dir: str = "/dev/shm", run_id: str = "default", arena_bytes: int = 1 << 30,
-                 bind_host: str = "127.0.0.1", timeout_s: float = 120.0, **kw) -> None:
+                 bind_host: str = "127.0.0.1", timeout_s: float = 120.0, sweep_arenas: bool = True, **kw) -> None:
         super().__init__(**kw)
+        self.sweep_arenas = sweep_arenas
+        """Remove this run's orphaned arenas when this producer's arena is created (not with durable metadata)."""
         self.dir = shm_dir
         self.run_prefix = f"tq-{run_id}-"
         self.prefix = f"{self.run_prefix}{os.getpid()}-{os.urandom(3).hex()}-"
@@ -59,23 +67,32 @@ class ShmStorage(StoragePlane):
     def _producer_arena(self) -> Arena:
         with self._lock:
             if self._arena is None:
-                self.sweep(arenas_only=True)
+                if self.sweep_arenas:
+                    self.sweep(arenas_only=True)
                 self._arena_path = os.path.join(self.dir, f"{self.prefix}arena")
-                mm = self._create(self._arena_path, self.arena_bytes)
-                self._finalizer = weakref.finalize(self, _unlink, self._arena_path)
+                mm, lock_fd = self._create(self._arena_path, self.arena_bytes, keep_fd=True)
+                fcntl.flock(lock_fd, fcntl.LOCK_SH)  # held until this process ends: the arena is not an orphan
+                self._finalizer = weakref.finalize(self, _unlink, self._arena_path, lock_fd)
                 arena = Arena(np.frombuffer(mm, dtype=np.uint8), "queue.shm_arena_bytes")
-                self._endpoint = FreeEndpoint(arena.release, self.bind_host, self.secret, self.max_frame_bytes)
+                self._endpoint = FreeEndpoint(arena.release, self.bind_host, self.secret, self.max_frame_bytes,
+                                              self.max_connections)
                 self._arena = arena
             return self._arena
 
     @staticmethod
-    def _create(path: str, n: int) -> mmap.mmap:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    def _create(path: str, n: int, keep_fd: bool = False):
+        """A new 0600 file of `n` bytes, mapped; with `keep_fd` also its open descriptor (the caller's)."""
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             os.ftruncate(fd, n)
-            return mmap.mmap(fd, n)
-        finally:
+            mm = mmap.mmap(fd, n)
+        except BaseException:
             os.close(fd)
+            raise
+        if keep_fd:
+            return mm, fd
+        os.close(fd)
+        return mm
 
     def _write(self, uid: str, arrays: dict[str, tuple[np.ndarray, str]]) -> dict[str, Handle]:
         out = {}
@@ -147,7 +164,8 @@ class ShmStorage(StoragePlane):
         slots: dict[str, list[list[int]]] = {}
         for h in handles:
             if h.offset is not None:
-                slots.setdefault(h.free, []).append([h.offset, h.nbytes, h.slot])
+                if h.slot is not None:  # a consumer's copy (no free capability) frees nothing
+                    slots.setdefault(h.free, []).append([h.offset, h.nbytes, h.slot])
                 continue
             if self._path(h).endswith("-arena"):
                 continue  # an arena is removed by its producer only
@@ -173,12 +191,25 @@ class ShmStorage(StoragePlane):
         return sum(e.stat().st_blocks * 512 for e in os.scandir(self.dir) if e.name.startswith(self.run_prefix))
 
     def sweep(self, arenas_only: bool = False) -> int:
-        """Remove this run's files left by producers that are gone (a killed process cannot unlink
-        its arena); returns how many. Call it when nothing of the run's queue will be read again
-        (`arenas_only`: only arenas, whose slots can never be freed once their producer is gone)."""
+        """Remove this run's files, of this user, left by producers that are gone (a killed process
+        cannot unlink its arena); returns how many. An arena goes only when its owner provably is
+        gone (an exclusive `flock` on it is granted: its producer held a shared one while it lived);
+        a one-file segment (not `arenas_only`) when the pid in its name is not alive. Call the full
+        sweep when nothing of the run's queue will be read again (`arenas_only`: only arenas, whose
+        slots can never be freed once their producer is gone)."""
         removed = 0
         for e in os.scandir(self.dir):
-            if not e.name.startswith(self.run_prefix) or (arenas_only and not e.name.endswith("-arena")):
+            arena = e.name.endswith("-arena")
+            if not e.name.startswith(self.run_prefix) or (arenas_only and not arena):
+                continue
+            try:
+                st = e.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+                continue  # another user's file (root could unlink it in /dev/shm): never ours to remove
+            if arena:
+                removed += _unlink_orphan(e.path)
                 continue
             pid = e.name[len(self.run_prefix):].split("-", 1)[0]
             if pid.isdigit() and not _alive(int(pid)):
@@ -204,11 +235,37 @@ class ShmStorage(StoragePlane):
         return self._endpoint.rejected + self._arena.rejected
 
 
-def _unlink(path: str) -> None:
+def _unlink(path: str, fd: int = -1) -> None:
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
+    if fd >= 0:
+        os.close(fd)  # drops this producer's lock
+
+
+def _unlink_orphan(path: str) -> int:
+    """Remove the arena at `path` if no process holds its lock (its producer is gone): 1, else 0."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return 0  # its producer lives (maybe in another pid namespace)
+        raise
+    try:
+        if os.path.samestat(os.fstat(fd), os.lstat(path)):  # still the file we locked
+            os.unlink(path)
+            return 1
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(fd)
+    return 0
 
 
 def _alive(pid: int) -> bool:

@@ -8,16 +8,24 @@ below its `COPY_THRESHOLD`, 64 KiB, anyway) and returns arrays that are views of
 received frames.
 
 Wire (after the ROUTER identity): [msgpack header, data frame, ...]; header `UnitRequest`
-`{"op": "put"|"get"|"free"|"stats", "keys": [...]}`, reply `UnitReply`. Anything else (garbage, truncated,
-too many or too big frames) is rejected, counted in `rejected`, and answered with an error.
+`{"op": "put"|"get"|"free"|"stats", "keys": [...], "parts": [...], "tokens": [...]}`, reply
+`UnitReply`. A tensor travels as `parts[i]` consecutive data frames (one when `parts` is absent) of
+at most `auth.PART_BYTES` each: the unit is a listener, whose frames are cut small before any
+handshake (`auth.LISTEN_FRAME_BYTES`); a single-part tensor is read back as a view of its frame,
+a larger one is joined into one buffer (one copy). Anything else (garbage, truncated, too many or
+too big frames) is rejected, counted in `rejected`, and answered with an error.
 The unit holds each key once: a `put` under a key it already holds is refused (nobody
-overwrites a record's bytes), and a `free` of a key it does not hold frees nothing and is
-counted. Frames over `queue.data_max_frame_bytes` close the sender's connection before they
-are buffered; with `queue.secret` the unit is a CURVE server (see `transfer_queue/auth.py`).
+overwrites a record's bytes). A `put` is answered with one `token` per key (an HMAC of the key
+under the unit's own random key): the free capability, kept in the producer's handle (and the
+metadata holder's copy) but not in the copies consumers get (`handles.without_free`). A `free`
+frees only keys it names with their token; a key it does not hold, or a wrong token, frees
+nothing and is counted. With `queue.secret` the unit is a CURVE server (see `transfer_queue/auth.py`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import itertools
 import os
 import threading
@@ -40,6 +48,10 @@ class UnitRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     op: Literal["put", "get", "free", "stats"]
     keys: list[Annotated[str, msgspec.Meta(min_length=1, max_length=256)]] = []
     """Keys of this request: unique, at most the unit's `max_keys`."""
+    parts: list[Annotated[int, msgspec.Meta(ge=1, le=1 << 24)]] = []
+    """`put`: data frames of each key, in order (empty: one each)."""
+    tokens: list[Annotated[bytes, msgspec.Meta(max_length=64)]] = []
+    """`free`: the token the unit answered each key's `put` with."""
 
 
 class UnitReply(msgspec.Struct, omit_defaults=True):
@@ -47,6 +59,10 @@ class UnitReply(msgspec.Struct, omit_defaults=True):
 
     ok: bool
     error: str = ""
+    tokens: list[bytes] = []
+    """`put`: the free token of each key."""
+    parts: list[int] = []
+    """`get`: data frames of each key, in order."""
     count: int = 0
     nbytes: int = 0
     rejected: int = 0
@@ -64,19 +80,19 @@ class ZmqStorageUnit:
 
     def __init__(self, bind_host: str = "127.0.0.1", port: int = 0, max_message_bytes: int = 16 << 20,
                  max_tensor_bytes: int = 4 << 30, secret: str = "", max_frame_bytes: int = (4 << 30) + (1 << 20),
-                 max_keys: int = 1 << 16) -> None:
+                 max_keys: int = 1 << 16, max_connections: int = auth.MAX_CONNECTIONS) -> None:
         self._ctx = zmq.Context()
-        self.gate = auth.Gate(self._ctx, secret)
+        self.gate = auth.Gate(self._ctx, secret, max_connections)
         self._sock = self.gate.server(self._ctx.socket(zmq.ROUTER), max_frame_bytes)
         self.max_keys = max_keys
-        """Keys (frames) of one request at most."""
-        if port:
-            self._sock.bind(f"tcp://{bind_host}:{port}")
-        else:
-            port = self._sock.bind_to_random_port(f"tcp://{bind_host}")
+        """Keys of one request at most."""
+        self.max_tensor_bytes = min(max_tensor_bytes, max_frame_bytes)
+        """Bytes of one key (all its parts) at most."""
+        port = self.gate.bind(self._sock, bind_host, port)
         self.address = f"tcp://{bind_host}:{port}"
         self.max_message_bytes = max_message_bytes
-        self._frames: dict[str, zmq.Frame] = {}
+        self._frames: dict[str, list[zmq.Frame]] = {}
+        self._key = os.urandom(32)
         self.rejected = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tq-zmq-unit", daemon=True)
@@ -84,7 +100,11 @@ class ZmqStorageUnit:
 
     @property
     def nbytes(self) -> int:
-        return sum(len(f.buffer) for f in list(self._frames.values()))
+        return sum(len(f.buffer) for fs in list(self._frames.values()) for f in fs)
+
+    def token(self, key: str) -> bytes:
+        """The free capability of `key` (what its `put` was answered with)."""
+        return hmac.new(self._key, key.encode(), hashlib.sha256).digest()[:16]
 
     def _loop(self) -> None:
         poller = zmq.Poller()
@@ -118,23 +138,35 @@ class ZmqStorageUnit:
         if op != "put" and data:
             raise WireError(f"{op}: {len(data)} unexpected data frames")
         if op == "put":
-            if len(data) != len(keys):
-                raise WireError(f"put: {len(keys)} keys but {len(data)} data frames")
+            counts = req.parts or [1] * len(keys)
+            if len(counts) != len(keys) or len(data) != sum(counts):
+                raise WireError(f"put: {len(keys)} keys in {sum(counts)} parts but {len(data)} data frames")
             taken = [k for k in keys if k in self._frames]
             if taken:
                 raise WireError(f"put: keys {taken[:3]} are already held (a key is written once)")
-            self._frames.update(zip(keys, data))
-            return [_OK]
+            held, i = {}, 0
+            for k, n in zip(keys, counts):
+                held[k] = data[i:i + n]
+                i += n
+                if sum(len(f.buffer) for f in held[k]) > self.max_tensor_bytes:
+                    raise WireError(f"put: key {k!r} holds more than {self.max_tensor_bytes} bytes")
+            self._frames.update(held)
+            return [pack(UnitReply(True, tokens=[self.token(k) for k in keys]))]
         if op == "get":
             missing = [k for k in keys if k not in self._frames]
             if missing:
                 raise WireError(f"get: unknown keys {missing[:3]}")
-            return [_OK, *[self._frames[k] for k in keys]]
+            return [pack(UnitReply(True, parts=[len(self._frames[k]) for k in keys])),
+                    *[f for k in keys for f in self._frames[k]]]
         if op == "free":
-            unknown = [k for k in keys if k not in self._frames]
-            for k in keys:
-                self._frames.pop(k, None)
-            if unknown:  # counted, never answered: frees are one-way
+            tokens = req.tokens + [b""] * (len(keys) - len(req.tokens))
+            refused = False
+            for k, t in zip(keys, tokens):
+                if k in self._frames and hmac.compare_digest(t, self.token(k)):
+                    del self._frames[k]
+                else:
+                    refused = True
+            if refused or len(req.tokens) > len(keys):  # counted, never answered: frees are one-way
                 self.rejected += 1
             return None
         return [pack(UnitReply(True, count=len(self._frames), nbytes=self.nbytes, rejected=self.rejected,
@@ -143,6 +175,20 @@ class ZmqStorageUnit:
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def _batches(items: list[int], sizes: list[int], limit: int = auth.LISTEN_FRAME_BYTES // 2) -> list[list[int]]:
+    """`items` in consecutive runs whose `sizes` (plus msgpack's few bytes each) stay under `limit`:
+    a request header must fit a listener's frame limit."""
+    out: list[list[int]] = [[]]
+    total = 0
+    for item, n in zip(items, sizes):
+        if out[-1] and total + n + 8 > limit:
+            out.append([])
+            total = 0
+        out[-1].append(item)
+        total += n + 8
+    return out if out[0] else []
 
 
 class ZmqStorage(StoragePlane):
@@ -169,7 +215,8 @@ class ZmqStorage(StoragePlane):
         with self._unit_lock:
             if not self._address:
                 self._unit = ZmqStorageUnit(self._bind_host, max_tensor_bytes=self.max_tensor_bytes, secret=self.secret,
-                                            max_frame_bytes=self.data_max_frame_bytes)
+                                            max_frame_bytes=self.data_max_frame_bytes,
+                                            max_connections=self.max_connections)
                 self._address = self._unit.address
         return self._address
 
@@ -197,26 +244,53 @@ class ZmqStorage(StoragePlane):
     def _write(self, uid: str, arrays: dict[str, tuple[np.ndarray, str]]) -> dict[str, Handle]:
         keys = {name: f"{self._prefix}{next(self._ids)}" for name in arrays}
         address = self.address()
-        self._call(address, UnitRequest("put", list(keys.values())), [a for a, _ in arrays.values()])
-        return {n: handle_of(ZmqHandle, a, t, address=address, key=keys[n]) for n, (a, t) in arrays.items()}
+        pieces = [auth.parts(np.ascontiguousarray(a).reshape(-1).view(np.uint8)) for a, _ in arrays.values()]
+        rep, _ = self._call(address, UnitRequest("put", list(keys.values()), parts=[len(p) for p in pieces]),
+                            [f for p in pieces for f in p])
+        if len(rep.tokens) != len(keys):
+            raise WireError(f"zmq storage unit {address}: {len(rep.tokens)} tokens for {len(keys)} keys")
+        token = dict(zip(keys.values(), rep.tokens))
+        return {n: handle_of(ZmqHandle, a, t, address=address, key=keys[n], token=token[keys[n]])
+                for n, (a, t) in arrays.items()}
 
     def _read(self, handles: list[Handle]) -> list[np.ndarray]:
         out: list[np.ndarray | None] = [None] * len(handles)
         by_addr: dict[str, list[int]] = {}
         for i, h in enumerate(handles):
             by_addr.setdefault(h.address, []).append(i)
-        for addr, idx in by_addr.items():
-            _, frames = self._call(addr, UnitRequest("get", [handles[i].key for i in idx]), [])
-            for i, f in zip(idx, frames):
-                out[i] = from_buffer(handles[i], f.buffer, self.max_tensor_bytes)
+        for addr, every in by_addr.items():
+            for idx in _batches(every, [len(handles[i].key) for i in every]):
+                self._read_some(addr, [handles[i] for i in idx], idx, out)
         return out  # type: ignore[return-value]
 
+    def _read_some(self, addr: str, handles: list[Handle], idx: list[int], out: list[Any]) -> None:
+        """Read `handles` (all at `addr`, one request) into `out[idx]`."""
+        rep, frames = self._call(addr, UnitRequest("get", [h.key for h in handles]), [])
+        counts = rep.parts or [1] * len(idx)
+        if len(counts) != len(idx) or sum(counts) != len(frames):
+            raise WireError(f"zmq storage unit {addr}: {len(frames)} data frames for parts {counts[:8]}")
+        at = 0
+        for h, i, n in zip(handles, idx, counts):
+            mine = frames[at:at + n]
+            at += n
+            if n == 1:
+                out[i] = from_buffer(h, mine[0].buffer, self.max_tensor_bytes)
+                continue
+            buf = auth.joined(mine, self.max_tensor_bytes)
+            if buf is None:
+                raise WireError(f"zmq storage unit {addr}: a tensor over queue.max_tensor_bytes")
+            out[i] = from_buffer(h, buf, self.max_tensor_bytes)
+
     def _free(self, handles: list[Handle]) -> None:
-        by_addr: dict[str, list[str]] = {}
+        by_addr: dict[str, tuple[list[str], list[bytes]]] = {}
         for h in handles:
-            by_addr.setdefault(h.address, []).append(h.key)
-        for addr, keys in by_addr.items():
-            self._sock(addr).send_multipart([pack(UnitRequest("free", keys))])
+            keys, tokens = by_addr.setdefault(h.address, ([], []))
+            keys.append(h.key)
+            tokens.append(h.token or b"")  # a consumer's copy has no token: the unit refuses (and counts) it
+        for addr, (keys, tokens) in by_addr.items():
+            for idx in _batches(list(range(len(keys))), [len(k) + 18 for k in keys]):
+                self._sock(addr).send_multipart([pack(UnitRequest("free", [keys[i] for i in idx],
+                                                                  tokens=[tokens[i] for i in idx]))])
 
     def unit_stats(self, address: str | None = None) -> dict[str, Any]:
         """`count`, `nbytes` and `rejected` of a storage unit."""
