@@ -14,6 +14,11 @@ Two presets are applied after the merge, before any check, each reported by `loa
 `asyncrl train` prints): a data path with no `data.task` set anywhere selects `data.task=jsonl` (a digit task
 set together with a data path is an error, never a silently ignored file), and `hardware=cpu` moves every GPU
 setting the recipe holds to its CPU counterpart (`cpu_preset`), below the command line's own keys.
+
+The run's secret (`queue.secret`, `weights.secret`) is never written by this module: `dump_resolved`
+records `<set>` in its place, a recipe that holds one must be readable by its owner only, and an
+override (`queue.secret=...`, which every user of the host reads in /proc/<pid>/cmdline) is refused;
+`run_secret` reads it from `ASYNCRL_SECRET` or from the 0600 file named by `ASYNCRL_SECRET_FILE`.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import dataclasses
 import functools
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -99,6 +105,72 @@ def _check_missing(named: list[tuple[str, Any]]) -> None:
 
 _ABSENT = object()
 
+SECRET_KEYS = ("queue.secret", "weights.secret")
+"""Where a run's secret may sit in the tree (one secret for both planes; `launch.share_run_secret`)."""
+SECRET_SET = "<set>"
+"""What `dump_resolved` writes for a secret that was set (read back by `load` as not set)."""
+
+
+def _check_secret_sources(path: Path | None, recipe: Any, overrides: Sequence[str]) -> None:
+    """A secret on the command line or in a recipe other users can read is a `ConfigError`; the
+    message never repeats the value."""
+    from asyncrl.config_checks import ConfigError
+
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if key.strip().lstrip("+~") in SECRET_KEYS and value.strip() not in ("", "''", '""', SECRET_SET):
+            raise ConfigError(f"{key.strip()}: a secret is not taken on the command line (every user of this host "
+                              "reads it in /proc/<pid>/cmdline); export ASYNCRL_SECRET, or ASYNCRL_SECRET_FILE=<a file of "
+                              "mode 0600>")
+    if path is not None:
+        from omegaconf import OmegaConf
+
+        st = os.stat(path)
+        if st.st_mode & 0o077 and OmegaConf.is_dict(recipe):
+            for key in SECRET_KEYS:
+                value = OmegaConf.select(recipe, key, default="")
+                if value not in ("", None, SECRET_SET):
+                    raise ConfigError(f"{key}: set in {str(path)!r}, which other users can read (mode "
+                                      f"{st.st_mode & 0o777:o}); chmod 600 it, or export ASYNCRL_SECRET / "
+                                      "ASYNCRL_SECRET_FILE instead")
+
+
+def run_secret(environ: Any = None) -> str:
+    """The secret given to this process: `ASYNCRL_SECRET`, else the first line of the file named by
+    `ASYNCRL_SECRET_FILE` (which must be a regular file of this user that no one else may read), else ''."""
+    from asyncrl.config_checks import ConfigError
+
+    env = os.environ if environ is None else environ
+    if env.get("ASYNCRL_SECRET"):
+        return env["ASYNCRL_SECRET"]
+    name = env.get("ASYNCRL_SECRET_FILE", "")
+    if not name:
+        return ""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as e:
+        raise ConfigError(f"ASYNCRL_SECRET_FILE={name!r}: cannot open it ({e.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise ConfigError(f"ASYNCRL_SECRET_FILE={name!r}: must be a regular file of this user with mode 0600 "
+                              f"(it is {st.st_mode & 0o777:o}, owner uid {st.st_uid})")
+        secret = os.read(fd, 4096).decode(errors="replace").strip().splitlines()
+    finally:
+        os.close(fd)
+    if not secret or not secret[0].strip():
+        raise ConfigError(f"ASYNCRL_SECRET_FILE={name!r}: the file is empty")
+    return secret[0].strip()
+
+
+def redacted(tree: dict[str, Any]) -> dict[str, Any]:
+    """`tree` (a `to_dict`) with every set secret replaced by `SECRET_SET`."""
+    out = {k: redacted(v) if isinstance(v, dict) else v for k, v in tree.items()}
+    for k, v in out.items():
+        if k == "secret" and v:
+            out[k] = SECRET_SET
+    return out
+
 
 def load(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -> Any:
     """Defaults <- YAML recipe <- `key=value` overrides, validated; errors name the key."""
@@ -130,10 +202,14 @@ def load_with_changes(path: str | os.PathLike | None = None, overrides: Sequence
             _check_hydra_prefix(o)
             if "=" not in o:
                 raise ConfigError(f"override {o!r} must look like key=value")
+        _check_secret_sources(Path(path) if path is not None else None, layers[1] if path is not None else None, overrides)
         layers.append(_read_overrides(overrides))
         named.append(("the overrides", layers[-1]))
         _check_missing(named)
         merged = OmegaConf.merge(*layers)
+        for key in SECRET_KEYS:  # a resolved config read back as a recipe: its secret is not known
+            if OmegaConf.select(merged, key, default="") == SECRET_SET:
+                OmegaConf.update(merged, key, "")
         changes = _presets(merged, named)
         for key, value, _ in changes:
             OmegaConf.update(merged, key, value, merge=False)
@@ -284,11 +360,11 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def dump_resolved(cfg: Any, path: str | os.PathLike) -> None:
-    """Write the full resolved config as YAML (what this run used, every key)."""
+    """Write the full resolved config as YAML (what this run used, every key; a secret as `<set>`)."""
     from omegaconf import OmegaConf
 
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(OmegaConf.create(to_dict(cfg)), path)
+    OmegaConf.save(OmegaConf.create(redacted(to_dict(cfg))), path)
 
 
 @functools.lru_cache(maxsize=1)

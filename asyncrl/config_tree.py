@@ -12,6 +12,8 @@ directory. `configs/README.md` documents every key (generated from these docstri
 
 from __future__ import annotations
 
+import grp
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -260,9 +262,18 @@ class LoggingConfig:
     """Show a progress bar (step, reward, tokens/s, ETA)."""
     num_generations: int = 8
     """Held-out samples written at every evaluation (prompt as rendered, response, reward, version) to the run's `generations.jsonl` and to MLflow; 0: none."""
+    shared_group: str = ""
+    """Unix group that may read the run directory and the default MLflow store (directories 02750 of that group, files 0640); empty: this user only (0700 / 0600). Other users never may."""
 
     def __post_init__(self) -> None:
         _check(self.num_generations >= 0, "logging.num_generations", f"must be >= 0, got {self.num_generations}")
+        if self.shared_group:
+            try:
+                gid = grp.getgrnam(self.shared_group).gr_gid
+            except KeyError:
+                raise ConfigError(f"logging.shared_group: no group {self.shared_group!r} on this host") from None
+            _check(os.getuid() == 0 or gid in os.getgroups() or gid == os.getgid(), "logging.shared_group",
+                   f"this user is not a member of {self.shared_group!r}")
 
 
 @dataclass

@@ -96,6 +96,9 @@ def init_ray(cfg: Config) -> None:
         num_cpus = max(os.cpu_count() or 1, int(need + 0.999))
     resources = None if cfg.ray.address else (custom_resources(cfg) or None)  # a local Ray offers what the bundles ask
     ray.init(address=cfg.ray.address or None, num_cpus=num_cpus, resources=resources, include_dashboard=False, log_to_driver=False)
+    token = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
+    if os.path.isfile(token) and os.stat(token).st_uid == os.getuid():
+        os.chmod(token, 0o600)  # Ray writes the token it generates for a local cluster world-readable
 
 
 def custom_resources(cfg: Config) -> dict[str, float]:
@@ -199,9 +202,12 @@ def local_fleets(cfg: Config, model_path: str, spec: HostSpec, tokenizer: Any, s
 def share_run_secret(cfg: Config) -> None:
     """One secret per run on every socket the planes open (queue controller, storage units, weight
     senders): `queue.secret` or `weights.secret` if set (either names it for both), else
-    `ASYNCRL_SECRET`, else a fresh random one. It travels to the run's processes inside their
-    configs and is never written to the run directory (the resolved config is saved before)."""
-    secret = cfg.queue.secret or cfg.weights.secret or os.environ.get("ASYNCRL_SECRET", "") or secrets.token_hex(16)
+    `ASYNCRL_SECRET` or the 0600 file `ASYNCRL_SECRET_FILE` (`config_io.run_secret`), else a fresh
+    random one. It travels to the run's processes inside their configs and is never written to the
+    run directory (the resolved config records `<set>`)."""
+    from asyncrl.config_io import run_secret
+
+    secret = cfg.queue.secret or cfg.weights.secret or run_secret() or secrets.token_hex(16)
     cfg.queue.secret = cfg.weights.secret = secret
 
 

@@ -5,7 +5,8 @@ Every `log(step, metrics)` goes to both: MLflow for browsing (`mlflow ui`, file 
 without MLflow. `generations(step, rows)` does the same for evaluated samples (`generations.jsonl`,
 and text artifacts `generations/step_NNNNNN.jsonl`). The default store is SQLite at `./mlruns/mlflow.db` with artifacts in
 `./mlruns/artifacts` (`mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db`). On resume the same MLflow run continues (its id is kept in
-the run directory).
+the run directory). That default store is private like the run directory (`run_dir.make_private`: `./mlruns` 0700,
+its database 0600; `logging.shared_group` opens both to that group), and no secret reaches it (params say `<set>`).
 """
 
 from __future__ import annotations
@@ -76,16 +77,24 @@ class MetricsLogger:
             os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
             import mlflow
 
+            from asyncrl.run_dir import make_private
+
             root = Path("mlruns").resolve()
             uri = cfg.tracking_uri
             if not uri:  # a local SQLite store with artifacts beside it in ./mlruns
-                root.mkdir(exist_ok=True)
+                root.mkdir(exist_ok=True, mode=0o700)
+                if root.stat().st_uid == os.getuid():
+                    make_private(root, cfg.shared_group, umask=False, recursive=False)
                 uri = f"sqlite:///{root / 'mlflow.db'}"
             mlflow.set_tracking_uri(uri)
             if mlflow.get_experiment_by_name(cfg.experiment) is None:
                 art = (root / "artifacts").as_uri() if uri.startswith("sqlite:") else None
                 mlflow.create_experiment(cfg.experiment, artifact_location=art)
             mlflow.set_experiment(cfg.experiment)
+            if not cfg.tracking_uri:
+                for p in (root / "mlflow.db", root / "artifacts"):
+                    if p.exists() and p.stat().st_uid == os.getuid():
+                        make_private(p, cfg.shared_group, umask=False, recursive=False)
             id_file = run_dir / "mlflow_run_id"
             run_id = id_file.read_text().strip() if id_file.exists() else None
             run = mlflow.start_run(run_id=run_id, run_name=None if run_id else run_dir.name)

@@ -9,13 +9,22 @@ Layout of `<logging.run_root>/<run name>/`:
     generations.jsonl      evaluated samples: prompt as rendered, response, reward, version (`logging.num_generations` per evaluation)
     reward_curve.png       over steps: training and held-out reward, response length, staleness
     status.json            heartbeat: pid, state (running / finished / failed), step, time
+    queue_run_id           the run's queue namespace (`queue.run_id`), kept so that a resume finds its own
+
+Private: `resolve_run_dir` makes the directory 0700 and the process umask 077, so everything the run
+writes there (weights, generations, config) is its user's only; `logging.shared_group` makes them
+02750 / umask 027 with that group instead (members read, nobody else).
 """
 
 from __future__ import annotations
 
+import grp
 import json
 import os
+import re
+import secrets
 import shutil
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +33,15 @@ from asyncrl.config import Config, ConfigError
 
 
 def resolve_run_dir(cfg: Config) -> Path:
+    """The run's directory (found again on resume), made private (`make_private`), and `cfg.queue.run_id`
+    set to the run's own queue namespace when left at its default (`assign_queue_run_id`)."""
+    d = _find_run_dir(cfg)
+    make_private(d, cfg.logging.shared_group)
+    assign_queue_run_id(cfg, d)
+    return d
+
+
+def _find_run_dir(cfg: Config) -> Path:
     root = Path(cfg.logging.run_root)
     if cfg.resume:
         if cfg.logging.run_name:
@@ -39,8 +57,50 @@ def resolve_run_dir(cfg: Config) -> Path:
     d = root / name
     if (d / "checkpoints").is_dir() and any((d / "checkpoints").iterdir()):
         raise ConfigError(f"logging.run_name: {str(d)!r} already holds checkpoints; pass resume=true or another name")
-    d.mkdir(parents=True, exist_ok=True)
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
     return d
+
+
+def make_private(path: Path, shared_group: str = "", *, umask: bool = True, recursive: bool = True) -> None:
+    """Only this user (or, with `shared_group`, that group too) may read what this process writes
+    under `path`: `path` becomes 0700 (02750 of the group: setgid, files inherit it), what it already
+    holds loses the others' bits (a resumed run written before; `recursive`), and with `umask` the
+    process umask becomes 077 (027) for everything the run writes from now on (checkpoints, jsonl, MLflow)."""
+    gid = grp.getgrnam(shared_group).gr_gid if shared_group else None
+    if umask:
+        os.umask(0o027 if gid is not None else 0o077)
+    keep = 0o750 if gid is not None else 0o700
+    for p in [path, *(path.rglob("*") if recursive else ())]:
+        st = os.lstat(p)
+        if stat.S_ISLNK(st.st_mode) or st.st_uid != os.getuid():
+            continue  # never follow a link out of the run, nor touch another user's file
+        if gid is not None and st.st_gid != gid:
+            os.chown(p, -1, gid, follow_symlinks=False)
+        mode = stat.S_IMODE(st.st_mode) & keep
+        if stat.S_ISDIR(st.st_mode):
+            mode |= 0o700 | (0o2050 if gid is not None else 0)
+        os.chmod(p, mode)
+
+
+QUEUE_RUN_ID_FILE = "queue_run_id"
+"""The run's queue namespace, written once: a resume (and a restart) uses the same one."""
+
+
+def assign_queue_run_id(cfg: Config, run_dir: Path) -> str:
+    """A `queue.run_id` left at `default` becomes this run's own (`<run name>-<8 hex>`, kept in
+    `RUN_DIR/queue_run_id`), so that no two runs share shm segments, Redis keys or handles."""
+    if cfg.queue.run_id != "default":
+        return cfg.queue.run_id
+    path = run_dir / QUEUE_RUN_ID_FILE
+    try:
+        run_id = path.read_text().strip()
+    except FileNotFoundError:
+        run_id = ""
+    if not run_id:
+        run_id = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', run_dir.name)[:48]}-{secrets.token_hex(4)}"
+        path.write_text(run_id + "\n")
+    cfg.queue.run_id = run_id
+    return run_id
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
