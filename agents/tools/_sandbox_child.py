@@ -15,9 +15,12 @@ Mounts, in a mount namespace of the run's own (nothing propagates back to the ho
 
 The seccomp filter allows socket() only for AF_INET / AF_INET6 (useless in the empty network namespace)
 and so refuses AF_UNIX (host sockets anywhere on the filesystem), AF_VSOCK, AF_NETLINK and the rest;
-it refuses unshare, namespace flags to clone, io_uring (which would create sockets around the filter),
-and answers clone3 with ENOSYS (libc falls back to clone, whose flags it can inspect); a syscall from
-another ABI (i386, x32) kills the process. Abstract AF_UNIX names are per network namespace as well.
+it refuses unshare, setns, namespace flags to clone, io_uring (which would create sockets around the
+filter), memfd_create and memfd_secret (memory no rlimit counts: RLIMIT_AS does not see a memfd's
+pages, and the run's tmpfs mounts are where files may live), and the kernel keyring (add_key,
+request_key, keyctl: keys outlive the run and are not namespaced), each with EPERM; it answers clone3
+with ENOSYS (libc falls back to clone, whose flags it can inspect); a syscall from another ABI (i386,
+x32) kills the process. Abstract AF_UNIX names are per network namespace as well.
 
 Any failure before the untrusted code starts is reported as `{"error": ...}` on the report fd and the
 run exits 125 without running the code: nothing runs half-isolated. On success the worker reports
@@ -43,6 +46,8 @@ SYS_OPEN_TREE, SYS_MOVE_MOUNT, OPEN_TREE_CLONE, AT_RECURSIVE, MOVE_MOUNT_F_EMPTY
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 1, 38, 22, 2
 # arch -> (AUDIT_ARCH, socket, clone, unshare, clone3, io_uring_setup)
 ARCHES = {"x86_64": (0xC000003E, 41, 56, 272, 435, 425), "aarch64": (0xC00000B7, 198, 220, 97, 435, 425)}
+# arch -> syscalls refused with EPERM outright: setns, memfd_create, memfd_secret, add_key, request_key, keyctl
+REFUSED = {"x86_64": (308, 319, 447, 248, 249, 250), "aarch64": (268, 279, 447, 217, 218, 219)}
 
 cfg = json.loads(sys.argv[1])
 libc = ctypes.CDLL(None, use_errno=True)
@@ -85,13 +90,15 @@ def mount(src: str, dst: str, fstype: str | None, flags: int, data: str | None =
 def seccomp_filter() -> bytes:
     """The BPF program described in the module docstring, as `struct sock_filter[]` bytes."""
     arch, sock, clone, unshare, clone3, uring = ARCHES[os.uname().machine]
+    refused = REFUSED[os.uname().machine]
     allow, eperm, enosys, kill = 0x7FFF0000, 0x50000 | 1, 0x50000 | 38, 0x80000000
     ns_flags = NEWNS | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET | NEWCGROUP | NEWTIME
     ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
     prog: list = [  # (code, jump-if-true label, jump-if-false label, k); labels resolve to offsets below
         (ld, 0, 0, 4), (jeq, "nr", "kill", arch),
         ("nr", ld, 0, 0, 0), (jge, "kill", 0, 0x40000000), (jeq, "socket", 0, sock), (jeq, "eperm", 0, unshare),
-        (jeq, "eperm", 0, uring), (jeq, "enosys", 0, clone3), (jeq, "clone", "allow", clone),
+        (jeq, "eperm", 0, uring), *[(jeq, "eperm", 0, nr) for nr in refused],
+        (jeq, "enosys", 0, clone3), (jeq, "clone", "allow", clone),
         ("socket", ld, 0, 0, 16), (jeq, "allow", 0, 2), (jeq, "allow", "eperm", 10),
         ("clone", ld, 0, 0, 16), (jset, "eperm", "allow", ns_flags),
         ("allow", ret, 0, 0, allow), ("eperm", ret, 0, 0, eperm), ("enosys", ret, 0, 0, enosys),
@@ -225,7 +232,7 @@ prog = SockFprog(len(bpf.raw) // 8, ctypes.cast(bpf, ctypes.c_void_p))
 check(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(prog)), "seccomp filter")
 report.write(json.dumps({"net": "netns", "procs": "rlimit_nproc", "pid": "pidns", "uid": os.getuid(),
                          "hidden": sorted({h for h, _ in cfg["expose"]}), "private": cfg["private"],
-                         "empty": cfg["empty"], "seccomp": "socket_inet_only"}) + "\n")
+                         "empty": cfg["empty"], "seccomp": "socket_inet_only,no_memfd,no_keyring,no_setns"}) + "\n")
 report.close()
 sys.excepthook = sys.__excepthook__
 del cfg, libc, report, code_text, bpf, prog

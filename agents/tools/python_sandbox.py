@@ -17,7 +17,9 @@ Mechanisms (each run reports what it got in `SandboxResult.isolation`):
   run and gone with it; /run (host sockets) is covered by an empty tmpfs; the working
   directory is `/tmp/asyncrl-sandbox-*` inside the private /tmp.
 - seccomp: socket() only for AF_INET/AF_INET6 (so no AF_UNIX connect to any host socket path,
-  no vsock), no unshare / namespace clone flags / io_uring.
+  no vsock), no unshare / setns / namespace clone flags / io_uring, no memfd_create / memfd_secret
+  (memory RLIMIT_AS does not count), no kernel keyring (add_key / request_key / keyctl: keys would
+  outlive the run): each refused with EPERM.
 - CPU time: RLIMIT_CPU (SIGXCPU, then SIGKILL one second later); memory: RLIMIT_AS per process;
   RLIMIT_FSIZE for files; processes: RLIMIT_NPROC (the fresh uid's processes; without root, the
   caller's current count plus `max_processes`).
