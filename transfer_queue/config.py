@@ -80,12 +80,14 @@ class TransferQueueConfig:
     """Largest single tensor a storage unit accepts."""
 
     max_frame_bytes: int = 64 << 20
-    """ZMQ_MAXMSGSIZE of every control socket of the package (controller service and its clients,
-    arena free endpoints): a frame over it closes the peer's connection before it is buffered.
-    Must be >= `max_message_bytes`; `get` replies of big batches need the headroom."""
+    """ZMQ_MAXMSGSIZE of the controller service's clients (a frame over it closes the connection before
+    it is buffered; `get` replies of big batches need the headroom; >= `max_message_bytes`). Listening
+    sockets (the service, zmq units, arena free endpoints) take at most 256 KiB a frame whatever this
+    says: what is sent to them travels in parts (`transfer_queue/auth.py`)."""
 
     data_max_frame_bytes: int = (4 << 30) + (1 << 20)
-    """ZMQ_MAXMSGSIZE of the `zmq` storage unit's sockets (one frame per tensor; >= `max_tensor_bytes`)."""
+    """ZMQ_MAXMSGSIZE of the `zmq` plane's client sockets, and the most one key may hold at a unit
+    (>= `max_tensor_bytes`); tensors travel in parts of at most 256 KiB."""
 
     secret: str = field(default="", repr=False)
     """Per-run secret. Set: every listening socket of the package is a ZeroMQ CURVE server that admits
