@@ -33,13 +33,12 @@ class WeightSource(Protocol):
     endpoints: list[str]
     """The senders servers join: one, or one per trainer rank (sharded publish)."""
 
-    async def publish(self, version: int, receivers: list[str]) -> dict[str, Any]: ...
-
-    async def sync(self, receivers: list[str], resend: bool = False) -> dict[str, Any]: ...
-
-    async def score(self, token_ids: list[int]) -> list[float] | None:
-        """Log-probs of `token_ids[1:]` under the weights last published (the parity probe's reference)."""
+    async def publish(self, version: int, receivers: list[str], probe: list[int] | None = None) -> dict[str, Any]:
+        """`probe`: also return, as `"probe"`, the log-probs of `probe[1:]` under the weights just sent
+        (None from a source without a model): the parity probe's reference, in the same call."""
         ...
+
+    async def sync(self, receivers: list[str], resend: bool = False, probe: list[int] | None = None) -> dict[str, Any]: ...
 
 
 T = TypeVar("T")
@@ -100,8 +99,6 @@ class FleetManager:
         """Servers left out of a publish, and why (cumulative)."""
         self.parity: ParityCheck | None = None
         """The weight-parity rule (`attach_weights`); None: no probe."""
-        self._reference: tuple[int, list[float]] | None = None
-        """(version, the trainer's log-probs of the probe at it): one trainer forward per checked version."""
 
     @classmethod
     async def spawn(cls, cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int,
@@ -159,7 +156,8 @@ class FleetManager:
     async def _publish(self, version: int) -> dict[str, float]:
         t0 = time.time()
         live = self.router.servers
-        out = await self._weights.publish(version, [server_name(s) for s in live])
+        checked = self.parity is not None and self.parity.due()
+        out = await self._weights.publish(version, [server_name(s) for s in live], probe=self.parity.ids if checked else None)  # type: ignore[union-attr]
         self.version = version
         done = set(out["completed"])
         loaded = []
@@ -170,9 +168,8 @@ class FleetManager:
             elif s in self.router.servers:  # not taken out meanwhile (a death is the router's)
                 self._take_out(s, out["evicted"].get(server_name(s), "not loaded"))
         self.last_publish_time, self.last_publish_s = time.time(), time.time() - t0
-        checked = self.parity is not None and self.parity.due()
         if checked:
-            for s, verdict in await self._parity(loaded, version):
+            for s, verdict in await self._parity(loaded, version, out.get("probe")):
                 if self.parity.action == "stop":  # type: ignore[union-attr]
                     raise WeightParityError(verdict)
                 self._take_out(s, "parity", resend=True)  # the version is sent again, then checked again
@@ -188,18 +185,14 @@ class FleetManager:
         self.router.remove(server)
         self._background(self._counted(self._fleet_of(server).name, self._recover(server, resend)))
 
-    async def _parity(self, servers: list[RolloutServer], version: int) -> list[tuple[RolloutServer, str]]:
-        """Score the probe on `servers` (which just loaded `version`) and on the trainer; the servers
-        above the tolerance, each with its one-line verdict. A server that dies meanwhile is the router's."""
+    async def _parity(self, servers: list[RolloutServer], version: int, reference: list[float] | None
+                      ) -> list[tuple[RolloutServer, str]]:
+        """Score the probe on `servers` (which just loaded `version`) against the trainer's `reference`
+        (scored with the weights it sent them); the servers above the tolerance, each with its one-line
+        verdict. A server that dies meanwhile is the router's."""
         parity = self.parity
-        if parity is None or not servers or self._weights is None:
+        if parity is None or not servers or reference is None:  # no reference: a trainer without a model (benchmarks)
             return []
-        if self._reference is None or self._reference[0] != version:
-            reference = await self._weights.score(parity.ids)
-            if reference is None:  # a trainer without a model (benchmarks): nothing to compare with
-                return []
-            self._reference = (version, reference)
-        reference = self._reference[1]
         scores = await asyncio.gather(*(s.score(parity.ids) for s in servers), return_exceptions=True)
         failed = []
         for s, got in zip(servers, scores):
@@ -221,12 +214,12 @@ class FleetManager:
             await self._join(server)
         if self.version < 0 or self._weights is None:
             return
-        out = await self._weights.sync([server_name(server)], resend=resend)
+        out = await self._weights.sync([server_name(server)], resend=resend, probe=self.parity.ids if self.parity else None)
         if server_name(server) not in out["completed"]:
             raise RuntimeError(f"rejoin: {server_name(server)} did not load version {self.version}: "
                                f"{out['evicted'].get(server_name(server), 'no reason given')}")
         _loaded(server, self.version)
-        for _, verdict in await self._parity([server], self.version):  # a re-sync is always checked
+        for _, verdict in await self._parity([server], self.version, out.get("probe")):  # a re-sync is always checked
             raise WeightParityError(verdict)
 
     async def _recover(self, server: RolloutServer, resend: bool = False) -> None:

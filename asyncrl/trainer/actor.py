@@ -73,14 +73,11 @@ class TrainerRankShell:
     def train(self, plan: bytes) -> dict[str, float]:
         return self.trainer.train(plan)
 
-    def publish(self, version: int, receivers: list[str]) -> dict[str, Any] | None:
-        return self.trainer.publish(version, receivers)
+    def publish(self, version: int, receivers: list[str], probe: list[int] | None = None) -> dict[str, Any] | None:
+        return self.trainer.publish(version, receivers, probe)
 
-    def sync(self, receivers: list[str], resend: bool = False) -> dict[str, Any] | None:
-        return self.trainer.sync(receivers, resend)
-
-    def score(self, token_ids: list[int]) -> list[float] | None:
-        return self.trainer.score(token_ids)
+    def sync(self, receivers: list[str], resend: bool = False, probe: list[int] | None = None) -> dict[str, Any] | None:
+        return self.trainer.sync(receivers, resend, probe)
 
     def save(self, path: str) -> None:
         self.trainer.save(path)
@@ -175,14 +172,11 @@ class TrainerGroup:
         self.step += 1
         return metrics
 
-    def publish(self, version: int, receivers: list[str]) -> dict[str, Any]:
-        return merge_outcomes(self._all("publish", version, list(receivers)))
+    def publish(self, version: int, receivers: list[str], probe: list[int] | None = None) -> dict[str, Any]:
+        return merge_outcomes(self._all("publish", version, list(receivers), probe))
 
-    def sync(self, receivers: list[str], resend: bool = False) -> dict[str, Any]:
-        return merge_outcomes(self._all("sync", list(receivers), resend))
-
-    def score(self, token_ids: list[int]) -> list[float] | None:
-        return self._all("score", list(token_ids))[0]
+    def sync(self, receivers: list[str], resend: bool = False, probe: list[int] | None = None) -> dict[str, Any]:
+        return merge_outcomes(self._all("sync", list(receivers), resend, probe))
 
     def save(self, path: str) -> None:
         self._all("save", path)

@@ -47,15 +47,11 @@ class TrainerHandle:
         """One step on `plan` (or its `to_bytes`): its rows carry typed handles, never tensors."""
         return await self._call("train", plan)
 
-    async def publish(self, version: int, receivers: list[str]) -> dict[str, Any]:
-        return await self._call("publish", version, receivers)
+    async def publish(self, version: int, receivers: list[str], probe: list[int] | None = None) -> dict[str, Any]:
+        return await self._call("publish", version, receivers, probe)
 
-    async def sync(self, receivers: list[str], resend: bool = False) -> dict[str, Any]:
-        return await self._call("sync", receivers, resend)
-
-    async def score(self, token_ids: list[int]) -> list[float] | None:
-        """The trainer's log-probs of the parity probe (see `TrainerRank.score`)."""
-        return await self._call("score", list(token_ids))
+    async def sync(self, receivers: list[str], resend: bool = False, probe: list[int] | None = None) -> dict[str, Any]:
+        return await self._call("sync", receivers, resend, probe)
 
     async def save(self, path: str) -> None:
         await self._call("save", path)

@@ -102,9 +102,21 @@ class TrainerRank:
                 return
             yield item
 
-    def publish(self, version: int, receivers: list[str]) -> dict[str, Any] | None:
+    def publish(self, version: int, receivers: list[str], probe: list[int] | None = None) -> dict[str, Any] | None:
         """Send the current weights as `version` to `receivers`; returns (rank 0) once each one
-        loaded them or was evicted: `{"version", "completed", "evicted", "bytes", "seconds", ...}`."""
+        loaded them or was evicted: `{"version", "completed", "evicted", "bytes", "seconds", ...}`.
+        `probe`: also score these tokens with the weights just sent (`"probe"`: the parity probe's
+        reference, taken in the same verb so no step can change the weights in between)."""
+        return self._probed(self._publish(version, receivers), probe)
+
+    def _probed(self, out: dict[str, Any] | None, probe: list[int] | None) -> dict[str, Any] | None:
+        if probe:
+            reference = self.score(probe)  # every rank: the forward is collective
+            if out is not None:
+                out["probe"] = reference
+        return out
+
+    def _publish(self, version: int, receivers: list[str]) -> dict[str, Any] | None:
         params = self._params()
         try:
             if self.sender is None:
@@ -116,9 +128,14 @@ class TrainerRank:
         finally:
             self._finish(params)
 
-    def sync(self, receivers: list[str], resend: bool = False) -> dict[str, Any] | None:
+    def sync(self, receivers: list[str], resend: bool = False, probe: list[int] | None = None) -> dict[str, Any] | None:
         """Bring `receivers` that do not hold the current version (restarted, evicted) to it;
-        `resend`: send it to them even if they acknowledged it (a failed parity check)."""
+        `resend`: send it to them even if they acknowledged it (a failed parity check). What is sent
+        are the current weights (which may have trained past the version's), so `probe` is scored
+        with them, in this verb, as in `publish`."""
+        return self._probed(self._sync(receivers, resend), probe)
+
+    def _sync(self, receivers: list[str], resend: bool) -> dict[str, Any] | None:
         params = self._params()
         try:
             if self.sender is None:
@@ -179,7 +196,8 @@ def merge_outcomes(outs: list[dict[str, Any] | None]) -> dict[str, Any]:
     return {"version": outs[0]["version"], "completed": sorted(completed), "evicted": evicted,
             "bytes": sum(o["bytes"] for o in outs), "seconds": max(o["seconds"] for o in outs),
             "gbps": sum(o["bytes"] for o in outs) / max(max(o["seconds"] for o in outs), 1e-9) / 1e9,
-            "buckets": sum(o["buckets"] for o in outs), "gather_s": max(o.get("gather_s", 0.0) for o in outs)}
+            "buckets": sum(o["buckets"] for o in outs), "gather_s": max(o.get("gather_s", 0.0) for o in outs),
+            **({"probe": outs[0]["probe"]} if "probe" in outs[0] else {})}
 
 
 def _outcome(out: Any) -> dict[str, Any]:

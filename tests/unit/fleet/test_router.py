@@ -146,12 +146,12 @@ class Weights:
                     out["evicted"][s.name] = "timeout"
         return out
 
-    async def publish(self, version, receivers):
+    async def publish(self, version, receivers, probe=None):
         self.version = version
         self.calls.append(("publish", version, sorted(receivers)))
         return await self._send(version, receivers)
 
-    async def sync(self, receivers, resend=False):
+    async def sync(self, receivers, resend=False, probe=None):
         self.calls.append(("sync", self.version, sorted(receivers)))
         return await self._send(self.version, receivers)
 
