@@ -14,6 +14,8 @@ is the ZeroMQ routing id, checked against `Join.receiver_id`).
 from __future__ import annotations
 
 import hashlib
+import os
+import socket
 import threading
 
 import zmq
@@ -53,8 +55,8 @@ _FAILED = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROT
 class CurveServer:
     """Makes `sock` (not yet bound) a CURVE server admitting only the secret's client key.
 
-    Starts a ZAP handler on the socket's context (one per context: give each sender its own)
-    and a monitor that counts failed handshakes; `counts()` drains the monitor."""
+    Starts a ZAP handler on the socket's context (one per context: give each sender its own);
+    failed handshakes are counted by the listener's `Peers`."""
 
     def __init__(self, ctx: zmq.Context, sock: zmq.Socket, secret: str) -> None:
         spub, ssec, cpub, _ = curve_keys(secret)
@@ -65,18 +67,69 @@ class CurveServer:
         sock.curve_secretkey = ssec
         sock.curve_publickey = spub
         sock.curve_server = True
-        self._monitor = sock.get_monitor_socket(_FAILED)
-        self.handshake_failed = 0
+        self.peers: Peers | None = None
 
     def counts(self) -> dict[str, int]:
-        while self._monitor.poll(0):
-            recv_monitor_message(self._monitor)
-            self.handshake_failed += 1
-        return {"refused": self.provider.refused, "handshake_failed": self.handshake_failed}
+        failed = self.peers.handshake_failed if self.peers is not None else 0
+        return {"refused": self.provider.refused, "handshake_failed": failed}
 
     def close(self) -> None:
-        self._monitor.close(0)
         self.authenticator.stop()
+
+
+class Peers:
+    """The connections of one bound listener, watched on a thread: failed handshakes are counted
+    (`handshake_failed`), and a connection past `limit` is shut at once (`refused`), so strangers
+    cannot hold more than `limit` connections' buffers."""
+
+    def __init__(self, sock: zmq.Socket, port: int, limit: int) -> None:
+        self.limit, self.port = limit, port
+        self.handshake_failed = 0
+        self.refused = 0
+        self._mon = sock.get_monitor_socket(_FAILED | zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="weights-peers", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        open_fds: set[int] = set()
+        while not self._stop.is_set():
+            if not self._mon.poll(100):
+                continue
+            ev = recv_monitor_message(self._mon)
+            kind, fd = ev["event"], ev["value"]
+            if kind == zmq.EVENT_ACCEPTED:
+                if len(open_fds) >= self.limit:
+                    self.refused += _shut(fd, self.port)
+                else:
+                    open_fds.add(fd)
+            elif kind == zmq.EVENT_DISCONNECTED:
+                open_fds.discard(fd)
+            elif kind & _FAILED:
+                self.handshake_failed += 1
+        self._mon.close(0)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _shut(fd: int, port: int) -> int:
+    """Shut down the accepted connection `fd` of the listener on `port` (ZeroMQ then sees its peer
+    leave and drops it): 1, or 0 if `fd` is no longer such a connection (closed and reused)."""
+    try:
+        s = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return 0
+    try:
+        if s.getsockname()[1] != port:
+            return 0
+        s.shutdown(socket.SHUT_RDWR)
+        return 1
+    except OSError:
+        return 0
+    finally:
+        s.close()
 
 
 def curve_client(sock: zmq.Socket, secret: str) -> None:

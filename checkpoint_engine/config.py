@@ -58,6 +58,11 @@ class WeightsConfig:
     150 bytes per tensor in the bucket, so 4 MiB holds ~25k tensors); a receiver's frames (Join, Ack,
     Nack) are far smaller, and the sender refuses any over 64 KiB as `oversized`."""
 
+    max_connections: int = 1024
+    """Connections the sender's control socket keeps at once (receivers, one each); one more is shut
+    at once and counted. With the sender's 128 KiB frame limit it bounds what peers without the
+    secret can make it hold before their handshake fails."""
+
     secret: str = field(default="", repr=False)
     """Per-run secret. Set: the sender's socket is a ZeroMQ CURVE server whose only admitted
     client key is derived from it (`checkpoint_engine.auth`), and receivers connect with CURVE;
@@ -95,6 +100,8 @@ class WeightsConfig:
             raise ValueError(f"weights.max_message_bytes must be in [4096, 2**31), got {self.max_message_bytes}")
         if not self.host:
             raise ValueError("weights.host must be a non-empty address")
+        if not 1 <= self.max_connections <= 65536:
+            raise ValueError(f"weights.max_connections must be in [1, 65536], got {self.max_connections}")
         if not isinstance(self.secret, str):
             raise ValueError("weights.secret must be a string")
         if self.parity_every < 0:

@@ -8,7 +8,8 @@ and dropped: nothing a stranger sends raises out of `recv`. Frames over `SOCKET_
 `WeightsConfig.max_message_bytes` if smaller) never reach it: ZeroMQ drops that peer before it
 buffers the frame (ZMQ_MAXMSGSIZE), and that limit holds during the CURVE handshake too, so a peer
 without the secret makes the sender hold at most that much; a handshake not done within
-`HANDSHAKE_S` closes the connection.
+`HANDSHAKE_S` closes the connection, and a connection past `WeightsConfig.max_connections` is shut
+at once (`auth.Peers`, counted in `stats()["connections_refused"]`).
 
 The socket binds `config.host` only, on a context of its own (one ZAP handler per context), and
 is a CURVE server when `config.secret` is set (`auth.py`).
@@ -22,7 +23,7 @@ from typing import Callable
 
 import zmq
 
-from checkpoint_engine.auth import CurveServer
+from checkpoint_engine.auth import CurveServer, Peers
 from checkpoint_engine.config import WeightsConfig
 from checkpoint_engine.wire import MAX_ID, Malformed, Message, decode, encode
 
@@ -63,6 +64,9 @@ class SenderSocket:
             self.port = config.port
         else:
             self.port = self.sock.bind_to_random_port(f"tcp://{config.host}")
+        self.peers = Peers(self.sock, self.port, config.max_connections)
+        if self.auth is not None:
+            self.auth.peers = self.peers
         self.malformed: Counter[str] = Counter()
 
     def send(self, rid: str, msg: Message) -> None:
@@ -104,12 +108,14 @@ class SenderSocket:
         return (rid, msg) if reason is None else reason
 
     def stats(self) -> dict[str, object]:
-        out: dict[str, object] = {"malformed": dict(self.malformed), "malformed_total": sum(self.malformed.values())}
+        out: dict[str, object] = {"malformed": dict(self.malformed), "malformed_total": sum(self.malformed.values()),
+                                  "connections_refused": self.peers.refused}
         if self.auth is not None:
             out["auth"] = self.auth.counts()
         return out
 
     def close(self) -> None:
+        self.peers.close()
         if self.auth is not None:
             self.auth.close()
         self.sock.close(0)

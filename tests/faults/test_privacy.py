@@ -405,19 +405,7 @@ def test_6_strangers_make_a_listener_hold_little_and_connections_are_bounded():
             c.sendall(_GREETING)
             socks.append(c)
         time.sleep(1.0)
-
-        def still_open(c: socket.socket) -> bool:
-            c.settimeout(0.3)
-            try:
-                while c.recv(4096):  # the listener's greeting, then EOF if it shut us
-                    pass
-                return False
-            except socket.timeout:
-                return True
-            except OSError:
-                return False
-
-        kept = sum(still_open(c) for c in socks)
+        kept = sum(_still_open(c) for c in socks)
         assert kept == 8, kept
         for c in socks:
             c.close()
@@ -430,6 +418,59 @@ def test_6_strangers_make_a_listener_hold_little_and_connections_are_bounded():
             c.close()
         svc.kill()
         svc.wait()
+
+
+def _still_open(c: socket.socket) -> bool:
+    """True while the listener keeps `c` (its greeting may arrive; EOF means it shut us)."""
+    c.settimeout(0.3)
+    try:
+        while c.recv(4096):
+            pass
+        return False
+    except socket.timeout:
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.timeout(60)
+def test_6_the_weight_sender_takes_small_frames_and_bounded_connections():
+    import psutil
+
+    cfg = WeightsConfig(backend="local", bucket_size_mb=0.02, timeout_s=2.0, secret=SECRET, max_connections=4)
+    sender = Sender(cfg)
+    host, port = sender.endpoint.rsplit("/", 1)[1].rsplit(":", 1)
+    socks: list[socket.socket] = []
+    try:
+        me = psutil.Process()
+        payload = bytes(1 << 20)
+        before = me.memory_info().rss
+        for _ in range(2):  # 48 MiB frames before any handshake
+            with socket.create_connection((host, int(port)), timeout=5) as c:
+                try:
+                    c.sendall(_GREETING + b"\x02" + (48 << 20).to_bytes(8, "big"))
+                    for _ in range(48):
+                        c.sendall(payload)
+                except OSError:
+                    pass
+        assert me.memory_info().rss - before < 16 << 20
+        for _ in range(10):
+            c = socket.create_connection((host, int(port)), timeout=5)
+            c.sendall(_GREETING)
+            socks.append(c)
+        time.sleep(1.0)
+        assert sum(_still_open(c) for c in socks) == 4
+        assert sender.stats()["connections_refused"] >= 6
+        for c in socks:
+            c.close()
+        time.sleep(0.5)
+        rx = Receiver(cfg, "r0", endpoint=sender.endpoint)
+        assert sender.wait_for_ids(["r0"], timeout_s=10) == []
+        rx.close()
+    finally:
+        for c in socks:
+            c.close()
+        sender.close()
 
 
 # ---- 7. the sandbox ------------------------------------------------------------------------------------
