@@ -278,7 +278,8 @@ class FleetManager:
 
     async def restart(self, server: RolloutServer) -> RolloutServer:
         """Start a replacement for a dead server, sync it to the current version, route to it; a
-        replacement that dies before it is routed is replaced too (`START_ATTEMPTS` in a row)."""
+        replacement that dies or cannot load the version before it is routed is replaced too
+        (`START_ATTEMPTS` in a row)."""
         return await self._begin_restart(server)
 
     def _begin_restart(self, server: RolloutServer) -> Awaitable[RolloutServer]:
@@ -308,9 +309,12 @@ class FleetManager:
                     await self._bring_current(fresh)
                     if fleet.name in self.fleets:  # the fleet may have been removed meanwhile
                         self.router.add(fresh, fleet.name)
-            except ServerDied:
+            except (ServerDied, RuntimeError) as exc:  # died again, or could not load the version (e.g. not joined in time)
+                if isinstance(exc, WeightParityError) and (self.parity is None or self.parity.action == "stop"):
+                    raise
                 if attempt == START_ATTEMPTS - 1:
                     raise
+                log.warning("restart of %s: attempt %d failed (%s); starting another", server_name(fresh), attempt + 1, exc)
                 server = fresh
                 continue
             self.restarts += 1
