@@ -25,7 +25,9 @@ rollouter (`queueing`); one being dropped is not kept.
 Counts (`reinstate`'s, kept in state.json and summary.json `resume`): `queued_restored` records put
 back, `finished_restored` samples of running groups that had finished, `found_in_queue` samples of
 groups a durable queue already held, `in_flight` samples to run (each later counted `continued` or
-`redone` by the rollouter, `Pipeline._resumed_sample`), `saved_partial` those with saved tokens.
+`redone` by the rollouter, `Pipeline._resumed_sample`), `saved_partial` those with saved tokens,
+`queued_lost` the in-process queue's records a Ray run does not keep (their arrays are in the actors'
+planes, which the controller never reads: a durable queue keeps them).
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ class AsyncState(msgspec.Struct, forbid_unknown_fields=True):
     queued: list[SavedRecord] = []
     """The in-process queue's records (a durable queue keeps its own: empty)."""
     groups: list[SavedGroup] = []
+    queued_not_kept: int = 0
+    """The in-process queue's records not kept (`capture(keep_arrays=False)`): lost with the process."""
 
 
 def write_async_state(ckpt: Path, state: AsyncState) -> None:
@@ -84,8 +88,12 @@ def read_async_state(ckpt: Path) -> AsyncState | None:
     return msgspec.msgpack.decode(path.read_bytes(), type=AsyncState) if path.exists() else None
 
 
-async def capture(servers: Iterable[Any], rollouter: Any, queue: Any) -> AsyncState:
-    """The queued and running work now (see the module docstring); no await after the servers answer."""
+async def capture(servers: Iterable[Any], rollouter: Any, queue: Any, keep_arrays: bool = True) -> AsyncState:
+    """The queued and running work now (see the module docstring); no await after the servers answer.
+    `keep_arrays=False` (the hosts write into other processes' planes, e.g. Ray actors): records are
+    not read (trajectory arrays never pass through the controller), so the in-process queue's groups
+    and the finished samples of running groups are generated again after a resume (counted `redone`);
+    the generating samples' saved tokens are still kept."""
     partial: dict[str, SavedSample] = {}
     askable = [s for s in servers if hasattr(s, "partial_samples")]
     for got in await asyncio.gather(*(s.partial_samples() for s in askable), return_exceptions=True):
@@ -102,10 +110,12 @@ async def capture(servers: Iterable[Any], rollouter: Any, queue: Any) -> AsyncSt
             continue
         groups.append(SavedGroup(
             g.group_id, g.version, len(g.samples), g.prompt.index, list(g.prompt.prompt_ids), str(g.prompt.answer),
-            finished=[save_record(plane, r) for r in g.done.values()],
+            finished=[save_record(plane, r) for r in g.done.values()] if keep_arrays else [],
             partial=[partial[s.uid] for s in g.samples if s.index_in_group not in g.done and s.uid in partial],
             queueing=g.phase == "queueing"))
-    return AsyncState(queued=[save_record(plane, r) for group in queued.values() for r in group], groups=groups)
+    records = [r for group in queued.values() for r in group]
+    kept = [save_record(plane, r) for r in records] if keep_arrays else []
+    return AsyncState(queued=kept, groups=groups, queued_not_kept=len(records) - len(kept))
 
 
 async def reinstate(state: AsyncState, *, rollouter: Any, queue: Any) -> Counter[str]:
@@ -121,6 +131,8 @@ async def reinstate(state: AsyncState, *, rollouter: Any, queue: Any) -> Counter
     back = [[load_record(plane, r) for r in sorted(rs, key=_index)] for gid, rs in by_group.items() if gid not in held]
     await queue.restore(back)
     counts["queued_restored"] += sum(len(g) for g in back)
+    if state.queued_not_kept:
+        counts["queued_lost"] += state.queued_not_kept
     counts["queued_groups"] += len(back)
     for g in state.groups:
         if g.group_id in held:  # finished and queued before the crash
