@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from asyncrl.config_checks import ConfigError, check as _check, check_literals as _check_literals, check_overlong as _check_overlong, check_resources as _check_resources  # noqa: F401 (ConfigError: re-exported)
+from asyncrl.config_checks import ConfigError, literal_fields, one_of, check as _check, check_literals as _check_literals, check_overlong as _check_overlong, check_resources as _check_resources  # noqa: F401 (ConfigError: re-exported)
 from asyncrl.config_algorithm import AlgorithmConfig  # noqa: F401 (re-exported)
 from asyncrl.config_critic import CriticConfig, KLCtrlConfig  # noqa: F401 (re-exported)
 from asyncrl.config_rollout import CostModelConfig, RolloutConfig  # noqa: F401 (re-exported)
@@ -308,7 +308,8 @@ class Config:
     """Continue the run named `logging.run_name` from its latest checkpoint."""
 
     def __post_init__(self) -> None:
-        _check(self.hardware in ("", "cpu"), "hardware", f"must be '' (every key as set) or cpu, got {self.hardware!r}")
+        for name, choices in literal_fields(type(self)):  # the top level's own choice keys (hardware)
+            one_of(getattr(self, name), name, choices)
         t = self.trainer
         if self.ray.enabled:  # trainer ranks and servers are other processes: the planes must reach across
             _check(self.queue.storage != "local", "queue.storage", "`local` keeps tensors in one process; with ray.enabled use shm (one host), zmq or nixl")
