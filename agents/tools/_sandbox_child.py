@@ -142,8 +142,9 @@ def set_up_mounts() -> None:
     os.mkdir(cfg["workdir"], 0o700)
     with open(os.path.join(cfg["workdir"], "main.py"), "w") as f:
         f.write(code_text)
-    if cfg["uid"] is not None:
+    if cfg["uid"] is not None:  # the file too: under a private umask (a run's 077) it is 0600 and root's
         os.chown(cfg["workdir"], cfg["uid"], cfg["uid"])
+        os.chown(os.path.join(cfg["workdir"], "main.py"), cfg["uid"], cfg["uid"])
 
 
 def map_own_ids() -> None:

@@ -137,3 +137,16 @@ def test_python_tool_reports_errors_as_text():
     assert out.startswith("Error: ") and ("timed out" in out or "CPU" in out)
     out = asyncio.run(tool(code="print('before')\n1/0"))
     assert out.startswith("Error: exit code 1") and "before\n" in out and "ZeroDivisionError" in out
+
+
+def test_code_runs_under_a_private_run_umask():
+    """A run makes its umask 077 (asyncrl/run_dir.py): the program file the sandbox writes as root is
+    then 0600, and the sandbox's own uid must still be able to read it."""
+    old = os.umask(0o077)
+    try:
+        r, _ = sandbox("print(6 * 7)")
+    finally:
+        os.umask(old)
+    assert r.ok, r.stderr
+    assert r.stdout == "42\n"
+    assert_nothing_left(r)
