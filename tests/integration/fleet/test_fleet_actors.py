@@ -123,11 +123,16 @@ def test_fleets_added_and_removed_while_requests_run(ray_cluster, tiny_model):
         second = [asyncio.create_task(manager.router.generate(p, SHORTER)) for p in PROMPTS[3:]]
         await asyncio.sleep(0.05)
         assert manager.router.in_flight == [3, 3]  # least-in-flight sent the new ones to the new fleet
+        order: list[str] = []
+        for t in first:
+            t.add_done_callback(lambda _: order.append("request on main"))
         removing = asyncio.create_task(manager.remove_fleet("main"))  # drains: its requests finish
-        await asyncio.sleep(0.05)
-        assert [s.name for s in manager.router.servers] == ["extra-0"] and not removing.done()
+        removing.add_done_callback(lambda _: order.append("main removed"))
+        await asyncio.sleep(0.01)  # remove_fleet's drains begin
+        assert [s.name for s in manager.router.servers] == ["extra-0"]  # no new request goes to main
         outs = await asyncio.gather(*first, *second)  # one result per call, none cut short
         await removing
+        assert order == ["request on main"] * 3 + ["main removed"]  # removed only once drained
         assert [o.finish_reason in ("length", "stop") for o in outs] == [True] * 6
         assert all(len(o.token_ids) == len(o.versions) > 0 for o in outs)
         assert list(manager.fleets) == ["extra"] and manager.router.servers == extra.servers
