@@ -74,12 +74,12 @@ from asyncrl.launch import Components
 from asyncrl.lengths import LengthBias
 from asyncrl.metrics import MetricsLogger, idle_ratio
 from asyncrl.observe.reporter import StatusReporter
+from asyncrl.pipeline_checkpoint import PipelineCheckpoint
 from asyncrl.progress import Progress
 from asyncrl.rollout.parity import ParityCheck, vocab_bound
-from asyncrl.rollout.resume import capture, read_async_state, reinstate, write_async_state
 from asyncrl.rollout.rollouter import Rollouter
 from asyncrl.rollout.shaping import OverlongShaping, overlong_metrics
-from asyncrl.run_dir import checkpoint_dir, latest_checkpoint, plot_curve, prune_checkpoints, read_published, write_published, write_state
+from asyncrl.run_dir import plot_curve, write_published
 from asyncrl.run_state import PipelineSource
 from asyncrl.staleness import StalenessManager
 from asyncrl.trainer.handle import TrainerHandle
@@ -93,7 +93,7 @@ def mode_rule(cfg: Config) -> tuple[int, int, bool]:
     return t.eta, (t.publish_every if t.mode == "fully_async" else 1), t.mode != "fully_async"
 
 
-class Pipeline:
+class Pipeline(PipelineCheckpoint):
     def __init__(self, cfg: Config, parts: Components, run_dir: Path, metrics: MetricsLogger) -> None:
         self.cfg, self.parts, self.run_dir, self.metrics = cfg, parts, run_dir, metrics
         self.B, self.n = cfg.trainer.prompts_per_step, cfg.rollout.group_size
@@ -138,108 +138,6 @@ class Pipeline:
         self._tokens_at_start = 0
         self._audit = (run_dir / "trained_uids.jsonl").open("a")
         """One line per step: the uids trained on (re-done steps after a resume appear again)."""
-
-    # ---- checkpoint / resume ------------------------------------------------
-    async def save(self) -> None:
-        ckpt = checkpoint_dir(self.run_dir, self.step)
-        ckpt.mkdir(parents=True, exist_ok=True)
-        await self.trainer.save(str(ckpt / "trainer"))
-        await self.queue.checkpointed()
-        # the queued groups (in-process queue) and every group in flight, continued on resume; from
-        # here to write_state no await: the counters below describe exactly what it holds
-        # with Ray the records' arrays are in the actors' planes: the controller does not read them
-        work = await capture(self.parts.fleets.servers, self.rollouter, self.queue, keep_arrays=not self.cfg.ray.enabled)
-        state = self.staleness.state_dict()
-        write_async_state(ckpt, work)
-        write_state(
-            ckpt,
-            {
-                "step": self.step,
-                "in_flight_samples": sum(g.group_size - len(g.finished) for g in work.groups),
-                "lengths": self.lengths.state_dict(),
-                "resume_counts": dict(self.resume_counts),
-                "stale_before_resume": self.stale_before_resume,
-                "version_offset": self.version_offset,
-                "staleness": state,
-                "prompt_position": self.parts.prompts.position,
-                "trained_samples": self.trained_samples,
-                "trained_tokens": self.trained_tokens,
-                "curve": self.curve,
-                "staleness_hist": dict(self.staleness_hist),
-                "bad_steps": self.bad_steps,
-                "wall_s": self.wall_before + time.time() - self.t_start,
-            },
-        )
-        prune_checkpoints(self.run_dir, self.cfg.trainer.keep_checkpoints)
-
-    async def restore(self) -> bool:
-        ckpt = latest_checkpoint(self.run_dir)
-        if ckpt is None:
-            return False
-        state = json.loads((ckpt / "state.json").read_text())
-        await self.trainer.load(str(ckpt / "trainer"))
-        self.step = state["step"]
-        self.version_offset = int(state.get("version_offset", 0))  # absent in checkpoints written before it was kept
-        self.staleness.load_state_dict(state["staleness"])
-        await self._resume_versions()
-        self.parts.prompts.restore(state["prompt_position"])
-        self.trained_samples, self.trained_tokens = state["trained_samples"], state["trained_tokens"]
-        self.curve = [tuple(p) for p in state["curve"]]
-        self.staleness_hist = Counter({int(k): v for k, v in state["staleness_hist"].items()})
-        self.bad_steps = state.get("bad_steps", 0)  # absent in checkpoints written before it was counted
-        self.lengths.load_state_dict(state.get("lengths", {}))
-        self.resume_counts = Counter({k: int(v) for k, v in state.get("resume_counts", {}).items()})
-        self.stale_before_resume = int(state.get("stale_before_resume", 0))
-        self.wall_before = state["wall_s"]
-        work = read_async_state(ckpt)
-        if work is None:  # written before in-flight work was kept: it was generated again from the prompts
-            self.lengths.add_unmeasured("redone", state.get("in_flight_samples", 0))
-            return True
-        counts = await reinstate(work, rollouter=self.rollouter, queue=self.queue)
-        if not self.queue.ack_at_checkpoint:  # what the in-process queue holds again was accepted, and is queued
-            self.staleness.accepted = self.staleness.taken + counts.pop("queued_groups")
-        counts.pop("queued_groups", None)
-        self.resume_counts.update(counts)
-        return True
-
-    def _resumed_sample(self, fate: str, record: SampleMeta) -> None:
-        """A sample of a group taken back from a checkpoint ended: `continued` from its saved tokens or
-        `redone` from its prompt; counted, and a line in `resumed_samples.jsonl`."""
-        self.resume_counts[fate] += 1
-        if fate == "redone":
-            self.lengths.add("redone", [response_length(record)])
-        if self._resumed_audit is None:
-            self._resumed_audit = (self.run_dir / "resumed_samples.jsonl").open("a")
-        m = record.meta
-        self._resumed_audit.write(json.dumps({
-            "step": self.step, "uid": record.uid, "fate": fate, "response_length": response_length(record),
-            "resumed_tokens": m["meta"].get("resumed_tokens", 0), "resumed_max_version": m["meta"].get("resumed_max_version", -1),
-            "min_version": m["min_version"], "max_version": m["max_version"]}) + "\n")
-        self._resumed_audit.flush()
-
-    async def _resume_versions(self) -> None:
-        """Versions never go back. A crash after the checkpoint loses the weights of the versions
-        published since, not the samples they generated (a durable queue keeps them, tagged with
-        those versions). So the checkpoint's weights are published as a version above every one
-        published before (`published_version.json`): no version names two sets of weights. Staleness
-        is then measured along the run's lineage (`StalenessManager.resumed`): a sample keeps its true
-        age, the trainer steps between the weights that generated it and the trainer's. With a
-        durable queue the groups it still holds count as accepted and queued (they were accepted
-        after the checkpoint), so admission does not generate that many again.
-
-        Trace (B = 4, eta 4, checkpoint at version 10, versions 11..13 published before the kill):
-            resume: step 10, the checkpoint's weights published as version 14 (lineage [(14, 10)])
-            queued: a sample of version 9 is 1 old, one of version 12 is 2 old (2 lost steps past 10)
-            the next step trains as version 15: they are 2 and 3 old
-        """
-        published = read_published(self.run_dir)
-        label = self.step + self.version_offset
-        if published > label:  # versions were published after the checkpoint: label its weights above them
-            self.staleness.resumed(published + 1, weights_of=label)
-            self.version_offset = published + 1 - self.step
-        if self.queue.ack_at_checkpoint:  # what the durable queue holds was accepted, and is queued
-            resident = (await self.queue.depth())["resident"] // self.n
-            self.staleness.accepted = self.staleness.taken + resident
 
     def _stale_dropped(self, records: list[SampleMeta]) -> None:
         """The queue dropped these as too stale: their lengths, and whether a restart made them so."""
