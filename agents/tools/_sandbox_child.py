@@ -115,6 +115,9 @@ def seccomp_filter() -> bytes:
 
 def set_up_mounts() -> None:
     """Run in init (pid 1 of the new pid namespace, inside the new mount namespace)."""
+    # the host's umask is the run's (077, asyncrl/run_dir.py): the mount points made here for the kept
+    # trees and the program file must be readable by the sandbox's uid, so this tree has its own
+    os.umask(0o022)
     mount("none", "/", None, MS_REC | MS_PRIVATE)
     kept = []
     for _, keep in cfg["expose"]:  # clone each kept tree before its parent is covered
@@ -142,9 +145,8 @@ def set_up_mounts() -> None:
     os.mkdir(cfg["workdir"], 0o700)
     with open(os.path.join(cfg["workdir"], "main.py"), "w") as f:
         f.write(code_text)
-    if cfg["uid"] is not None:  # the file too: under a private umask (a run's 077) it is 0600 and root's
+    if cfg["uid"] is not None:
         os.chown(cfg["workdir"], cfg["uid"], cfg["uid"])
-        os.chown(os.path.join(cfg["workdir"], "main.py"), cfg["uid"], cfg["uid"])
 
 
 def map_own_ids() -> None:
