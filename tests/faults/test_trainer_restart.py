@@ -14,7 +14,8 @@ import time
 import psutil
 import pytest
 
-STEPS = 30
+STEPS = 12
+"""The kill comes right after the first checkpoint (step 3): the steps after it are the resumed segment."""
 
 
 def _ranks(pid: int) -> list[psutil.Process]:
