@@ -212,7 +212,8 @@ def run_once(tmp: Path, redis_url: str, steps: int, faults_on: bool, server_ever
         "redone": summary.get("redone"),
         "resume": summary.get("resume"),
         "steps": summary.get("steps"),
-        "trainer_restarts": summary.get("trainer_restarts"),
+        # every segment's (summary.json is the last segment's, whose process restarted nothing)
+        "trainer_restarts": (tmp / f"{name}.log").read_text(errors="replace").count("restarting from the last checkpoint"),
         "final_eval_reward": summary.get("final_eval_reward"),
         "wall_s": round(wall, 1),
     }
