@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from asyncrl.data.tiny_model import TinyModelSpec, ensure_tiny_model
+
+
+@pytest.fixture(autouse=True)
+def _umask_of_the_session():
+    """A run started in this process makes the umask 077 (asyncrl/run_dir.py) and keeps it, as the
+    `asyncrl train` process does: every test starts from the session's umask instead, whatever ran before."""
+    before = os.umask(0o022)
+    os.umask(before)
+    yield
+    os.umask(before)
 
 
 @pytest.fixture(scope="session")
