@@ -76,13 +76,7 @@ def nbytes(sd: dict[str, torch.Tensor]) -> int:
 
 def memcpy_gbps(sd: dict[str, torch.Tensor], repeats: int = 3) -> float:
     dst = {k: torch.empty_like(v) for k, v in sd.items()}
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for k, v in sd.items():
-            dst[k].copy_(v)
-        best = min(best, time.perf_counter() - t0)
-    return nbytes(sd) / best / 1e9
+    return nbytes(sd) / memcpy_seconds(sd, dst, repeats) / 1e9
 
 
 # ---- receiver workers ---------------------------------------------------------------
