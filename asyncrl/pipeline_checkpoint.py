@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from asyncrl.rollout.resume import capture, read_async_state, reinstate, write_async_state
 from asyncrl.run_dir import checkpoint_dir, latest_checkpoint, prune_checkpoints, read_published, write_state
