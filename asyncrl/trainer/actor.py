@@ -28,7 +28,7 @@ import secrets
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -37,6 +37,10 @@ from asyncrl.trainer.handle import TrainerDied
 from asyncrl.trainer.plan import BatchPlan
 from asyncrl.trainer.rank import merge_outcomes
 
+
+DEAD_PEER_S = 10.0
+"""After a rank's verb failed, how long Ray is given to report another rank's death (its process
+gone makes the survivors' collectives fail at once, before Ray has noticed)."""
 
 class TrainerRankShell:
     """One rank. Built empty; `setup` joins the process group, loads the model, opens the planes."""
@@ -158,7 +162,28 @@ class TrainerGroup:
                 rank = refs.index(ready[0])
                 self._kill()
                 raise TrainerDied(f"trainer rank {rank} died during {verb}: {type(exc).__name__}") from exc
+            except RayTaskError as exc:  # a peer's death often shows first as this rank's collective failing
+                rank = self._dead_rank(refs, ready[0])
+                if rank is None:
+                    raise
+                self._kill()
+                raise TrainerDied(f"trainer rank {rank} died during {verb} (a peer's collective failed first)") from exc
         return ray.get(refs)
+
+    @staticmethod
+    def _dead_rank(refs: list[Any], failed: Any) -> int | None:
+        """The rank among the others whose process is gone, waiting up to `DEAD_PEER_S` for Ray to
+        tell; None if all of them are alive (then `failed`'s error is the rank's own)."""
+        others = [r for r in refs if r is not failed]
+        done, _ = ray.wait(others, num_returns=len(others), timeout=DEAD_PEER_S)
+        for ref in done:
+            try:
+                ray.get(ref)
+            except RayActorError:
+                return refs.index(ref)
+            except RayTaskError:
+                pass
+        return None
 
     def _kill(self) -> None:
         for w in self.workers:
