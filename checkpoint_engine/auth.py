@@ -17,8 +17,6 @@ import hashlib
 import os
 import socket
 import threading
-import time
-from collections import deque
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
@@ -79,13 +77,6 @@ class CurveServer:
         self.authenticator.stop()
 
 
-CLOSED_KEPT = 4096
-"""Closed connections remembered until the socket's owner reads them (strangers' included; past it the
-oldest are forgotten, and a receiver among them is found by its timeout instead)."""
-SETTLE_S = 0.5
-"""Longest `Peers.settle` waits for the watcher (it reads an event within a few ms when it is free)."""
-
-
 class Peers:
     """The connections of one bound listener, watched on a thread: failed handshakes are counted
     (`handshake_failed`), and a connection past `limit` is shut at once (`refused`), so strangers
@@ -95,11 +86,6 @@ class Peers:
         self.limit, self.port = limit, port
         self.handshake_failed = 0
         self.refused = 0
-        self._closed: deque[int] = deque(maxlen=CLOSED_KEPT)
-        """Descriptors of connections that closed, in order, until `take_closed` reads them."""
-        self._lock = threading.Lock()
-        self._drained = 0.0
-        """When the watcher last found no event waiting (`settle`)."""
         self._mon = sock.get_monitor_socket(_FAILED | zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="weights-peers", daemon=True)
@@ -109,7 +95,6 @@ class Peers:
         open_fds: set[int] = set()
         while not self._stop.is_set():
             if not self._mon.poll(100):
-                self._drained = time.monotonic()
                 continue
             ev = recv_monitor_message(self._mon)
             kind, fd = ev["event"], ev["value"]
@@ -120,30 +105,9 @@ class Peers:
                     open_fds.add(fd)
             elif kind == zmq.EVENT_DISCONNECTED:
                 open_fds.discard(fd)
-                with self._lock:
-                    self._closed.append(fd)
             elif kind & _FAILED:
                 self.handshake_failed += 1
-            if not self._mon.poll(0):
-                self._drained = time.monotonic()
         self._mon.close(0)
-
-    def take_closed(self) -> list[int]:
-        """The descriptors of the connections that closed since the last call (a peer's process died,
-        or it closed its socket), oldest first."""
-        with self._lock:
-            out = list(self._closed)
-            self._closed.clear()
-        return out
-
-    def settle(self, timeout_s: float = SETTLE_S) -> list[int]:
-        """`take_closed` once the watcher has read every event ZeroMQ had emitted when this was called
-        (at most `timeout_s` later): a connection that closed before a frame now being handled was
-        received is then among those returned."""
-        asked = time.monotonic()
-        while self._drained <= asked and time.monotonic() - asked < timeout_s and self._thread.is_alive():
-            time.sleep(0.002)
-        return self.take_closed()
 
     def close(self) -> None:
         self._stop.set()

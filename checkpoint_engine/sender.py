@@ -25,12 +25,9 @@ Newcomers (receiver ids not in the first update that never completed one) take p
 only when named; `sync()` brings them in (`Membership.publishable`): fresh ids cost an insider
 nothing, so they must not cost every publish a timeout.
 
-Liveness: a receiver whose connection closes (its process died) is evicted, reason
-`disconnected`, by the update that has it as a member as soon as the sender sees the close
-(`control.DISCONNECTED`), not after `timeout_s`; when it joins again it is a member like any other.
-A receiver evicted for a timeout is a suspect; when it joins again it is sent a `Probe` and takes
-part only once it answers (`Pong`), so a peer that keeps joining but never reads stalls one
-publish (one `timeout_s`), not every one:
+Liveness: a receiver evicted for a timeout is a suspect; when it joins again it is sent a
+`Probe` and takes part only once it answers (`Pong`), so a peer that keeps joining but never
+reads stalls one publish (one `timeout_s`), not every one:
 
     publish v=4 {r0, r1}: r1 silent -> evicted after timeout_s (suspect)
     r1 -> Join             sender -> Probe(n) to r1; r1 stays out
@@ -52,7 +49,7 @@ from checkpoint_engine.backends import make_sender_transport
 from checkpoint_engine.backends.base import pack_device
 from checkpoint_engine.buckets import BucketPacker
 from checkpoint_engine.config import WeightsConfig
-from checkpoint_engine.control import DISCONNECTED, SenderSocket
+from checkpoint_engine.control import SenderSocket
 from checkpoint_engine.membership import Membership, UpdateOutcome
 from checkpoint_engine.wire import Abort, Ack, Begin, Bucket, BucketMeta, End, Group, Join, Nack, Pong, Probe
 
@@ -95,8 +92,6 @@ class Sender:
         """Suspects that joined again: the nonces of the probes they were sent, and their Join."""
         self.stale = 0
         """Well-formed acks / pongs that came too late to matter (an update already left)."""
-        self._gone: set[str] = set()
-        """Receivers whose connection closed since they last joined (evicted by the next update they are in)."""
 
     @property
     def endpoint(self) -> str:
@@ -108,14 +103,8 @@ class Sender:
         self._ctl.send(rid, msg)
 
     def _recv(self, timeout_s: float) -> tuple[str, object] | None:
-        """Next admitted message (or a receiver's `DISCONNECTED`, recorded), or None after `timeout_s`;
-        malformed frames are counted, never raised."""
-        got = self._ctl.recv(timeout_s, self._admit)
-        if got is not None and got[1] is DISCONNECTED:
-            self._gone.add(got[0])
-        elif got is not None:  # it speaks again (a new connection): not gone
-            self._gone.discard(got[0])
-        return got
+        """Next admitted message, or None after `timeout_s`; malformed frames are counted, never raised."""
+        return self._ctl.recv(timeout_s, self._admit)
 
     def _admit(self, rid: str, msg: object) -> str | None:
         """The sender's checks of a well-formed record from `rid` (None: accepted, else the reason
@@ -123,9 +112,6 @@ class Sender:
         if isinstance(msg, Join):
             if msg.receiver_id != rid:
                 return "identity"
-            if rid in self.membership.receivers:  # perhaps restarted: its old connection's close is
-                # taken before this Join, so that it cannot mark the new one gone (`closed_receivers`)
-                self._gone.update(self._ctl.closed_receivers(settle=True))
             if self.membership.is_suspect(rid):  # timed out before: prove you read, then join
                 nonces = self._probes.get(rid, ([], msg))[0][-3:]
                 nonces.append(secrets.randbits(62))
@@ -198,8 +184,6 @@ class Sender:
         acked: set[str] = set()
         regroup: set[str] = set()
         deadline = time.monotonic() + timeout_s
-        for rid in [r for r in members if r in self._gone]:  # its process is gone: nothing will come
-            self._evict(rid, "disconnected", members, outcome)
         while len(acked | regroup) < len(members):
             got = self._recv(deadline - time.monotonic())
             if got is None:
@@ -207,8 +191,6 @@ class Sender:
             rid, msg = got
             if rid in self._rejoined and rid in members:
                 self._evict(rid, "rejoined", members, outcome, tell=False)
-            elif msg is DISCONNECTED and rid in members:
-                self._evict(rid, "disconnected", members, outcome)
             elif isinstance(msg, Ack) and rid in members and msg.update_id == uid and msg.index == index:
                 acked.add(rid)
             elif isinstance(msg, Nack) and msg.update_id == uid and rid in members:
