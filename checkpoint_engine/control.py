@@ -13,6 +13,10 @@ at once (`auth.Peers`, counted in `stats()["connections_refused"]`).
 
 The socket binds `config.host` only, on a context of its own (one ZAP handler per context), and
 is a CURVE server when `config.secret` is set (`auth.py`).
+
+Sends never block and never raise: the socket is ZMQ_ROUTER_MANDATORY, so `send` says whether the
+receiver is connected at all (False: no connection holds its id, e.g. its process died); a frame
+for a receiver whose queue is full is dropped, as a plain ROUTER would.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ class SenderSocket:
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.linger = 0
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted receiver takes over its identity
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an id no connection holds fails the send: `send` says so
         self.sock.maxmsgsize = min(config.max_message_bytes, SOCKET_INBOUND)
         self.sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_S * 1000)
         self.auth = CurveServer(self.ctx, self.sock, config.secret) if config.secret else None
@@ -69,8 +74,17 @@ class SenderSocket:
             self.auth.peers = self.peers
         self.malformed: Counter[str] = Counter()
 
-    def send(self, rid: str, msg: Message) -> None:
-        self.sock.send_multipart([rid.encode(), encode(msg)])
+    def send(self, rid: str, msg: Message) -> bool:
+        """Queue `msg` for `rid`; False when no connection holds that id (nothing was sent)."""
+        try:
+            self.sock.send_multipart([rid.encode(), encode(msg)], zmq.NOBLOCK)
+        except zmq.Again:  # connected, its queue full (it does not read): dropped
+            return True
+        except zmq.ZMQError as e:
+            if e.errno == zmq.EHOSTUNREACH:
+                return False
+            raise
+        return True
 
     def recv(self, timeout_s: float, admit: Admit) -> tuple[str, Message] | None:
         """The next admitted (receiver id, record), or None once `timeout_s` passed without one."""

@@ -33,6 +33,13 @@ reads stalls one publish (one `timeout_s`), not every one:
     r1 -> Join             sender -> Probe(n) to r1; r1 stays out
     publish v=5 {r0}       returns without waiting for r1
     r1 -> Pong(n)          r1 live, behind -> sync() / publish v=6 bring it current
+
+A member whose process died is not waited for: while an update waits on members, every
+`LIVENESS_S` each one that has not answered is sent a `Probe`, and one that no connection holds
+at two such looks in a row (its process is gone, so is its TCP connection) is evicted at once as
+`disconnected`, not after `timeout_s`. A receiver restarted under the same id holds it again
+through its new connection (ZMQ_ROUTER_HANDOVER); its Join then evicts the old member
+(`rejoined`). A connected receiver that does not answer is still given the whole `timeout_s`.
 """
 
 from __future__ import annotations
@@ -57,6 +64,8 @@ NamedTensors = Iterable[tuple[str, torch.Tensor]]
 READY = -1
 GROUP = -2
 LOADED = -3
+LIVENESS_S = 0.5
+"""Seconds between two looks at whether the members an update waits on are still connected."""
 
 
 class Sender:
@@ -92,6 +101,8 @@ class Sender:
         """Suspects that joined again: the nonces of the probes they were sent, and their Join."""
         self.stale = 0
         """Well-formed acks / pongs that came too late to matter (an update already left)."""
+        self._pings: set[int] = set()
+        """Nonces of the liveness probes sent while waiting on members (their pongs mean nothing more)."""
 
     @property
     def endpoint(self) -> str:
@@ -99,8 +110,17 @@ class Sender:
         return f"tcp://{self.config.host}:{self.port}"
 
     # ---- control plane -------------------------------------------------------------
-    def _send(self, rid: str, msg) -> None:
-        self._ctl.send(rid, msg)
+    def _send(self, rid: str, msg) -> bool:
+        """False: no connection holds `rid` (nothing was sent)."""
+        return self._ctl.send(rid, msg)
+
+    def _connected(self, rid: str) -> bool:
+        """Whether a connection holds `rid`, found by sending it a liveness probe."""
+        nonce = secrets.randbits(62)
+        if len(self._pings) > 4096:  # pongs that never came back (their receivers died)
+            self._pings.clear()
+        self._pings.add(nonce)
+        return self._send(rid, Probe(nonce))
 
     def _recv(self, timeout_s: float) -> tuple[str, object] | None:
         """Next admitted message, or None after `timeout_s`; malformed frames are counted, never raised."""
@@ -124,6 +144,9 @@ class Sender:
         if isinstance(msg, Pong):
             if not known:
                 return "member"
+            if msg.nonce in self._pings:  # a liveness probe's answer: the send had already told
+                self._pings.discard(msg.nonce)
+                return None
             probe = self._probes.get(rid)
             if probe is None:
                 self.stale += 1
@@ -184,10 +207,25 @@ class Sender:
         acked: set[str] = set()
         regroup: set[str] = set()
         deadline = time.monotonic() + timeout_s
+        look = time.monotonic() + LIVENESS_S
+        unreachable: set[str] = set()  # not connected at the last look
         while len(acked | regroup) < len(members):
-            got = self._recv(deadline - time.monotonic())
+            now = time.monotonic()
+            if now >= look:
+                look = now + LIVENESS_S
+                for rid in [r for r in members if r not in acked and r not in regroup]:
+                    if self._connected(rid):
+                        unreachable.discard(rid)
+                    elif rid in unreachable:  # gone at two looks: its process died
+                        self._evict(rid, "disconnected", members, outcome)
+                    else:
+                        unreachable.add(rid)
+                continue
+            got = self._recv(min(deadline, look) - now)
             if got is None:
-                break
+                if time.monotonic() >= deadline:
+                    break
+                continue
             rid, msg = got
             if rid in self._rejoined and rid in members:
                 self._evict(rid, "rejoined", members, outcome, tell=False)

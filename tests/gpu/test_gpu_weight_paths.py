@@ -77,7 +77,7 @@ def test_nccl_with_a_bare_cuda_device_and_a_receiver_killed_mid_publish(tmp_path
         pub.join(60)
         assert not pub.is_alive(), "publish blocked by a dead NCCL receiver"
         assert time.monotonic() - t0 < 4 * cfg.timeout_s + 10  # the bounded wait, not the watchdog's 2*timeout+30
-        assert result["o"].evicted == {"victim": "timeout"}
+        assert result["o"].evicted in ({"victim": "timeout"}, {"victim": "disconnected"})  # its death seen by its connection, or its silence
         # the trainer is alive and the plane works again with a new member
         fresh = spawn(cfg, "fresh", sender.endpoint, tmp_path / "fresh.jsonl", gpu=1)
         procs.append(fresh)

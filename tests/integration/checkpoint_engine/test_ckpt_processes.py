@@ -1,7 +1,8 @@
 """The weight plane across real processes, per backend: shm (/dev/shm), gloo (a real
 torch.distributed group), nixl (UCX READs between agents in different processes).
 
-One scenario per backend, sharing processes to keep the run short:
+One scenario per backend, sharing processes to keep the run short (and, on shm, a receiver whose
+kill the sender notices by its connection being gone):
   1. publish v1 to r0, r1 and a slow `victim`; the victim is SIGKILLed mid-update
      -> r0, r1 complete, the sender returns, the victim is reported evicted;
   2. publish v2 with bucket 1 corrupted after its checksum -> refused by r0 and r1,
@@ -120,3 +121,60 @@ def test_kill_checksum_rejoin_across_processes(backend, tmp_path):
     assert records(out["victim"]) == []  # killed before it could finish
     (late,) = records(out["victim2"])
     assert late["received"] == 2 and late["digest"] == want2
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_receiver_is_dropped_when_its_connection_closes_not_after_timeout_s(tmp_path):
+    """SIGKILL of a receiver's process closes its control connection: the publish drops it once no
+    connection holds its id (`disconnected`), not after `weights.timeout_s` (here 120 s, longer than the
+    test waits). A receiver restarted under the same id (killed between publishes, its replacement's
+    Join pending) is a member again, not dropped for its old connection."""
+    cfg = WeightsConfig(backend="shm", bucket_size_mb=0.5, timeout_s=120.0)
+    sender = Sender(cfg)
+    out = {r: tmp_path / f"{r}.jsonl" for r in ("r0", "victim", "victim2", "victim3")}
+    procs = [spawn(cfg, "r0", sender.endpoint, out["r0"], updates=3)]
+    victim = spawn(cfg, "victim", sender.endpoint, out["victim"], updates=1, slow=0.2)
+    procs.append(victim)
+
+    def restart(name: str, updates: int):
+        p = spawn(cfg, "victim", sender.endpoint, out[name], updates=updates)
+        procs.append(p)
+        deadline = time.monotonic() + 150
+        while p.poll() is None and time.monotonic() < deadline:  # joined: live, and behind (it has no weights)
+            if "victim" in sender.poll(0.05) and sender.stats()["behind"] == ["victim"]:
+                return p
+        raise AssertionError(f"{name} did not join")
+
+    try:
+        sender.wait_for(2, timeout_s=150)
+        result = {}
+        pub = threading.Thread(target=lambda: result.update(o=sender.publish(state(1).items(), 1)))
+        pub.start()
+        progress = Path(str(out["victim"]) + ".progress")
+        deadline = time.monotonic() + 30
+        while not progress.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert progress.exists(), "victim never received a tensor"
+        victim.send_signal(signal.SIGKILL)
+        pub.join(60)
+        assert not pub.is_alive(), "the publish waited for the dead receiver's timeout"
+        assert result["o"].completed == ["r0"] and result["o"].evicted == {"victim": "disconnected"}
+
+        second = restart("victim2", updates=2)
+        o2 = sender.publish(state(2).items(), 2)
+        assert o2.completed == ["r0", "victim"] and not o2.evicted
+        second.send_signal(signal.SIGKILL)  # between publishes: its close waits unread ...
+        second.wait()
+        restart("victim3", updates=1)  # ... while the new one's Join arrives
+        o3 = sender.publish(state(3).items(), 3)
+        assert o3.completed == ["r0", "victim"] and not o3.evicted, o3
+        for p in (procs[0], procs[-1]):
+            assert p.wait(30) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        sender.close()
+    assert [r["received"] for r in records(out["r0"])] == [1, 2, 3]
+    assert [r["received"] for r in records(out["victim3"])] == [3]
+    assert records(out["victim3"])[0]["digest"] == digests(state(3))
