@@ -326,6 +326,34 @@ def test_3_sweeps_remove_only_this_runs_provably_orphaned_segments(tmp_path):
         holder.wait()
 
 
+def test_3_a_producer_starting_at_the_same_moment_never_sweeps_a_live_arena(tmp_path, monkeypatch):
+    """Two servers of one run create their arenas at once: the second one's sweep runs while the first
+    one's file exists but is not locked yet. The arena is created under a name no sweep matches and
+    renamed once locked, so the sweep never takes it for an orphan (it did: the trainer then failed with
+    FileNotFoundError reading the first server's records)."""
+    from transfer_queue.storage.shm import ShmStorage
+
+    a = ShmStorage(shm_dir=str(tmp_path), run_id="r", arena_bytes=1 << 20, inline_max_bytes=0)
+    b = ShmStorage(shm_dir=str(tmp_path), run_id="r", arena_bytes=1 << 20, inline_max_bytes=0)
+    create = ShmStorage._create
+    swept = []
+
+    def create_then_other_sweeps(path, n, keep_fd=False):
+        out = create(path, n, keep_fd)
+        if not swept:  # `a`'s file exists, its lock not taken yet: `b` starts now
+            swept.append(b.sweep(arenas_only=True))
+        return out
+
+    monkeypatch.setattr(ShmStorage, "_create", staticmethod(create_then_other_sweeps))
+    try:
+        h = a.write("u", {"x": np.arange(512)})
+        assert swept == [0]
+        assert (a.read([h["x"]])[0] == np.arange(512)).all()
+    finally:
+        a.close()
+        b.close()
+
+
 # ---- 5. queue identities from the connection ----------------------------------------------------------
 
 @pytest.mark.timeout(60)

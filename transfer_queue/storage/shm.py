@@ -70,8 +70,11 @@ class ShmStorage(StoragePlane):
                 if self.sweep_arenas:
                     self.sweep(arenas_only=True)
                 self._arena_path = os.path.join(self.dir, f"{self.prefix}arena")
-                mm, lock_fd = self._create(self._arena_path, self.arena_bytes, keep_fd=True)
+                # made under a name no sweep matches, locked, then renamed: a sweep by a producer starting
+                # at the same moment must never find it unlocked (it would take it for an orphan)
+                mm, lock_fd = self._create(self._arena_path + ".new", self.arena_bytes, keep_fd=True)
                 fcntl.flock(lock_fd, fcntl.LOCK_SH)  # held until this process ends: the arena is not an orphan
+                os.rename(self._arena_path + ".new", self._arena_path)
                 self._finalizer = weakref.finalize(self, _unlink, self._arena_path, lock_fd)
                 arena = Arena(np.frombuffer(mm, dtype=np.uint8), "queue.shm_arena_bytes")
                 self._endpoint = FreeEndpoint(arena.release, self.bind_host, self.secret, self.max_frame_bytes,
