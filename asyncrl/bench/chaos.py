@@ -4,7 +4,9 @@ The run: `asyncrl train configs/demo.yaml` with `ray.enabled=true`, 2 trainer ra
 servers, a durable queue (a real redis-server started here, per-record shm files, acks at
 checkpoints), for `--steps` steps. The injector touches only processes the run started (the
 descendants of its `asyncrl train` process, found by their Ray process titles):
-- a random rollout server (`ray::ServerActor...`) every `--server-every` seconds: SIGKILL;
+- a random rollout server (`ray::ServerActor...`) every `--server-every` seconds: SIGKILL, except the
+  second time, when one is hung instead (SIGSTOP: alive, connected, silent; the fleet's health probe
+  must find it, kill it and start another);
 - one trainer rank (`ray::TrainerRankShell...`) once, after the first checkpoint: SIGKILL
   (`asyncrl train` restarts the run's processes from that checkpoint);
 - the controller once, after a later checkpoint: SIGKILL to the whole `asyncrl train` process
@@ -46,6 +48,8 @@ from pathlib import Path
 from typing import Any
 
 
+QUICK_STEPS = 20
+"""`--quick`'s steps (the suite's run, `tests/integration/test_chaos_quick.py`)."""
 MAX_TOKENS = 32
 """`rollout.max_tokens` of the runs: long enough that a checkpoint finds samples mid-generation (the demo's 4
 tokens finish between two looks), so the controller's kill measures what a resume continues."""
@@ -137,8 +141,9 @@ def _segment(cmd: list[str], run: Path, steps: int, faults: dict[str, int], *, k
             if time.time() - last_server >= server_every:
                 servers = _descendants(proc.pid, "ray::ServerActor")
                 if servers:
-                    rng.choice(servers).send_signal(signal.SIGKILL)
-                    faults["server"] += 1
+                    hang = faults["server"] == 1 and faults["server_hung"] == 0
+                    rng.choice(servers).send_signal(signal.SIGSTOP if hang else signal.SIGKILL)
+                    faults["server_hung" if hang else "server"] += 1
                 last_server = time.time()
         return proc.returncode, "exited"
     finally:
@@ -168,7 +173,7 @@ def run_once(tmp: Path, redis_url: str, steps: int, faults_on: bool, server_ever
 
     name = "chaos" if faults_on else "calm"
     run = tmp / "runs" / name
-    faults = {"server": 0, "trainer_rank": 0, "controller": 0, "reward": 0}
+    faults = {"server": 0, "server_hung": 0, "trainer_rank": 0, "controller": 0, "reward": 0}
     rng = random.Random(seed)
     t0 = time.time()
     segments = []
@@ -251,13 +256,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="asyncrl bench chaos", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--steps", type=int, default=100, help="trainer steps of the run (default 100)")
-    p.add_argument("--quick", action="store_true", help="30 steps")
+    p.add_argument("--quick", action="store_true", help=f"{QUICK_STEPS} steps")
     p.add_argument("--server-every", type=float, default=10.0, help="seconds between server kills (default 10)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help=f"rollout.max_tokens of the runs (default {MAX_TOKENS})")
     p.add_argument("--no-baseline", action="store_true", help="skip the run without faults (no wall ratio; what the test runs)")
     a = p.parse_args(argv)
-    res = run(30 if a.quick else a.steps, a.server_every, a.seed, baseline=not a.no_baseline, max_tokens=a.max_tokens)
+    res = run(QUICK_STEPS if a.quick else a.steps, a.server_every, a.seed, baseline=not a.no_baseline, max_tokens=a.max_tokens)
     if a.json:
         print(json.dumps(res, indent=1))
     else:
