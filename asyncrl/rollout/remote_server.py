@@ -34,6 +34,8 @@ class RemoteServer(RolloutServer):
         self._in_flight = 0
         self._stats = ServerStats(version=0, in_flight=0, paused=False, generated_tokens=0, tokens_per_s=0.0)
         self._dead = False
+        self._hung = False
+        """A control verb went unanswered: `close` kills it without asking it first."""
         self.record_bytes = 0
         """Bytes of the queue records this proxy received from the actor (`run_sample` replies)."""
 
@@ -47,6 +49,7 @@ class RemoteServer(RolloutServer):
                     return await ref
             return await ref
         except asyncio.TimeoutError:
+            self._hung = True
             raise ServerDied(f"rollout server {self.name} is hung: no answer to {verb} in {self.control_timeout_s} s "
                              f"(rollout.health_timeout_s)") from None
         except RayActorError as exc:  # translated: the router fails over on ServerDied
@@ -138,12 +141,13 @@ class RemoteServer(RolloutServer):
         return self._stats.version
 
     async def close(self) -> None:
-        """Close the server (a hung one is not waited for past `control_timeout_s`), then kill the
-        actor: its calls in flight fail at once, so their samples move to other servers."""
+        """Close the server (one found hung is not asked again; else it is not waited for past
+        `control_timeout_s`), then kill the actor: its calls in flight fail at once, so their samples
+        move to other servers, and a publish waiting on it sees its connection gone."""
         if self._closed:
             return
         self._closed = True
-        if not self._dead:
+        if not self._dead and not self._hung:
             try:
                 await self._call("close")
             except ServerDied:  # deliberate: already gone (or hung) is closed by the kill below

@@ -1,0 +1,51 @@
+"""`RemoteServer.close` of a server found hung kills it at once: asking a hung process to close
+first would cost another `rollout.health_timeout_s`, during which a publish still waits on it.
+
+The Ray actor handle is a stand-in (an object whose verbs return awaitables), since only the
+proxy's own bookkeeping is under test; `ray.kill` is recorded instead of run."""
+
+import asyncio
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from asyncrl.rollout import remote_server  # noqa: E402
+from asyncrl.rollout.remote_server import RemoteServer  # noqa: E402
+from asyncrl.rollout.router import ServerDied  # noqa: E402
+
+
+class _Verb:
+    def __init__(self, calls: list[str], name: str, answer: bool) -> None:
+        self.calls, self.name, self.answer = calls, name, answer
+
+    def remote(self, *args):
+        self.calls.append(self.name)
+        return asyncio.sleep(0) if self.answer else asyncio.sleep(3600)
+
+
+class _Handle:
+    def __init__(self, answer: bool) -> None:
+        self.calls: list[str] = []
+        self.answer = answer
+
+    def __getattr__(self, name: str) -> _Verb:
+        return _Verb(self.calls, name, self.answer)
+
+
+@pytest.mark.parametrize("hung", [True, False])
+def test_close_asks_a_live_server_and_kills_a_hung_one_at_once(hung, monkeypatch):
+    killed = []
+    monkeypatch.setattr(remote_server.ray, "kill", lambda handle, no_restart=True: killed.append(handle))
+    handle = _Handle(answer=not hung)
+    server = RemoteServer(handle, "main-0", control_timeout_s=0.2)
+
+    async def go() -> None:
+        if hung:
+            with pytest.raises(ServerDied, match="hung"):
+                await server.probe()
+        await server.close()
+
+    asyncio.run(go())
+    assert killed == [handle]
+    assert handle.calls == (["stats"] if hung else ["close"])  # a hung one is not asked to close: killed at once
