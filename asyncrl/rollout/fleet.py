@@ -24,6 +24,7 @@ from asyncrl.rollout.backends import build_server  # noqa: F401  re-exported
 from asyncrl.rollout.fleet_build import START_ATTEMPTS, Fleet, build_fleet, fleet_configs  # noqa: F401  re-exported
 from asyncrl.rollout.parity import ParityCheck, WeightParityError
 from asyncrl.rollout.router import Router, ServerDied
+from asyncrl.trainer.handle import TrainerDied
 
 
 
@@ -121,7 +122,7 @@ class FleetManager:
         return [s for f in self.fleets.values() for s in f.servers]
 
     def _check(self) -> None:
-        if isinstance(self._error, WeightParityError):  # a deliberate stop: its own one line
+        if isinstance(self._error, (WeightParityError, TrainerDied)):  # a deliberate stop; the trainer's death restarts the run
             raise self._error
         if self._error is not None:
             raise RuntimeError(f"fleet manager: a server could not be brought back: {self._error!r}") from self._error
@@ -230,6 +231,8 @@ class FleetManager:
                 await self._bring_current(server, resend)
                 if any(server in f.servers for f in self.fleets.values()):
                     self.router.add(server, self._fleet_of(server).name)
+        except TrainerDied:  # the weight source died, not the server: the run restarts
+            raise
         except WeightParityError:
             if self.parity is None or self.parity.action == "stop":
                 raise
@@ -310,6 +313,8 @@ class FleetManager:
                     if fleet.name in self.fleets:  # the fleet may have been removed meanwhile
                         self.router.add(fresh, fleet.name)
             except (ServerDied, RuntimeError) as exc:  # died again, or could not load the version (e.g. not joined in time)
+                if isinstance(exc, TrainerDied):  # the weight source died, not the server: the run restarts
+                    raise
                 if isinstance(exc, WeightParityError) and (self.parity is None or self.parity.action == "stop"):
                     raise
                 if attempt == START_ATTEMPTS - 1:

@@ -142,6 +142,8 @@ class TrainerGroup:
         kwargs = dict(trainer=trainer, algorithm=algorithm, critic=critic, lora=lora, dtype=dtype, temperature=temperature, seed=seed)
         wcfg = dataclasses.asdict(weights) if weights is not None else None
         pg_key = secrets.token_hex(16)  # the process group's rendezvous prefix: only these ranks know it
+        self._died: str | None = None
+        """Why the group was torn down (a rank died): every later verb is `TrainerDied` with it."""
         infos = self._all("setup", addr, port, model_path, kwargs, dataclasses.asdict(queue), wcfg, pg_key)
         self.step: int = infos[0]["step"]
         """Trainer steps taken (the policy version), as of the last verb."""
@@ -151,7 +153,10 @@ class TrainerGroup:
     def _all(self, verb: str, *args: Any) -> list[Any]:
         """`verb` on every rank; results in rank order. A rank that dies fails the verb at once:
         its peers would wait in a collective for it (gloo's timeout is 30 min), so every rank is
-        killed and `TrainerDied` raised (the run restarts from its last checkpoint)."""
+        killed and `TrainerDied` raised (the run restarts from its last checkpoint), for this verb and
+        for every later one (e.g. a train step after a server's sync found the rank dead)."""
+        if self._died is not None:
+            raise TrainerDied(f"{self._died}; the group is gone ({verb} not run)")
         refs = [getattr(w, verb).remote(*args) for w in self.workers]
         pending = list(refs)
         while pending:
@@ -159,15 +164,14 @@ class TrainerGroup:
             try:
                 ray.get(ready[0])
             except RayActorError as exc:
-                rank = refs.index(ready[0])
-                self._kill()
-                raise TrainerDied(f"trainer rank {rank} died during {verb}: {type(exc).__name__}") from exc
+                self._kill(f"trainer rank {refs.index(ready[0])} died during {verb}: {type(exc).__name__}")
+                raise TrainerDied(self._died) from exc
             except RayTaskError as exc:  # a peer's death often shows first as this rank's collective failing
                 rank = self._dead_rank(refs, ready[0])
                 if rank is None:
                     raise
-                self._kill()
-                raise TrainerDied(f"trainer rank {rank} died during {verb} (a peer's collective failed first)") from exc
+                self._kill(f"trainer rank {rank} died during {verb} (a peer's collective failed first)")
+                raise TrainerDied(self._died) from exc
         return ray.get(refs)
 
     @staticmethod
@@ -185,7 +189,8 @@ class TrainerGroup:
                 pass
         return None
 
-    def _kill(self) -> None:
+    def _kill(self, why: str = "the trainer group was closed") -> None:
+        self._died = self._died or why
         for w in self.workers:
             ray.kill(w, no_restart=True)
         self.workers = []

@@ -55,6 +55,22 @@ def records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def publish_and_kill(sender: Sender, victim, progress: Path, why: str):
+    """Publish v1 on a thread, SIGKILL `victim` once it received a tensor (its `progress` file);
+    the publish's outcome (it must return within 60 s: `why` says what it would have waited for)."""
+    result = {}
+    pub = threading.Thread(target=lambda: result.update(o=sender.publish(state(1).items(), 1)))
+    pub.start()
+    deadline = time.monotonic() + 30
+    while not progress.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert progress.exists(), "victim never received a tensor"
+    victim.send_signal(signal.SIGKILL)
+    pub.join(60)
+    assert not pub.is_alive(), why
+    return result["o"]
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("backend", ["shm", "gloo", "nixl"])
 def test_kill_checksum_rejoin_across_processes(backend, tmp_path):
@@ -69,18 +85,7 @@ def test_kill_checksum_rejoin_across_processes(backend, tmp_path):
         sender.wait_for(3, timeout_s=150)
 
         # 1. kill a receiver mid-update
-        result = {}
-        pub = threading.Thread(target=lambda: result.update(o=sender.publish(state(1).items(), 1)))
-        pub.start()
-        progress = Path(str(out["victim"]) + ".progress")
-        deadline = time.monotonic() + 30
-        while not progress.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert progress.exists(), "victim never received a tensor"
-        victim.send_signal(signal.SIGKILL)
-        pub.join(60)
-        assert not pub.is_alive(), "sender blocked by a dead receiver"
-        o1 = result["o"]
+        o1 = publish_and_kill(sender, victim, Path(str(out["victim"]) + ".progress"), "sender blocked by a dead receiver")
         assert o1.completed == ["r0", "r1"] and set(o1.evicted) == {"victim"}
 
         # the killed server restarts now (late joiner, empty); it joins during step 2
@@ -147,18 +152,8 @@ def test_a_killed_receiver_is_dropped_when_its_connection_closes_not_after_timeo
 
     try:
         sender.wait_for(2, timeout_s=150)
-        result = {}
-        pub = threading.Thread(target=lambda: result.update(o=sender.publish(state(1).items(), 1)))
-        pub.start()
-        progress = Path(str(out["victim"]) + ".progress")
-        deadline = time.monotonic() + 30
-        while not progress.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert progress.exists(), "victim never received a tensor"
-        victim.send_signal(signal.SIGKILL)
-        pub.join(60)
-        assert not pub.is_alive(), "the publish waited for the dead receiver's timeout"
-        assert result["o"].completed == ["r0"] and result["o"].evicted == {"victim": "disconnected"}
+        o1 = publish_and_kill(sender, victim, Path(str(out["victim"]) + ".progress"), "the publish waited for the dead receiver's timeout")
+        assert o1.completed == ["r0"] and o1.evicted == {"victim": "disconnected"}
 
         second = restart("victim2", updates=2)
         o2 = sender.publish(state(2).items(), 2)

@@ -213,3 +213,44 @@ def test_publish_reaches_routed_servers_only_and_a_missed_one_is_resynced_or_res
         assert s2.v == 0 and manager.evicted == {"s1": "timeout"}
 
     asyncio.run(go())
+
+
+def test_a_trainer_that_dies_during_a_restarts_sync_is_the_trainers_death_not_the_servers():
+    """The chaos run found it: a server was restarted, the trainer rank died during the fresh server's
+    sync, and the fleet took that for the server's failure (it started another server, and the run
+    failed with the next train step's IndexError instead of restarting). Now the fleet stops at once
+    and raises `TrainerDied` (the run restarts its processes), and the group stays dead for every verb."""
+    from asyncrl.trainer.actor import TrainerGroup
+    from asyncrl.trainer.handle import TrainerDied
+
+    class DyingWeights(Weights):
+        async def sync(self, receivers, resend=False, probe=None):
+            self.calls.append(("sync", self.version, sorted(receivers)))
+            raise TrainerDied("trainer rank 0 died during sync: ActorDiedError")
+
+    async def go():
+        made = []
+
+        async def respawn(i: int) -> ScriptedServer:
+            made.append(ScriptedServer(f"s{i}", hold=False))
+            return made[-1]
+
+        s0, s1 = ScriptedServer("s0", hold=False), ScriptedServer("s1", hold=False)
+        manager = FleetManager(Router())
+        await manager.add_fleet(Fleet("main", [s0, s1], respawn))
+        weights = DyingWeights(manager)
+        await manager.attach_weights(weights, cfg=None)
+        await manager.publish(1)
+        s0.die()
+        await manager.router.generate([1], SP)  # fails over to s1; s0 is restarted in the background
+        with pytest.raises(TrainerDied, match="rank 0 died during sync"):
+            await manager.wait_restarts()
+        assert len(made) == 1  # one replacement, not START_ATTEMPTS of them
+        with pytest.raises(TrainerDied):
+            await manager.publish(2)
+
+    asyncio.run(go())
+    group = object.__new__(TrainerGroup)  # a group whose rank died in an earlier verb (no Ray needed)
+    group.workers, group._died = [], "trainer rank 1 died during sync: ActorDiedError"
+    with pytest.raises(TrainerDied, match="rank 1 died during sync"):
+        group.train(b"")
