@@ -38,7 +38,8 @@ A member whose process died is not waited for: while an update waits on members,
 `LIVENESS_S` each one that has not answered is sent a `Probe`, and one that no connection holds
 at two such looks in a row (its process is gone, so is its TCP connection) is evicted at once as
 `disconnected`, not after `timeout_s`. A receiver restarted under the same id holds it again
-through its new connection (ZMQ_ROUTER_HANDOVER); its Join then evicts the old member
+through its new connection (ZMQ_ROUTER_HANDOVER); its Join before the update's first bucket
+is sent the update's `Begin` (the new process takes part), a later one evicts the old member
 (`rejoined`). A connected receiver that does not answer is still given the whole `timeout_s`.
 """
 
@@ -95,6 +96,8 @@ class Sender:
         self._width: dict[str, int] = {}
         """Ranks each receiver takes in a group (its `Join.width`)."""
         self.last: UpdateOutcome | None = None
+        self._begin: Begin | None = None
+        """The update in progress's Begin (sent again to a member restarted before its first bucket)."""
         self._shipped = -1
         """Highest bucket index announced in the update in progress (acks beyond it are malformed)."""
         self._probes: dict[str, tuple[list[int], Join]] = {}
@@ -227,7 +230,11 @@ class Sender:
                     break
                 continue
             rid, msg = got
-            if rid in self._rejoined and rid in members:
+            if rid in self._rejoined and rid in members and index == READY:  # a restart, before any bucket: it takes part
+                self._rejoined.discard(rid)
+                acked.discard(rid)
+                self._send(rid, self._begin)
+            elif rid in self._rejoined and rid in members:
                 self._evict(rid, "rejoined", members, outcome, tell=False)
             elif isinstance(msg, Ack) and rid in members and msg.update_id == uid and msg.index == index:
                 acked.add(rid)
@@ -322,7 +329,7 @@ class Sender:
         members = list(members)
         self.membership.start(members)
         outcome = UpdateOutcome(version)
-        begin = Begin(uid, version, self.transport.begin_info())
+        begin = self._begin = Begin(uid, version, self.transport.begin_info())
         for rid in members:
             self._send(rid, begin)
         self._collect(uid, READY, members, self.config.timeout_s, outcome)

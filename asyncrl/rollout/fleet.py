@@ -183,6 +183,7 @@ class FleetManager:
         """A routed server that does not serve the current version: out of routing, re-synced in the
         background (`resend`: it acknowledged the version, but serves other weights)."""
         self.evicted[server_name(server)] = why
+        log.warning("server %s out of routing (%s): re-syncing it", server_name(server), why)
         self.router.remove(server)
         self._background(self._counted(self._fleet_of(server).name, self._recover(server, resend)))
 
@@ -210,12 +211,14 @@ class FleetManager:
 
     async def _bring_current(self, server: RolloutServer, resend: bool = False) -> None:
         """Join the weight plane and get the current version (nothing to get before the first publish);
-        `resend`: the server is joined and acknowledged it, but must be sent it again."""
+        `resend`: the server is joined and acknowledged it, but must be sent it again. A fresh join
+        is always sent the version: the sender may not have read the new Join yet and still hold the
+        dead process's entry under the same id, current (it would report the fresh process current)."""
         if not resend:
             await self._join(server)
         if self.version < 0 or self._weights is None:
             return
-        out = await self._weights.sync([server_name(server)], resend=resend, probe=self.parity.ids if self.parity else None)
+        out = await self._weights.sync([server_name(server)], resend=True, probe=self.parity.ids if self.parity else None)
         if server_name(server) not in out["completed"]:
             raise RuntimeError(f"rejoin: {server_name(server)} did not load version {self.version}: "
                                f"{out['evicted'].get(server_name(server), 'no reason given')}")

@@ -77,3 +77,47 @@ def test_silent_rejoiner_costs_one_timeout_then_returns_after_answering_the_prob
         sender.close()
         good.close()
         silent.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_receiver_restarted_under_its_id_as_an_update_begins_takes_part_in_it():
+    """The restarted process's Join reaches the sender after the update began (its old entry was
+    still a member, the Begin went nowhere): before any bucket it is sent the Begin again and loads
+    the version, instead of being evicted as `rejoined` (which cost a fleet's restart another server)."""
+    cfg = WeightsConfig(backend="local", bucket_size_mb=0.01, timeout_s=10.0)
+    sender = Sender(cfg)
+    stop = threading.Event()
+    got: dict[str, list] = {"a": [], "b": [], "b2": []}
+    a, b = Receiver(cfg, "a", endpoint=sender.endpoint), Receiver(cfg, "b", endpoint=sender.endpoint)
+    _serve(a, got["a"], stop)
+    b_stop = threading.Event()
+    _serve(b, got["b"], b_stop)
+    fresh = None
+    try:
+        assert sender.wait_for_ids(["a", "b"], timeout_s=10) == []
+        assert sender.publish(_state(1).items(), version=1).completed == ["a", "b"]
+        b_stop.set()
+        time.sleep(0.2)
+        b.close()  # its process died; nothing told the sender
+        result: dict = {}
+        pub = threading.Thread(target=lambda: result.update(o=sender.publish(_state(2).items(), version=2)))
+        pub.start()
+        time.sleep(0.1)  # the update waits on the old entry now
+        fresh = Receiver(cfg, "b", endpoint=sender.endpoint)
+        _serve(fresh, got["b2"], stop)
+        pub.join(20)
+        out = result["o"]
+        assert out.evicted == {} and sorted(out.completed) == ["a", "b"]
+        assert out.seconds < 0.5 * cfg.timeout_s
+        deadline = time.monotonic() + 5  # the load is acknowledged before the serving thread records it
+        while not got["b2"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        v, tensors = got["b2"][-1]
+        assert v == 2 and all(torch.equal(tensors[k], t) for k, t in _state(2).items())
+    finally:
+        stop.set()
+        time.sleep(0.2)
+        sender.close()
+        a.close()
+        if fresh is not None:
+            fresh.close()
