@@ -77,6 +77,7 @@ from asyncrl.observe.reporter import StatusReporter
 from asyncrl.pipeline_checkpoint import PipelineCheckpoint
 from asyncrl.progress import Progress
 from asyncrl.rollout.parity import ParityCheck, vocab_bound
+from asyncrl.rollout.resume import run_moving
 from asyncrl.rollout.rollouter import Rollouter
 from asyncrl.rollout.shaping import OverlongShaping, overlong_metrics
 from asyncrl.run_dir import plot_curve, write_published
@@ -118,6 +119,9 @@ class Pipeline(PipelineCheckpoint):
             filter_groups=cfg.algorithm.filter_groups, filter_groups_max_batches=cfg.algorithm.filter_groups_max_batches,
             shaping=OverlongShaping.from_config(cfg), lengths=self.lengths, on_resumed=self._resumed_sample,
         )
+        self.failover: Counter[str] = Counter()
+        """Samples whose server died under them: `continued` from its snapshot or `redone` from the
+        prompt, and `tokens_kept` (the snapshots' tokens); summary.json `failover`."""
         self.resume_counts: Counter[str] = Counter()
         """What resumes did with the work in flight at their checkpoints (`asyncrl/rollout/resume.py`;
         `continued` and `redone` as the resumed samples end); summary.json `resume`."""
@@ -160,9 +164,16 @@ class Pipeline(PipelineCheckpoint):
         return m
 
     async def _run_sample(self, sample: Any, resume: Any = None) -> SampleMeta:
-        if resume is None:
-            return await self.parts.router.call(lambda host: host.run_sample(sample))
-        return await self.parts.router.call(lambda host: host.run_sample(sample, resume))  # continued from a checkpoint
+        """One sample on the server the router picks (`resume`: continued from a checkpoint); a server
+        that dies under it hands it on with its last snapshot (`run_moving`), counted in `failover`."""
+        record, fate = await run_moving(self.parts.router, sample, resume, free=self.parts.storage.free)
+        if fate is not None:
+            used = int(record.meta.get("meta", {}).get("resumed_tokens", 0))
+            self.failover[fate] += 1
+            self.failover["tokens_kept"] += used if fate == "continued" else 0
+            if fate == "redone":
+                self.lengths.add("redone", [response_length(record)])
+        return record
 
     async def evaluate(self) -> dict[str, float]:
         router = self.parts.router
@@ -281,7 +292,8 @@ class Pipeline(PipelineCheckpoint):
         status = StatusReporter(PipelineSource(self))  # observers read a typed run state, not the pipeline
         reporter = asyncio.create_task(status.run())
         try:
-            done, _ = await asyncio.wait({roll, train, health, leases}, return_when=asyncio.FIRST_COMPLETED)
+            # the status reporter too: an observer that died would leave `asyncrl status` reading "dead" on a live run
+            done, _ = await asyncio.wait({roll, train, health, leases, reporter}, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
                 t.result()  # re-raise the error of a loop that died
         finally:
@@ -325,6 +337,7 @@ class Pipeline(PipelineCheckpoint):
             "samples_continued": self.resume_counts["continued"],
             "redone": self.lengths.summary().get("redone", {}).get("count", 0),
             "resume": dict(self.resume_counts),
+            "failover": dict(self.failover),
             "reward_failures": self.rollouter.reward_failures,
             "bad_steps": self.bad_steps,
             "skipped_rows": self._skipped_rows(),

@@ -43,6 +43,7 @@ class PipelineCheckpoint:
                 "in_flight_samples": sum(g.group_size - len(g.finished) for g in work.groups),
                 "lengths": self.lengths.state_dict(),
                 "resume_counts": dict(self.resume_counts),
+                "failover": dict(self.failover),
                 "stale_before_resume": self.stale_before_resume,
                 "version_offset": self.version_offset,
                 "staleness": state,
@@ -74,6 +75,7 @@ class PipelineCheckpoint:
         self.bad_steps = state.get("bad_steps", 0)  # absent in checkpoints written before it was counted
         self.lengths.load_state_dict(state.get("lengths", {}))
         self.resume_counts = Counter({k: int(v) for k, v in state.get("resume_counts", {}).items()})
+        self.failover = Counter({k: int(v) for k, v in state.get("failover", {}).items()})
         self.stale_before_resume = int(state.get("stale_before_resume", 0))
         self.wall_before = state["wall_s"]
         work = read_async_state(ckpt)

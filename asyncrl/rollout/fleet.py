@@ -78,7 +78,7 @@ class FleetManager:
         """Restarts and re-syncs in progress per fleet name: servers that will take requests again."""
         if restart_dead:  # while every server restarts, requests wait for one
             self.router.server_wait_s = SERVER_WAIT_S
-            self.router.server_coming = lambda fleet: any(n for f, n in self._restarting.items() if fleet in (None, f))
+            self.router.server_coming = self._coming
         self.fleets: dict[str, Fleet] = {}
         self.version = -1
         """The version every server that takes requests holds (-1: nothing published yet)."""
@@ -100,6 +100,13 @@ class FleetManager:
         """Servers left out of a publish, and why (cumulative)."""
         self.parity: ParityCheck | None = None
         """The weight-parity rule (`attach_weights`); None: no probe."""
+
+    def _coming(self, fleet: str | None) -> bool:
+        """Whether a server of `fleet` (None: any) is being brought back; a restart that failed
+        raises its error here, so the requests that waited for it stop with it (the trainer's
+        death restarts the run) instead of waiting `SERVER_WAIT_S` for nobody."""
+        self._check()
+        return any(n for f, n in self._restarting.items() if fleet in (None, f))
 
     @classmethod
     async def spawn(cls, cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int,
@@ -281,6 +288,7 @@ class FleetManager:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None and self._error is None:
             self._error = task.exception()
+            self.router.recheck()  # requests waiting for the server it was bringing back stop with its error
 
     async def restart(self, server: RolloutServer) -> RolloutServer:
         """Start a replacement for a dead server, sync it to the current version, route to it; a
@@ -333,9 +341,12 @@ class FleetManager:
         """Probe every routed server each `interval_s` (until cancelled): one that is dead or does
         not answer in time (a hung process) is taken out like a death found by a request, so it is
         killed and restarted even while nothing else would notice (no publish, no new request).
-        Servers without `probe` (in this process) are not probed."""
+        Servers without `probe` (in this process) are not probed. It raises the error of a restart
+        or re-sync that failed (the trainer's death among them), so the run stops on it even while
+        nothing publishes: requests that waited for that server then fail at once too."""
         while True:
             await asyncio.sleep(interval_s)
+            self._check()
             live = [s for s in self.router.servers if hasattr(s, "probe")]
             results = await asyncio.gather(*(s.probe() for s in live), return_exceptions=True)
             for server, res in zip(live, results):
@@ -352,8 +363,8 @@ class FleetManager:
         self._check()
 
     async def stats(self) -> dict[str, Any]:
-        """Per fleet and per server: health, in-flight, version, tokens/s; plus totals."""
-        self._check()
+        """Per fleet and per server: health, in-flight, version, tokens/s; plus totals. An observer's
+        verb: it never raises the manager's error (the health loop, `watch`, does)."""
         fleets: dict[str, Any] = {}
         for name, fleet in self.fleets.items():
             rows = []

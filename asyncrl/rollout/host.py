@@ -18,6 +18,14 @@ so `partial_samples()` can say what every running sample has generated so far (i
 the router's segments and the engine's `live_requests`); a resumed sample is run with that state
 (`run_sample(sample, resume=...)`) and continues from its saved tokens, the agent unchanged.
 
+Snapshots (what a dead server's samples keep): `snapshot()` writes that same state of each running
+sample into this process's data plane, where the plane outlives the process (`outlives_writer`:
+shm, a separate zmq storage unit), replacing the sample's previous snapshot, and returns the
+handles. The fleet's health probe collects them (`RemoteServer.probe`); when this process dies, the
+sample moves to another server, whose host reads the snapshot (`run_sample(sample,
+resume_from=handle)`) and continues from its tokens instead of the prompt. A snapshot is freed by
+its host when the sample ends, or by the controller once another host continued from it.
+
     host = ServerHost(server, name="main-0", agent=agent, eval_agent=eval_agent, plane=plane)
     meta = await host.run_sample(sample)             # SampleMeta: into the queue, by the controller
     await host.join_weights(cfg.weights, trainer.endpoints, pause_mode="keep")
@@ -27,16 +35,21 @@ the router's segments and the engine's `live_requests`); a resumed sample is run
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any, Iterable
+
+import msgspec
+import numpy as np
 
 from agents.base import AgentLoop
 from asyncrl.rollout.sample import Sample
 from asyncrl.rollout.base import GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats
-from asyncrl.rollout.inflight import SampleClient, SavedSample
+from asyncrl.rollout.inflight import SampleClient, SavedSample, decode_saved, encode_saved
 from asyncrl.rollout.router import Router
 from asyncrl.trajectory_queue import trajectory_sample
 
 
+log = logging.getLogger(__name__)
 EVAL_TEXT_CHARS = 600
 """Most characters of prompt or response text an evaluated sample carries back (the controller holds metadata only)."""
 
@@ -68,20 +81,29 @@ class ServerHost(RolloutServer):
         """Updates this server could not load (refused to the sender, which re-syncs it)."""
         self._running: dict[int, SampleClient] = {}
         """The training samples generating here, by their client's id."""
+        self._snapshots: dict[str, tuple[Any, int]] = {}
+        """uid -> (handle of the running sample's latest snapshot in `plane`, the tokens it holds)."""
+        self.snapshot_reads = {"continued": 0, "unreadable": 0}
+        """Samples begun here from another server's snapshot, and snapshots that could not be read."""
 
     # ---- samples ------------------------------------------------------------------------
-    async def run_sample(self, sample: Sample, resume: SavedSample | None = None) -> Any:
+    async def run_sample(self, sample: Sample, resume: SavedSample | None = None, resume_from: Any = None) -> Any:
         """One training sample end to end; returns its queue record (`SampleMeta`). `resume`: the
         sample's state at a checkpoint; it continues from there (the record's `meta` then says
-        `resumed_tokens`, the tokens taken from it, and `resumed_max_version`, their newest version)."""
+        `resumed_tokens`, the tokens taken from it, and `resumed_max_version`, their newest version).
+        `resume_from`: the handle of a dead server's snapshot of it, read from the plane (one that
+        cannot be read, or is not this sample's, is counted and the sample starts from its prompt)."""
         if self.agent is None:
             raise RuntimeError(f"server {self.name} was started without a host spec: it runs no samples")
+        if resume is None and resume_from is not None:
+            resume = self._read_snapshot(sample.uid, resume_from)
         client = SampleClient(self.llm, sample.uid, resume)
         self._running[id(client)] = client
         try:
             traj = await self.agent.run(sample, client)
         finally:
             del self._running[id(client)]
+            self._drop_snapshot(sample.uid)
         if resume is not None:
             traj.meta.update(resumed_tokens=client.resumed_tokens, resumed_max_version=client.resumed_max_version)
         return await asyncio.to_thread(trajectory_sample, self.plane, traj)  # may wait for arena space
@@ -90,6 +112,48 @@ class ServerHost(RolloutServer):
         """What every training sample running here has generated so far (see the module docstring)."""
         engine = {o.request_id: o for o in await self.server.live_requests()}
         return [c.saved(engine) for c in list(self._running.values())]
+
+    async def snapshot(self) -> dict[str, Any]:
+        """Write each running training sample's state into the data plane (see the module docstring);
+        {uid: handle} of every running sample that has one. Nothing where the plane dies with this
+        process. A sample whose tokens did not grow keeps its snapshot."""
+        if self.plane is None or not getattr(self.plane, "outlives_writer", False) or not self._running:
+            return {}
+        engine = {o.request_id: o for o in await self.server.live_requests()}
+        out = {}
+        for c in list(self._running.values()):  # no await from here: a sample cannot end meanwhile
+            saved = c.saved(engine)
+            old = self._snapshots.get(c.uid)
+            if old is None and saved.tokens == 0:
+                continue
+            if old is None or old[1] != saved.tokens:
+                data = np.frombuffer(encode_saved([saved]), dtype=np.uint8)
+                h = self.plane.write(f"{c.uid}.snapshot", {"saved": data}, inline=False)["saved"]
+                self._drop_snapshot(c.uid)
+                self._snapshots[c.uid] = old = (h, saved.tokens)
+            out[c.uid] = old[0]
+        return out
+
+    def _drop_snapshot(self, uid: str) -> None:
+        old = self._snapshots.pop(uid, None)
+        if old is not None:
+            self.plane.free([old[0]])
+
+    def _read_snapshot(self, uid: str, handle: Any) -> SavedSample | None:
+        """The saved state behind a dead server's snapshot handle; None (counted) where it cannot be read."""
+        try:
+            arr = self.plane.read([handle])[0]
+            saved = decode_saved(bytes(arr))[0]
+        except (OSError, ValueError, TimeoutError, IndexError, msgspec.DecodeError) as exc:  # deliberate: start from the prompt
+            self.snapshot_reads["unreadable"] += 1
+            log.warning("server %s: snapshot of %s unreadable (%s): generated again from its prompt", self.name, uid, exc)
+            return None
+        if saved.uid != uid:
+            self.snapshot_reads["unreadable"] += 1
+            log.warning("server %s: a snapshot of %s was given for %s: ignored", self.name, saved.uid, uid)
+            return None
+        self.snapshot_reads["continued"] += 1
+        return saved
 
     async def run_eval(self, sample: Sample) -> dict[str, Any]:
         """One held-out sample: its reward and reward info, and for `generations.jsonl` the response as

@@ -23,6 +23,7 @@ import msgspec
 from agents.base import AgentLoop
 from asyncrl.rollout.sample import Sample
 from transfer_queue import SampleMeta
+from transfer_queue.storage.handles import Handle
 
 
 @dataclass
@@ -152,6 +153,19 @@ def encode_sample(sample: Sample) -> bytes:
 
 def decode_sample(data: bytes) -> Sample:
     return msgspec.msgpack.decode(data, type=Sample)
+
+
+def encode_handles(handles: dict[str, Any]) -> bytes:
+    """{uid: data-plane handle} (a server's snapshots) as msgpack."""
+    return msgspec.msgpack.encode(handles)
+
+
+def decode_handles(data: bytes) -> dict[str, Handle]:
+    return msgspec.msgpack.decode(data, type=dict[str, Handle])
+
+
+def decode_handle(data: bytes) -> Handle:
+    return msgspec.msgpack.decode(data, type=Handle)
 
 
 def encode_record(record: SampleMeta) -> bytes:

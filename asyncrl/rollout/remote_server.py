@@ -38,6 +38,9 @@ class RemoteServer(RolloutServer):
         """A control verb went unanswered: `close` kills it without asking it first."""
         self.record_bytes = 0
         """Bytes of the queue records this proxy received from the actor (`run_sample` replies)."""
+        self.snapshots: dict[str, Any] = {}
+        """uid -> handle of the latest snapshot of each sample running there (`probe`); what its samples
+        continue from on another server if this one dies (`ServerHost.snapshot`)."""
 
     async def _call(self, verb: str, *args: Any) -> Any:
         """Samples and generation may take as long as they take; a control verb that is not
@@ -57,8 +60,12 @@ class RemoteServer(RolloutServer):
             raise ServerDied(f"rollout server {self.name} died during {verb}: {type(exc).__name__}") from exc
 
     async def probe(self) -> None:
-        """Raise `ServerDied` if the actor is dead or does not answer within `control_timeout_s`."""
-        self._stats = await self._call("stats")
+        """Raise `ServerDied` if the actor is dead or does not answer within `control_timeout_s`; else
+        keep its stats and the handles of its running samples' snapshots (written by this very call)."""
+        from asyncrl.rollout.host_spec import decode_handles
+
+        self._stats, snaps = await self._call("progress")
+        self.snapshots = decode_handles(snaps)
 
     async def ready(self) -> "RemoteServer":
         """Wait until the engine is built (model loaded)."""
@@ -85,13 +92,17 @@ class RemoteServer(RolloutServer):
         got = await self._call("update_weights_named", list(named_tensors), version)
         self._stats = dataclasses.replace(self._stats, version=got)
 
-    async def run_sample(self, sample: Any, resume: Any = None) -> Any:
+    async def run_sample(self, sample: Any, resume: Any = None, resume_from: Any = None) -> Any:
         """The actor's host runs the whole sample (continued from `resume`, an `inflight.SavedSample`,
-        when given); returns its queue record (`SampleMeta`)."""
+        or from `resume_from`, a dead server's snapshot handle, when given); returns its queue record
+        (`SampleMeta`)."""
+        import msgspec
+
         from asyncrl.rollout.host_spec import decode_record, encode_sample
         from asyncrl.rollout.inflight import encode_saved
 
-        data = await self._call("run_sample", encode_sample(sample), None if resume is None else encode_saved([resume]))
+        data = await self._call("run_sample", encode_sample(sample), None if resume is None else encode_saved([resume]),
+                                None if resume_from is None else msgspec.msgpack.encode(resume_from))
         self.record_bytes += len(data)
         return decode_record(data)
 
@@ -157,6 +168,6 @@ class RemoteServer(RolloutServer):
         self._dead = True
 
 
-_CONTROL_VERBS = frozenset({"stats", "resume", "join_weights", "close", "reset_prefix_cache", "pid", "score", "partial_samples",
+_CONTROL_VERBS = frozenset({"stats", "progress", "resume", "join_weights", "close", "reset_prefix_cache", "pid", "score", "partial_samples",
                             "live_requests"})
 """Verbs that answer at once on a healthy server (`start` loads the model, `pause` may drain, samples generate: no limit)."""

@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import msgspec
 
@@ -146,6 +146,34 @@ async def reinstate(state: AsyncState, *, rollouter: Any, queue: Any) -> Counter
         counts["in_flight"] += g.group_size - len(done)
         counts["saved_partial"] += sum(p.tokens > 0 for p in g.partial)
     return counts
+
+
+async def run_moving(router: Any, sample: Any, resume: SavedSample | None = None,
+                     free: Callable[[list[Any]], None] | None = None) -> tuple[Any, str | None]:
+    """Run `sample` on the server `router` picks (`resume`: its state at a checkpoint). When that server
+    dies under it, the router moves it to another, which continues from the dead server's last snapshot
+    of it (`RemoteServer.snapshots`, collected by the health probe) where there is one, else as it began.
+    Returns (its queue record, None if it never moved, else `continued` (saved tokens used) or `redone`);
+    the dead servers' snapshots of it are then freed with `free` (their hosts cannot).
+
+    Trace: s0 generates 300 tokens of u; the probe collects s0's snapshot (280 tokens); s0 is killed ->
+    the router moves u to s1 -> s1's host reads the snapshot, continues from token 280 -> `continued`."""
+    tried: list[Any] = []
+
+    def on(host: Any) -> Any:
+        snap = getattr(tried[-1], "snapshots", {}).get(sample.uid) if tried else None
+        tried.append(host)
+        if snap is not None:  # newer than a checkpoint's state: it holds those tokens too
+            return host.run_sample(sample, None, snap)
+        return host.run_sample(sample) if resume is None else host.run_sample(sample, resume)
+
+    record = await router.call(on)
+    if len(tried) == 1:
+        return record, None
+    spent = [h for s in tried[:-1] if (h := getattr(s, "snapshots", {}).pop(sample.uid, None)) is not None]
+    if spent and free is not None:
+        free(spent)
+    return record, "continued" if int(record.meta.get("meta", {}).get("resumed_tokens", 0)) else "redone"
 
 
 def _index(r: SavedRecord) -> int:

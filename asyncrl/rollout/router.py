@@ -202,6 +202,10 @@ class Router:
                 except asyncio.TimeoutError:
                     raise NoServerError(f"router: no active rollout server for {self.server_wait_s} s") from None
 
+    def recheck(self) -> None:
+        """Wake requests waiting for a server (`server_wait_s`): one may have come, or stopped coming."""
+        self._added.set()
+
     def end_session(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
 

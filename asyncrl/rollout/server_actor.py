@@ -67,13 +67,22 @@ class ServerActor:
             self.host = ServerHost(self.server, name=self.name, agent=None, eval_agent=None, plane=None)
         return self.server.version
 
-    async def run_sample(self, sample: bytes, resume: bytes | None = None) -> bytes:
-        """`resume`: the sample's saved state at a checkpoint (`inflight.SavedSample`, msgpack)."""
-        from asyncrl.rollout.host_spec import decode_sample, encode_record
+    async def run_sample(self, sample: bytes, resume: bytes | None = None, resume_from: bytes | None = None) -> bytes:
+        """`resume`: the sample's saved state at a checkpoint (`inflight.SavedSample`, msgpack);
+        `resume_from`: the handle of a dead server's snapshot of it (msgpack)."""
+        from asyncrl.rollout.host_spec import decode_handle, decode_sample, encode_record
         from asyncrl.rollout.inflight import decode_saved
 
         saved = decode_saved(resume)[0] if resume is not None else None
-        return encode_record(await self.host.run_sample(decode_sample(sample), saved))
+        snap = decode_handle(resume_from) if resume_from is not None else None
+        return encode_record(await self.host.run_sample(decode_sample(sample), saved, snap))
+
+    async def progress(self) -> tuple[ServerStats, bytes]:
+        """The health probe's verb: stats, and the handles of the running samples' snapshots
+        (`ServerHost.snapshot`, msgpack {uid: handle}) written just now."""
+        from asyncrl.rollout.host_spec import encode_handles
+
+        return self.server.stats(), encode_handles(await self.host.snapshot())
 
     async def partial_samples(self) -> bytes:
         """The host's running samples as far as they got (`list[SavedSample]`, msgpack)."""

@@ -27,6 +27,9 @@ class StoragePlane(ABC):
     """Write once, read zero-copy where the plane allows, free when told."""
 
     kind: str = ""
+    outlives_writer: bool = False
+    """The bytes a process wrote stay readable after it died (shm: they are tmpfs files; zmq, nixl,
+    local: they live in the writer's process). What keeps a dead server's partial samples."""
     delivered_bytes: int = 0
     """Tensor bytes that `read` delivered in this process, every plane together (inline ones
     included): what a process that must never receive trajectory tensors checks."""
@@ -52,15 +55,16 @@ class StoragePlane(ABC):
         """Plane-specific check that a well-formed handle refers to memory this plane's producers
         allocated, as far as this process can see (default: nothing more to see)."""
 
-    def write(self, uid: str, tensors: dict[str, Any]) -> dict[str, Handle]:
-        """Store every field of one record; returns field -> handle."""
+    def write(self, uid: str, tensors: dict[str, Any], inline: bool = True) -> dict[str, Handle]:
+        """Store every field of one record; returns field -> handle. `inline=False`: small tensors
+        are stored in the plane too (their handles then carry no bytes to whoever holds them)."""
         arrays = {}
         for name, t in tensors.items():
             arr, tag = to_numpy(t)
             if arr.nbytes > self.max_tensor_bytes:
                 raise ValueError(f"field {name!r} of {uid!r}: {arr.nbytes} bytes > queue.max_tensor_bytes")
             arrays[name] = (arr, tag)
-        handles = {n: _inline(a, t) for n, (a, t) in arrays.items() if a.nbytes <= self.inline_max_bytes}
+        handles = {n: _inline(a, t) for n, (a, t) in arrays.items() if inline and a.nbytes <= self.inline_max_bytes}
         big = {n: v for n, v in arrays.items() if n not in handles}
         if big:
             handles.update(self._write(uid, big))

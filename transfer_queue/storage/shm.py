@@ -46,6 +46,7 @@ from transfer_queue.storage.handles import Handle, ShmHandle
 
 class ShmStorage(StoragePlane):
     kind = "shm"
+    outlives_writer = True  # a file per tensor stays until freed; an arena until a sweep finds its producer gone
 
     def __init__(self, shm_dir: str = "/dev/shm", run_id: str = "default", arena_bytes: int = 1 << 30,
                  bind_host: str = "127.0.0.1", timeout_s: float = 120.0, sweep_arenas: bool = True, **kw) -> None:

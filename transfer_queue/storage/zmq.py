@@ -202,6 +202,7 @@ class ZmqStorage(StoragePlane):
         self._address = address
         """The unit this plane writes to: `address`, or (empty) its own, started on first write or `address()`,
         so a process that only reads or frees (a trainer rank, the controller) hosts none."""
+        self.outlives_writer = bool(address)  # a unit of its own dies with this process; a separate one does not
         self._bind_host = bind_host
         self._unit_lock = threading.Lock()
         self._ctx = zmq.Context()

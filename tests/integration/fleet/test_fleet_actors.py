@@ -143,3 +143,55 @@ def test_fleets_added_and_removed_while_requests_run(ray_cluster, tiny_model):
         await manager.close()
 
     asyncio.run(go())
+
+
+def test_a_server_killed_mid_sample_hands_its_tokens_on(ray_cluster, tiny_model, tmp_path):
+    """A sample whose server is SIGKILLed mid-generation continues on the other server from the tokens
+    the dead one had written to the data plane (its snapshot, collected by the health probe), not from
+    the prompt; the shm plane (one file per tensor) outlives the dead process. The snapshot's file is
+    freed once used, and the record's first tokens are the snapshot's."""
+    import dataclasses
+    import os
+    import signal
+
+    from asyncrl.config import Config
+    from asyncrl.launch import host_spec
+    from asyncrl.rollout.resume import run_moving
+    from asyncrl.rollout.sample import Sample
+    from transfer_queue import make_storage
+
+    cfg = Config()
+    cfg.queue.storage, cfg.queue.shm_arena_bytes, cfg.queue.shm_dir, cfg.queue.run_id = "shm", 0, str(tmp_path), "snapshots"
+    long = SamplingParams(temperature=0.0, max_tokens=400)
+    spec = dataclasses.asdict(host_spec(cfg, "digits", long, long))
+    plane = make_storage(cfg.queue)  # the controller's: frees the dead server's snapshot, reads the record here
+    sample = Sample(uid="g0-0", group_id="g0", index_in_group=0, group_size=1, prompt_ids=PROMPTS[0], answer="5678")
+
+    async def go():
+        manager = await FleetManager.spawn(CFG, str(tiny_model), dtype="float32", seed=0, spec=spec)
+        victim, other = manager.router.servers
+        t = asyncio.create_task(run_moving(manager.router, sample, free=plane.free))  # -> victim (least, first)
+
+        async def far_enough() -> bool:
+            return (await victim.refresh()).generated_tokens >= 60
+
+        await _until(far_enough)
+        await victim.probe()  # what the fleet's health loop does every rollout.health_interval_s
+        snap = victim.snapshots[sample.uid]
+        saved = plane.read([snap])[0].tobytes()
+        assert any(f.name.startswith("tq-snapshots") for f in tmp_path.iterdir())
+        os.kill(await victim.handle.pid.remote(), signal.SIGKILL)  # no goodbye: its files stay behind
+        record, fate = await t
+        await manager.close()
+        return record, fate, saved, snap
+
+    record, fate, saved, snap = asyncio.run(go())
+    from asyncrl.rollout.inflight import decode_saved
+
+    kept = decode_saved(saved)[0].calls[0].token_ids
+    assert fate == "continued" and record.meta["meta"]["resumed_tokens"] == len(kept) >= 60
+    response = plane.read([record.handles["response_ids"]])[0].tolist()
+    assert response[: len(kept)] == kept and len(response) > len(kept)
+    with pytest.raises(FileNotFoundError):  # freed by the controller once the other server continued from it
+        plane.read([snap])
+    plane.close()

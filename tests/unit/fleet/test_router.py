@@ -254,3 +254,38 @@ def test_a_trainer_that_dies_during_a_restarts_sync_is_the_trainers_death_not_th
     group.workers, group._died = [], "trainer rank 1 died during sync: ActorDiedError"
     with pytest.raises(TrainerDied, match="rank 1 died during sync"):
         group.train(b"")
+
+
+def test_requests_waiting_for_a_restart_that_fails_on_the_trainers_death_stop_with_it_at_once():
+    """The chaos quick run hung here: every server was dead, a request waited for the restart
+    (`SERVER_WAIT_S`, 600 s), the restart's sync met the trainer's death, and nothing woke the
+    request; the status reporter died on the fleet's error and the health loop slept on. Now the
+    waiting request and the health loop both raise `TrainerDied` as soon as the restart fails, and
+    the fleet's stats (an observer's verb) still answer."""
+    from asyncrl.trainer.handle import TrainerDied
+
+    class DyingWeights(Weights):
+        async def sync(self, receivers, resend=False, probe=None):
+            await asyncio.sleep(0.2)  # the request is waiting by then
+            raise TrainerDied("trainer rank 1 died: ActorDiedError")
+
+    async def go():
+        async def respawn(i: int) -> ScriptedServer:
+            return ScriptedServer(f"s{i}-new", hold=False)
+
+        s0 = ScriptedServer("s0", hold=False)
+        manager = FleetManager(Router())
+        await manager.add_fleet(Fleet("main", [s0], respawn))
+        await manager.attach_weights(DyingWeights(manager), cfg=None)
+        await manager.publish(1)
+        s0.die()
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(TrainerDied, match="rank 1 died"):
+            await manager.router.generate([1], SP)  # s0 dies, its restart begins, the request waits for it
+        assert loop.time() - t0 < 5.0
+        assert (await manager.stats())["restarts"] == 0
+        with pytest.raises(TrainerDied):
+            await asyncio.wait_for(manager.watch(0.01), 5.0)
+
+    asyncio.run(go())

@@ -124,3 +124,23 @@ def test_zmq_unit_rejects_and_counts_malformed_messages():
     assert (plane.read([h["x"]])[0] == np.arange(10_000)).all()
     s.close(0)
     plane.close()
+
+
+def test_which_planes_keep_a_writers_bytes_after_it_dies(tmp_path):
+    """`outlives_writer` decides whether a server snapshots its samples in flight (ServerHost.snapshot):
+    shm files live in tmpfs; a zmq plane's own unit, and local memory, die with the writer; a separate
+    zmq unit (queue.zmq_address) does not. A snapshot-style write (`inline=False`) stays in the plane."""
+    from transfer_queue.storage.local import LocalStorage
+    from transfer_queue.storage.shm import ShmStorage
+    from transfer_queue.storage.zmq import ZmqStorage
+
+    shm = ShmStorage(shm_dir=str(tmp_path), run_id="keep", arena_bytes=0)
+    own, separate = ZmqStorage(), ZmqStorage(address="tcp://127.0.0.1:1")
+    try:
+        assert [p.outlives_writer for p in (shm, own, separate, LocalStorage())] == [True, False, True, False]
+        small = np.arange(4, dtype=np.uint8)
+        assert shm.write("u", {"x": small})["x"].plane == "inline"
+        h = shm.write("u", {"x": small}, inline=False)["x"]
+        assert h.plane == "shm" and shm.read([h])[0].tolist() == [0, 1, 2, 3]
+    finally:
+        shm.close(), own.close(), separate.close()
