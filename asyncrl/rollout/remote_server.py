@@ -36,6 +36,9 @@ class RemoteServer(RolloutServer):
         self._dead = False
         self._hung = False
         """A control verb went unanswered: `close` kills it without asking it first."""
+        self._pid: int | None = None
+        self._node = ""
+        """The actor's process and node (`ready`)."""
         self.record_bytes = 0
         """Bytes of the queue records this proxy received from the actor (`run_sample` replies)."""
         self.snapshots: dict[str, Any] = {}
@@ -69,9 +72,26 @@ class RemoteServer(RolloutServer):
 
     async def ready(self) -> "RemoteServer":
         """Wait until the engine is built (model loaded)."""
-        version = await self._call("start")
+        version, self._pid, self._node = await self._call("start")
         self._stats = dataclasses.replace(self._stats, version=version)
         return self
+
+    def _kill_stopped(self) -> None:
+        """SIGKILL a hung actor's process when it runs on this node: `ray.kill` asks it to exit first and
+        waits (about 5 s for a stopped process), while a publish waits on its open connection."""
+        import os
+        import signal
+
+        import psutil
+
+        if self._pid is None or self._node != ray.util.get_node_ip_address():
+            return
+        try:
+            proc = psutil.Process(self._pid)
+            if proc.cmdline()[:1] and proc.cmdline()[0].startswith("ray::ServerActor"):  # still that actor, not a reused pid
+                os.kill(self._pid, signal.SIGKILL)
+        except (psutil.Error, OSError, IndexError):  # deliberate: already gone
+            pass
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None = None) -> GenerateOutput:
         self._in_flight += 1
@@ -163,6 +183,8 @@ class RemoteServer(RolloutServer):
                 await self._call("close")
             except ServerDied:  # deliberate: already gone (or hung) is closed by the kill below
                 pass
+        if self._hung:
+            self._kill_stopped()
         if not self._dead:
             ray.kill(self.handle, no_restart=True)
         self._dead = True

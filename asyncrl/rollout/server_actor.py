@@ -52,8 +52,9 @@ class ServerActor:
         self.host: Any = None
         self.plane: Any = None
 
-    async def start(self) -> int:
-        """Build the engine on the actor's event loop (vLLM's AsyncLLM wants one); returns its version."""
+    async def start(self) -> tuple[int, int, str]:
+        """Build the engine on the actor's event loop (vLLM's AsyncLLM wants one); returns its version,
+        this process's pid and node address (what lets the driver kill a hung one at once)."""
         cfg, model_path, dtype, seed, index = self._args
         self.server = build_server(cfg, model_path, dtype=dtype, seed=seed, index=index,
                                    log_dir=(self.spec or {}).get("log_dir") or None)
@@ -65,7 +66,9 @@ class ServerActor:
             from asyncrl.rollout.host import ServerHost
 
             self.host = ServerHost(self.server, name=self.name, agent=None, eval_agent=None, plane=None)
-        return self.server.version
+        import os
+
+        return self.server.version, os.getpid(), ray.util.get_node_ip_address()
 
     async def run_sample(self, sample: bytes, resume: bytes | None = None, resume_from: bytes | None = None) -> bytes:
         """`resume`: the sample's saved state at a checkpoint (`inflight.SavedSample`, msgpack);

@@ -48,4 +48,40 @@ def test_close_asks_a_live_server_and_kills_a_hung_one_at_once(hung, monkeypatch
 
     asyncio.run(go())
     assert killed == [handle]
-    assert handle.calls == (["stats"] if hung else ["close"])  # a hung one is not asked to close: killed at once
+    assert handle.calls == (["progress"] if hung else ["close"])  # a hung one is not asked to close: killed at once
+
+
+def test_a_hung_server_on_this_node_is_sigkilled_not_left_to_ray_kill(monkeypatch):
+    """`ray.kill` asks the actor to exit and waits about 5 s before it kills a stopped process, while a
+    publish waits on that process's connection: the proxy SIGKILLs it itself when it runs on this node
+    (its pid and node come with `ready`), and only if the pid is still a server actor's."""
+    import signal
+    import subprocess
+    import time
+
+    monkeypatch.setattr(remote_server.ray, "kill", lambda handle, no_restart=True: None)
+    actor = subprocess.Popen(["bash", "-c", "exec -a ray::ServerActor.fake sleep 60"])
+    other = subprocess.Popen(["sleep", "60"])  # a reused pid: never killed
+    try:
+        time.sleep(0.2)
+        actor.send_signal(signal.SIGSTOP)
+        server = RemoteServer(_Handle(answer=False), "main-0", control_timeout_s=0.2)
+        server._pid, server._node = actor.pid, remote_server.ray.util.get_node_ip_address()
+
+        async def go() -> None:
+            with pytest.raises(ServerDied, match="hung"):
+                await server.probe()
+            await server.close()
+
+        t0 = time.monotonic()
+        asyncio.run(go())
+        assert actor.wait(timeout=2) == -signal.SIGKILL and time.monotonic() - t0 < 2
+        stranger = RemoteServer(_Handle(answer=False), "main-1", control_timeout_s=0.2)
+        stranger._pid, stranger._node = other.pid, server._node
+        stranger._hung = True
+        asyncio.run(stranger.close())
+        assert other.poll() is None
+    finally:
+        for p in (actor, other):
+            p.kill()
+            p.wait()
