@@ -122,28 +122,29 @@ def train(args: list[str], debug: bool = False) -> int:
         metrics = MetricsLogger(cfg.logging, run_dir, to_dict(cfg))
         metrics.artifact(run_dir / "config.yaml")
         restarts = 0
-        while True:
-            pipeline = Pipeline(cfg, parts, run_dir, metrics)
 
-            async def go() -> dict:
-                try:
-                    return await pipeline.run()
-                finally:
-                    await parts.close()
-
+        async def segments() -> dict:
+            """The run, restarted from its last checkpoint when the trainer dies: a new trainer (new
+            processes) in the same event loop, the fleets kept (their servers join its weight plane)."""
+            nonlocal pipeline, restarts
             try:
-                summary = asyncio.run(go())
-                break
-            except TrainerDied as e:  # restart every process of the run from its last checkpoint, as resume=true
-                if restarts < cfg.trainer.max_restarts:
-                    restarts += 1
-                    print(f"asyncrl: {e}; restarting from the last checkpoint ({restarts} of trainer.max_restarts="
-                          f"{cfg.trainer.max_restarts})", file=sys.stderr, flush=True)
-                    cfg.resume = True
-                    parts = build(cfg, run_dir)
-                    continue
-                end.note = f" (after {restarts} restarts: trainer.max_restarts={cfg.trainer.max_restarts})"
-                raise
+                while True:
+                    pipeline = Pipeline(cfg, parts, run_dir, metrics)
+                    try:
+                        return await pipeline.run()
+                    except TrainerDied as e:
+                        if restarts >= cfg.trainer.max_restarts:
+                            end.note = f" (after {restarts} restarts: trainer.max_restarts={cfg.trainer.max_restarts})"
+                            raise
+                        restarts += 1
+                        print(f"asyncrl: {e}; restarting the trainer from the last checkpoint ({restarts} of "
+                              f"trainer.max_restarts={cfg.trainer.max_restarts})", file=sys.stderr, flush=True)
+                        cfg.resume = True
+                        await parts.restart_trainer()
+            finally:
+                await parts.close()
+
+        summary = asyncio.run(segments())
     except BaseException as e:
         rc = end.record(e, pipeline.step if pipeline is not None else 0)
         if metrics is not None:

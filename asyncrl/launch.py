@@ -11,6 +11,7 @@ process then holds metadata only: it never reads a trajectory tensor and holds n
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import secrets
@@ -51,6 +52,8 @@ class Components:
     the hosts write into it and the trainer reads from it)."""
     spawn: Callable[[], Awaitable[Any]]
     """Builds the `FleetManager` of the run's servers (run inside the pipeline's event loop)."""
+    make_trainer: Callable[[], Any] = lambda: None
+    """Builds the trainer anew (`restart_trainer`); blocking."""
     fleets: Any = None
     """The `FleetManager`: the one owner of the server set and of the version each serves."""
     sweep: bool = False
@@ -69,6 +72,18 @@ class Components:
     @property
     def servers(self) -> list[Any]:
         return self.fleets.servers if self.fleets is not None else []
+
+    async def restart_trainer(self) -> None:
+        """The trainer died: end what is left of it and start a new one (new processes); the fleets stay.
+        Their restarts and re-syncs in flight end first (without a trainer they fail), then the next
+        `attach_weights` joins every server to the new trainer's weight plane and brings back the ones
+        taken out, and the next publish gives them its weights."""
+        close = getattr(self.trainer, "close", None)
+        if close is not None:
+            await asyncio.to_thread(close)
+        if self.fleets is not None:
+            await self.fleets.detach_weights()
+        self.trainer = await asyncio.to_thread(self.make_trainer)
 
     async def close(self) -> None:
         if self.fleets is not None:
@@ -252,6 +267,7 @@ def build(cfg: Config, run_dir: Any = None) -> Components:
         task=task,
         prompts=PromptStream(task.train, seed=cfg.data.seed),
         trainer=build_trainer(cfg, model_path, storage),
+        make_trainer=lambda: build_trainer(cfg, model_path, storage),
         eval_samples=eval_samples,
         make_plan=PlanBuilder(cfg.algorithm, pad_id=pad_id, minibatches=cfg.trainer.minibatches),
         storage=storage,

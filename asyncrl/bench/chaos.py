@@ -216,9 +216,10 @@ def run_once(tmp: Path, redis_url: str, steps: int, faults_on: bool, server_ever
         "samples_continued": summary.get("samples_continued"),
         "redone": summary.get("redone"),
         "resume": summary.get("resume"),
+        "failover": summary.get("failover"),
         "steps": summary.get("steps"),
         # every segment's (summary.json is the last segment's, whose process restarted nothing)
-        "trainer_restarts": (tmp / f"{name}.log").read_text(errors="replace").count("restarting from the last checkpoint"),
+        "trainer_restarts": (tmp / f"{name}.log").read_text(errors="replace").count("restarting the trainer from the last checkpoint"),
         "final_eval_reward": summary.get("final_eval_reward"),
         "wall_s": round(wall, 1),
     }
@@ -268,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for k in ("faults_injected", "segments", "trajectories_produced", "trained", "trained_twice", "acked", "dropped_by_cause",
                   "resident", "lost", "completed", "restart_stale_drops", "restart_stale_drop_ratio", "trainer_restarts",
-                  "final_eval_reward", "wall_s", "wall_s_no_faults", "wall_ratio", "samples_continued", "redone", "resume",
+                  "final_eval_reward", "wall_s", "wall_s_no_faults", "wall_ratio", "samples_continued", "redone", "resume", "failover",
                   "lengths", "logs"):
             print(f"{k:24} {res[k]}")
         for name, t in res["targets"].items():

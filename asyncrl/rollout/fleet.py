@@ -147,6 +147,18 @@ class FleetManager:
                 self.router.take_out(server, res)
             elif isinstance(res, BaseException):
                 raise res
+        for fleet in self.fleets.values():  # out of routing when the last source died (`detach_weights`)
+            for s in fleet.servers:
+                if s not in self.router.servers:
+                    self._background(self._counted(fleet.name, self._recover(s)))
+
+    async def detach_weights(self) -> None:
+        """The weight source died (the trainer restarts; see `Components.restart_trainer`): wait for the
+        restarts and re-syncs in flight (without a source they fail), then forget its error, the source
+        and the version: the servers keep serving what they loaded until the next source publishes."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        self._error, self._weights, self.version = None, None, -1
 
     async def _join(self, server: RolloutServer) -> None:
         if self._weights is not None and hasattr(server, "join_weights"):

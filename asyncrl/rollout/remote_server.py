@@ -54,6 +54,10 @@ class RemoteServer(RolloutServer):
                 async with asyncio.timeout(self.control_timeout_s):  # not wait_for: on 3.11 it can swallow a cancel
                     return await ref
             return await ref
+        except asyncio.CancelledError:  # the caller gave the work up (a run that stops): so does the server
+            if verb not in _CONTROL_VERBS:
+                ray.cancel(ref)
+            raise
         except asyncio.TimeoutError:
             self._hung = True
             raise ServerDied(f"rollout server {self.name} is hung: no answer to {verb} in {self.control_timeout_s} s "

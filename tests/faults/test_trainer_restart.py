@@ -1,5 +1,5 @@
-"""A trainer rank killed mid-run: `asyncrl train` restarts the run's processes from the last
-checkpoint and finishes every step.
+"""A trainer rank killed mid-run: `asyncrl train` restarts the trainer's processes from the last
+checkpoint and finishes every step; the rollout server's process is kept (it joins the new trainer).
 
 Real: `asyncrl train` in a subprocess with Ray, two FSDP2 rank actors and a rollout server; the
 fault is SIGKILL to one rank's process (found among the run's own descendants by its Ray
@@ -18,11 +18,15 @@ STEPS = 12
 """The kill comes right after the first checkpoint (step 3): the steps after it are the resumed segment."""
 
 
-def _ranks(pid: int) -> list[psutil.Process]:
+def _actors(pid: int, title: str = "ray::TrainerRankShell") -> list[psutil.Process]:
     out = []
-    for p in psutil.Process(pid).children(recursive=True):
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return out
+    for p in children:
         try:
-            if "ray::TrainerRankShell" in " ".join(p.cmdline()):
+            if title in " ".join(p.cmdline()):
                 out.append(p)
         except psutil.Error:
             pass
@@ -38,28 +42,33 @@ def test_killed_trainer_rank_restarts_from_the_last_checkpoint(tmp_path):
            "trainer.prompts_per_step=4", "rollout.group_size=4", "data.eval_size=4", "trainer.eval_every=100",
            "logging.mlflow=false", "logging.progress=false", f"logging.run_root={tmp_path}/runs", "logging.run_name=restart",
            f"queue.shm_dir={tmp_path}", f"model.cache_dir={tmp_path}/models"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = open(tmp_path / "out.log", "w+")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
     killed = None
+    servers: set[int] = set()
     try:
         t0 = time.time()
-        while proc.poll() is None and time.time() - t0 < 300:
+        while proc.poll() is None and time.time() - t0 < 400:
+            servers.update(p.pid for p in _actors(proc.pid, "ray::ServerActor"))
             saved = list((run_dir / "checkpoints").glob("*/state.json"))
-            ranks = _ranks(proc.pid)
-            if saved and len(ranks) == 2:  # past the first complete checkpoint (step 3), both ranks up
+            ranks = _actors(proc.pid)
+            if killed is None and saved and len(ranks) == 2:  # past the first complete checkpoint (step 3), both ranks up
                 killed = ranks[1].pid
                 ranks[1].send_signal(signal.SIGKILL)
-                break
             time.sleep(0.2)
-        out, _ = proc.communicate(timeout=400)
+        proc.wait(timeout=60)
+        log.seek(0)
+        out = log.read()
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     assert killed is not None, f"no rank was killed; output:\n{out[-3000:]}"
     assert proc.returncode == 0, out[-4000:]
-    assert "restarting from the last checkpoint (1 of trainer.max_restarts=2)" in out
+    assert "restarting the trainer from the last checkpoint (1 of trainer.max_restarts=2)" in out
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == STEPS and summary["trainer_restarts"] == 1 and summary["resumed"]
     steps = [json.loads(l)["step"] for l in (run_dir / "trained_uids.jsonl").read_text().splitlines()]
     assert sorted(set(steps)) == list(range(1, STEPS + 1))  # every step trained (re-done ones appear again)
     assert not psutil.pid_exists(killed) or psutil.Process(killed).status() == psutil.STATUS_ZOMBIE
+    assert len(servers) == 1  # the trainer restarted; the rollout server's process served on
