@@ -140,7 +140,7 @@ def train(args: list[str], debug: bool = False) -> int:
                         print(f"asyncrl: {e}; restarting the trainer from the last checkpoint ({restarts} of "
                               f"trainer.max_restarts={cfg.trainer.max_restarts})", file=sys.stderr, flush=True)
                         cfg.resume = True
-                        await parts.restart_trainer()
+                        await parts.restart_trainer(cfg.rollout.health_interval_s)
             finally:
                 await parts.close()
 

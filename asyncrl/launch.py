@@ -73,17 +73,28 @@ class Components:
     def servers(self) -> list[Any]:
         return self.fleets.servers if self.fleets is not None else []
 
-    async def restart_trainer(self) -> None:
+    async def restart_trainer(self, health_interval_s: float) -> None:
         """The trainer died: end what is left of it and start a new one (new processes); the fleets stay.
         Their restarts and re-syncs in flight end first (without a trainer they fail), then the next
         `attach_weights` joins every server to the new trainer's weight plane and brings back the ones
-        taken out, and the next publish gives them its weights."""
+        taken out, and the next publish gives them its weights. Meanwhile the fleets' health loop runs
+        (every `health_interval_s`): a server that dies or hangs now is replaced before the new trainer
+        waits for it."""
         close = getattr(self.trainer, "close", None)
         if close is not None:
             await asyncio.to_thread(close)
-        if self.fleets is not None:
-            await self.fleets.detach_weights()
-        self.trainer = await asyncio.to_thread(self.make_trainer)
+        if self.fleets is None:
+            self.trainer = await asyncio.to_thread(self.make_trainer)
+            return
+        await self.fleets.detach_weights()
+        watch = asyncio.create_task(self.fleets.watch(health_interval_s))
+        try:
+            self.trainer = await asyncio.to_thread(self.make_trainer)
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+        if watch.done() and not watch.cancelled() and watch.exception() is not None:
+            raise watch.exception()  # type: ignore[misc]
 
     async def close(self) -> None:
         if self.fleets is not None:

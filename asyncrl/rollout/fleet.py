@@ -44,6 +44,9 @@ class WeightSource(Protocol):
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+JOIN_GRACE_S = 2.0
+"""`attach_weights`: after the first server joined, how long the others get before a slow one (hung?) is
+taken out of routing and joins in the background (a hung one then costs no publish `rollout.health_timeout_s`)."""
 SERVER_WAIT_S = 600.0
 """How long a request waits for a server while every server is being restarted (placement, model load, sync)."""
 
@@ -141,16 +144,23 @@ class FleetManager:
         with `parity`, loaded versions are checked against the trainer's log-probs (`parity.py`)."""
         self._weights, self._weights_cfg, self._pause_mode, self.parity = source, cfg, pause_mode, parity
         servers = list(self.router.servers)
-        joined = await asyncio.gather(*(self._join(s) for s in servers), return_exceptions=True)
-        for server, res in zip(servers, joined):
-            if isinstance(res, ServerDied):  # died meanwhile: restarted (it joins then) like any dead server
-                self.router.take_out(server, res)
-            elif isinstance(res, BaseException):
-                raise res
+        joins = [asyncio.ensure_future(self._join(s)) for s in servers]
+        if joins:  # every server that joins within JOIN_GRACE_S of the first; a slow one (hung?) rejoins in the background
+            await asyncio.wait(joins, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(joins, timeout=JOIN_GRACE_S)
+        for server, join in zip(servers, joins):
+            if not join.done():
+                join.cancel()
+                self.router.remove(server)
+                self._background(self._counted(self._fleet_of(server).name, self._recover(server, join=True)))
+            elif isinstance(join.exception(), ServerDied):  # died meanwhile: restarted (it joins then) like any dead server
+                self.router.take_out(server, join.exception())  # type: ignore[arg-type]
+            elif join.exception() is not None:
+                raise join.exception()  # type: ignore[misc]
         for fleet in self.fleets.values():  # out of routing when the last source died (`detach_weights`)
             for s in fleet.servers:
-                if s not in self.router.servers:
-                    self._background(self._counted(fleet.name, self._recover(s)))
+                if s not in self.router.servers and not any(s is r for r in servers):
+                    self._background(self._counted(fleet.name, self._recover(s, join=True)))
 
     async def detach_weights(self) -> None:
         """The weight source died (the trainer restarts; see `Components.restart_trainer`): wait for the
@@ -204,7 +214,7 @@ class FleetManager:
         self.evicted[server_name(server)] = why
         log.warning("server %s out of routing (%s): re-syncing it", server_name(server), why)
         self.router.remove(server)
-        self._background(self._counted(self._fleet_of(server).name, self._recover(server, resend)))
+        self._background(self._counted(self._fleet_of(server).name, self._recover(server)))
 
     async def _parity(self, servers: list[RolloutServer], version: int, reference: list[float] | None
                       ) -> list[tuple[RolloutServer, str]]:
@@ -228,13 +238,10 @@ class FleetManager:
                 failed.append((s, verdict))
         return failed
 
-    async def _bring_current(self, server: RolloutServer, resend: bool = False) -> None:
-        """Join the weight plane and get the current version (nothing to get before the first publish);
-        `resend`: the server is joined and acknowledged it, but must be sent it again. A fresh join
-        is always sent the version: the sender may not have read the new Join yet and still hold the
-        dead process's entry under the same id, current (it would report the fresh process current)."""
-        if not resend:
-            await self._join(server)
+    async def _bring_current(self, server: RolloutServer) -> None:
+        """Send a joined server the current version (nothing before the first publish), always, even if it
+        acknowledged it (its engine serves other weights: a failed parity check), or the sender may still
+        hold a dead process's entry under the same id as current (a fresh join). Under `_membership`."""
         if self.version < 0 or self._weights is None:
             return
         out = await self._weights.sync([server_name(server)], resend=True, probe=self.parity.ids if self.parity else None)
@@ -245,12 +252,15 @@ class FleetManager:
         for _, verdict in await self._parity([server], self.version, out.get("probe")):  # a re-sync is always checked
             raise WeightParityError(verdict)
 
-    async def _recover(self, server: RolloutServer, resend: bool = False) -> None:
-        """A live server missed a publish (or failed its parity check: `resend`): re-sync it and route
-        it again; restart it if that fails."""
+    async def _recover(self, server: RolloutServer, join: bool = False) -> None:
+        """A live server missed a publish or failed its parity check (or, `join`, must first join the
+        weight plane: outside the lock, so a hung one holds up no publish): re-sync it and route it
+        again; restart it if that fails."""
         try:
+            if join:
+                await self._join(server)
             async with self._membership:
-                await self._bring_current(server, resend)
+                await self._bring_current(server)
                 if any(server in f.servers for f in self.fleets.values()):
                     self.router.add(server, self._fleet_of(server).name)
         except TrainerDied:  # the weight source died, not the server: the run restarts
@@ -275,6 +285,7 @@ class FleetManager:
         if fleet.name in self.fleets:
             raise ValueError(f"fleet {fleet.name!r} already serves this run")
         self.fleets[fleet.name] = fleet
+        await asyncio.gather(*(self._join(s) for s in fleet.servers))
         async with self._membership:
             await asyncio.gather(*(self._bring_current(s) for s in fleet.servers))
             for s in fleet.servers:
@@ -331,6 +342,7 @@ class FleetManager:
             await server.close()  # first: a hung one is killed, so its samples fail over and its bundle frees
             fresh = await fleet.restart(server)
             try:
+                await self._join(fresh)
                 async with self._membership:  # no publish between its sync and its first request
                     await self._bring_current(fresh)
                     if fleet.name in self.fleets:  # the fleet may have been removed meanwhile

@@ -131,6 +131,7 @@ class Weights:
     server that is alive (`update_weights`); a dead one is left out and reported evicted."""
 
     endpoint = "inproc://weights"
+    endpoints = [endpoint]
 
     def __init__(self, manager: FleetManager) -> None:
         self.manager, self.version, self.calls = manager, -1, []
@@ -287,5 +288,43 @@ def test_requests_waiting_for_a_restart_that_fails_on_the_trainers_death_stop_wi
         assert (await manager.stats())["restarts"] == 0
         with pytest.raises(TrainerDied):
             await asyncio.wait_for(manager.watch(0.01), 5.0)
+
+    asyncio.run(go())
+
+
+def test_a_server_slow_to_join_is_left_out_of_routing_not_waited_for():
+    """`attach_weights` (after a trainer restart, a hung server among them) waits for the first server's
+    join and `JOIN_GRACE_S` more: a server still joining then is taken out of routing and joins in the
+    background, so the publish that follows does not wait on it; once it joins it is synced and routed."""
+    from asyncrl.rollout import fleet as fleet_mod
+
+    class Joining(ScriptedServer):
+        def __init__(self, name: str, gate: asyncio.Event | None) -> None:
+            super().__init__(name, hold=False)
+            self.gate, self.joins = gate, 0
+
+        async def join_weights(self, cfg, endpoints, pause_mode="keep") -> None:
+            self.joins += 1
+            if self.gate is not None:
+                await self.gate.wait()
+
+    async def go():
+        gate = asyncio.Event()
+        fast, slow = Joining("s0", None), Joining("s1", gate)
+        manager = FleetManager(Router())
+        await manager.add_fleet(Fleet("main", [fast, slow]))  # no weight source yet: nobody joins
+        weights = Weights(manager)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await manager.attach_weights(weights, cfg=None)
+        assert loop.time() - t0 < fleet_mod.JOIN_GRACE_S + 1.0
+        assert manager.router.servers == [fast]
+        await manager.publish(1)
+        assert weights.calls == [("publish", 1, ["s0"])]
+        gate.set()  # it answers now: joined, synced to version 1, routed
+        await manager.wait_restarts()
+        assert manager.router.servers == [fast, slow] and slow.v == 1 and slow.joins == 2
+        assert weights.calls[-1] == ("sync", 1, ["s1"])
+        await manager.close()
 
     asyncio.run(go())
