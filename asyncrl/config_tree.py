@@ -284,6 +284,10 @@ class RayConfig:
     """Ray cluster address; empty starts a local Ray."""
     num_cpus: int = 0
     """CPUs for a local Ray (0: this machine's, or as many as the run's trainer ranks and servers ask for if that is more)."""
+    detached: bool = False
+    """The run's actors (trainer ranks, rollout servers, their placement groups) outlive the controller's process, named after the run (`queue.run_id`): when the controller dies (killed, its machine lost) they keep their models loaded, and `asyncrl train ... resume=true` takes them back instead of starting new ones (seconds, not a reload of every model; what they were doing is given up, and the checkpoint's work in flight continues as on any resume). Needs `ray.address`: a local Ray dies with the controller. A run that ends or stops (not killed) ends its actors as usual."""
+    orphan_timeout_s: float = 300.0
+    """`ray.detached`: seconds an actor waits for a controller before it ends itself and its placement group (a run whose controller is gone for good gives its GPUs back)."""
 
 
 @dataclass
@@ -311,6 +315,11 @@ class Config:
         for name, choices in literal_fields(type(self)):  # the top level's own choice keys (hardware)
             one_of(getattr(self, name), name, choices)
         t = self.trainer
+        if self.ray.detached:
+            _check(self.ray.enabled, "ray.detached", "needs ray.enabled=true (it keeps the run's Ray actors alive)")
+            _check(bool(self.ray.address), "ray.detached", "needs ray.address: a local Ray started by the controller dies with it "
+                   "(start one that outlives it: deploy/ray/start_cluster.sh head)")
+            _check(self.ray.orphan_timeout_s > 0, "ray.orphan_timeout_s", f"must be > 0, got {self.ray.orphan_timeout_s}")
         if self.ray.enabled:  # trainer ranks and servers are other processes: the planes must reach across
             _check(self.queue.storage != "local", "queue.storage", "`local` keeps tensors in one process; with ray.enabled use shm (one host), zmq or nixl")
             _check(self.weights.backend != "local", "weights.backend", "`local` needs sender and receivers in one process; with ray.enabled use shm (one host), gloo, nccl, nixl or cuda_ipc")

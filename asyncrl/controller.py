@@ -289,15 +289,18 @@ class Pipeline(PipelineCheckpoint):
         train = asyncio.create_task(self._train_loop(progress))
         health = asyncio.create_task(self.parts.fleets.watch(self.cfg.rollout.health_interval_s))
         leases = asyncio.create_task(self.queue.keep_leases())
+        loops = {roll, train, health, leases}
+        if self.cfg.ray.detached:  # the actors outlive this process: tell them it is there
+            loops.add(asyncio.create_task(self._keepalive(self.cfg.ray.orphan_timeout_s / 4)))
         status = StatusReporter(PipelineSource(self))  # observers read a typed run state, not the pipeline
         reporter = asyncio.create_task(status.run())
         try:
             # the status reporter too: an observer that died would leave `asyncrl status` reading "dead" on a live run
-            done, _ = await asyncio.wait({roll, train, health, leases, reporter}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(loops | {reporter}, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
                 t.result()  # re-raise the error of a loop that died
         finally:
-            stuck: set[asyncio.Task] = {roll, train, health, leases, reporter}
+            stuck: set[asyncio.Task] = loops | {reporter}
             for _ in range(3):  # a cancel can be lost (a wait_for racing it); ask again rather than hang
                 for t in stuck:
                     t.cancel()
@@ -313,6 +316,18 @@ class Pipeline(PipelineCheckpoint):
             if self._resumed_audit is not None:
                 self._resumed_audit.close()
         return self.summary(resumed)
+
+    async def _keepalive(self, every_s: float) -> None:
+        """`ray.detached`: touch the trainer's ranks and every server each `every_s` (their orphan watch)."""
+        from asyncrl.rollout.router import ServerDied
+
+        while True:
+            await asyncio.sleep(every_s)
+            done = await asyncio.gather(self.trainer.touch(), *(s.touch() for s in self.parts.fleets.servers if hasattr(s, "touch")),
+                                        return_exceptions=True)
+            for res in done:
+                if isinstance(res, BaseException) and not isinstance(res, ServerDied):  # a dead server is the health loop's
+                    raise res
 
     def _skipped_rows(self) -> dict[str, dict[str, int]]:
         """Data rows skipped at load, by split and reason (none for a pipeline built without a task: benchmarks)."""

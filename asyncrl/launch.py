@@ -106,6 +106,42 @@ class Components:
             self.storage.sweep()
 
 
+def detached_names(cfg: Config) -> Any:
+    """The Ray names of the run's actors when they outlive the controller (`ray.detached`), else None."""
+    from asyncrl.orphan import DetachedNames
+
+    return DetachedNames(cfg.queue.run_id) if cfg.ray.enabled and cfg.ray.detached else None
+
+
+def take_back(cfg: Config) -> Any:
+    """A resumed detached run: its trainer ranks and servers where all of them still run (a controller
+    that died left them), as a `TrainerGroup`; the servers are taken back as their fleets spawn. The
+    run's secret is theirs (the planes they hold use it). Where any of them is gone, whatever is left
+    is ended and None returned: the run starts its actors anew, as without `ray.detached`."""
+    import ray
+
+    from asyncrl.rollout.server_actor import find_placement, find_server
+    from asyncrl.trainer.actor import TrainerGroup
+
+    names = detached_names(cfg)
+    ranks, placement, whole = TrainerGroup.find(names, cfg.trainer.num_ranks)
+    fleets = {name: ([find_server(names, name, i) for i in range(c.num_servers)], find_placement(names.fleet_placement(name)))
+              for name, c in _named_fleets(cfg.rollout)}
+    whole = whole and all(pg is not None and all(h is not None for h in hs) for hs, pg in fleets.values())
+    if whole:
+        group = TrainerGroup.attach(ranks, placement)
+        cfg.queue.secret = cfg.weights.secret = group.secret()
+        print(f"asyncrl: took back the run's {len(ranks)} trainer ranks and "
+              f"{sum(len(hs) for hs, _ in fleets.values())} servers (ray.detached)", flush=True)
+        return group
+    for handle in ranks + [h for hs, _ in fleets.values() for h in hs if h is not None]:
+        ray.kill(handle, no_restart=True)
+    for pg in [placement] + [pg for _, pg in fleets.values()]:
+        if pg is not None:
+            ray.util.remove_placement_group(pg)
+    return None
+
+
 def init_ray(cfg: Config) -> None:
     """Join `ray.address`, or start a local Ray whose CPU count covers the run's bundles (Ray's CPUs
     are scheduling slots: a 2-core laptop can place 2 trainer ranks and 2 servers)."""
@@ -121,7 +157,10 @@ def init_ray(cfg: Config) -> None:
         need = t.num_ranks * t.cpus_per_rank + sum(c.num_servers * c.cpus_per_server for c in _fleets(cfg.rollout))
         num_cpus = max(os.cpu_count() or 1, int(need + 0.999))
     resources = None if cfg.ray.address else (custom_resources(cfg) or None)  # a local Ray offers what the bundles ask
-    ray.init(address=cfg.ray.address or None, num_cpus=num_cpus, resources=resources, include_dashboard=False, log_to_driver=False)
+    from asyncrl.orphan import NAMESPACE
+
+    ray.init(address=cfg.ray.address or None, num_cpus=num_cpus, resources=resources, include_dashboard=False, log_to_driver=False,
+             namespace=NAMESPACE if cfg.ray.detached else None)
     token = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
     if os.path.isfile(token) and os.stat(token).st_uid == os.getuid():
         os.chmod(token, 0o600)  # Ray writes the token it generates for a local cluster world-readable
@@ -173,9 +212,13 @@ def check_gpus(cfg: Config) -> None:
 
 
 def _fleets(r: Any) -> list[Any]:
+    return [c for _, c in _named_fleets(r)]
+
+
+def _named_fleets(r: Any) -> list[tuple[str, Any]]:
     from asyncrl.rollout.fleet import fleet_configs
 
-    return list(fleet_configs(r).values())
+    return list(fleet_configs(r).items())
 
 
 def build_trainer(cfg: Config, model_path: str, storage: Any) -> Any:
@@ -190,7 +233,8 @@ def build_trainer(cfg: Config, model_path: str, storage: Any) -> Any:
     if cfg.ray.enabled:
         from asyncrl.trainer.actor import TrainerGroup
 
-        return TrainerGroup(cfg.trainer.num_ranks, model_path, queue=cfg.queue, weights=cfg.weights, **kw)
+        return TrainerGroup(cfg.trainer.num_ranks, model_path, queue=cfg.queue, weights=cfg.weights, detached=detached_names(cfg),
+                            orphan_timeout_s=cfg.ray.orphan_timeout_s, **kw)
     from asyncrl.trainer.rank import TrainerRank, build_engine
 
     return TrainerRank(build_engine(model_path, **kw), plane=storage, weights=cfg.weights)
@@ -244,6 +288,12 @@ def build(cfg: Config, run_dir: Any = None) -> Components:
     from asyncrl.preflight import load_tokenizer
 
     share_run_secret(cfg)
+    kept = None
+    if cfg.ray.enabled:
+        init_ray(cfg)
+        check_gpus(cfg)
+        check_resources(cfg)
+        kept = take_back(cfg) if cfg.ray.detached and cfg.resume else None
     model_path = resolve_model_path(cfg)
     tok = load_tokenizer(model_path)  # an unreadable tokenizer: a ConfigError naming model.path
     if tok.eos_token_id is None:
@@ -259,11 +309,10 @@ def build(cfg: Config, run_dir: Any = None) -> Components:
     if cfg.ray.enabled:  # servers are Ray actors in placement groups, started inside the event loop
         from asyncrl.rollout.fleet import FleetManager
 
-        init_ray(cfg)
-        check_gpus(cfg)
-        check_resources(cfg)
+        names = detached_names(cfg)
         spawn: Callable[[], Awaitable[Any]] = lambda: FleetManager.spawn(r, model_path, dtype=cfg.model.dtype, seed=cfg.seed,
-                                                                         spec=dataclasses.asdict(spec))
+                                                                         spec=dataclasses.asdict(spec), detached=names,
+                                                                         orphan_timeout_s=cfg.ray.orphan_timeout_s)
     else:
         check_gpus(cfg)
         spawn = local_fleets(cfg, model_path, spec, tok, storage)
@@ -277,7 +326,7 @@ def build(cfg: Config, run_dir: Any = None) -> Components:
         tokenizer=tok,
         task=task,
         prompts=PromptStream(task.train, seed=cfg.data.seed),
-        trainer=build_trainer(cfg, model_path, storage),
+        trainer=kept if kept is not None else build_trainer(cfg, model_path, storage),
         make_trainer=lambda: build_trainer(cfg, model_path, storage),
         eval_samples=eval_samples,
         make_plan=PlanBuilder(cfg.algorithm, pad_id=pad_id, minibatches=cfg.trainer.minibatches),

@@ -120,10 +120,12 @@ class PipelineCheckpoint:
             the next step trains as version 15: they are 2 and 3 old
         """
         published = read_published(self.run_dir)
+        sent = self.trainer.published  # a trainer taken back (`ray.detached`) may have sent this very version
         label = self.step + self.version_offset
-        if published > label:  # versions were published after the checkpoint: label its weights above them
-            self.staleness.resumed(published + 1, weights_of=label)
-            self.version_offset = published + 1 - self.step
+        if published > label or sent >= label:  # versions were published after the checkpoint: label its weights above them
+            above = max(published, sent) + 1
+            self.staleness.resumed(above, weights_of=label)
+            self.version_offset = above - self.step
         if self.queue.ack_at_checkpoint:  # what the durable queue holds was accepted, and is queued
             resident = (await self.queue.depth())["resident"] // self.n
             self.staleness.accepted = self.staleness.taken + resident

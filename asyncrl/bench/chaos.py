@@ -2,15 +2,17 @@
 
 The run: `asyncrl train configs/demo.yaml` with `ray.enabled=true`, 2 trainer ranks, 2 rollout
 servers, a durable queue (a real redis-server started here, per-record shm files, acks at
-checkpoints), for `--steps` steps. The injector touches only processes the run started (the
-descendants of its `asyncrl train` process, found by their Ray process titles):
+checkpoints), for `--steps` steps, on a Ray cluster of its own (a head on 127.0.0.1 that outlives the
+controller, `asyncrl/bench/cluster.py`, as on a real cluster) with `ray.detached=true`: the actors
+outlive a controller that dies and its resume takes them back. The injector touches only processes of
+the run (the descendants of that head and of the `asyncrl train` process, by their Ray process titles):
 - a random rollout server (`ray::ServerActor...`) every `--server-every` seconds: SIGKILL, except the
   second time, when one is hung instead (SIGSTOP: alive, connected, silent; the fleet's health probe
   must find it, kill it and start another);
 - one trainer rank (`ray::TrainerRankShell...`) once, after the first checkpoint: SIGKILL
   (`asyncrl train` restarts the run's processes from that checkpoint);
 - the controller once, after a later checkpoint: SIGKILL to the whole `asyncrl train` process
-  group (Ray included), then `asyncrl train ... resume=true`;
+  group (the cluster lives on), then `asyncrl train ... resume=true`;
 - the reward (`flaky_digits`): 5% of calls raise, 5% hang past `agent.reward_timeout_s`.
 Then the same run without faults (`wall_s_no_faults`, the plain reward; `--no-baseline` skips it).
 
@@ -68,10 +70,12 @@ def flaky_digits(response: str, answer: str) -> float:
     return get_reward("digits")(response, answer)
 
 
-def _cmd(tmp: Path, redis_url: str, steps: int, faults: bool, name: str, *extra: str, max_tokens: int = MAX_TOKENS) -> list[str]:
+def _cmd(tmp: Path, redis_url: str, address: str, steps: int, faults: bool, name: str, *extra: str,
+         max_tokens: int = MAX_TOKENS) -> list[str]:
     return [
         sys.executable, "-m", "asyncrl.cli", "train", "configs/demo.yaml", f"rollout.max_tokens={max_tokens}",
-        "ray.enabled=true", "ray.num_cpus=5", "trainer.num_ranks=2", "rollout.num_servers=2", "trainer.mode=fully_async",
+        "ray.enabled=true", f"ray.address={address}", "ray.detached=true", "ray.orphan_timeout_s=120",
+        "trainer.num_ranks=2", "rollout.num_servers=2", "trainer.mode=fully_async",
         f"trainer.total_steps={steps}", "trainer.save_every=5", "trainer.eval_every=1000",
         "trainer.prompts_per_step=4", "rollout.group_size=4", "data.eval_size=8",
         "queue.metadata=redis", f"queue.redis_url={redis_url}", f"queue.run_id={name}", "queue.lease_timeout_s=10",
@@ -105,10 +109,11 @@ def _checkpoints(run: Path) -> list[int]:
 
 
 def _segment(cmd: list[str], run: Path, steps: int, faults: dict[str, int], *, kill_trainer: bool, kill_controller_after: int | None,
-             server_every: float, rng: random.Random, log: Any, timeout_s: float) -> tuple[int, str]:
+             server_every: float, rng: random.Random, log: Any, timeout_s: float, cluster: int, env: dict[str, str]) -> tuple[int, str]:
     """Run one `asyncrl train` process, injecting faults (the trainer rank once, and the controller
-    once, counted in `faults` across segments); returns (exit code, 'killed' or 'exited')."""
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    once, counted in `faults` across segments) into its actors, which run under the Ray head `cluster`
+    (its process group leader's pid); returns (exit code, 'killed' or 'exited')."""
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     t0 = last_server = time.time()
     ended_at = None  # when the last step's checkpoint appeared: the process should exit soon after
     try:
@@ -127,7 +132,7 @@ def _segment(cmd: list[str], run: Path, steps: int, faults: dict[str, int], *, k
                 proc.wait()
                 return proc.returncode, "stuck"
             if kill_trainer and ckpts and faults["trainer_rank"] == 0:
-                ranks = _descendants(proc.pid, "ray::TrainerRankShell")
+                ranks = _descendants(cluster, "ray::TrainerRankShell")
                 if len(ranks) >= 2:
                     rng.choice(ranks).send_signal(signal.SIGKILL)
                     faults["trainer_rank"] += 1
@@ -139,7 +144,7 @@ def _segment(cmd: list[str], run: Path, steps: int, faults: dict[str, int], *, k
                 faults["controller"] += 1
                 return proc.returncode, "killed"
             if time.time() - last_server >= server_every:
-                servers = _descendants(proc.pid, "ray::ServerActor")
+                servers = _descendants(cluster, "ray::ServerActor")
                 if servers:
                     hang = faults["server"] == 1 and faults["server_hung"] == 0
                     rng.choice(servers).send_signal(signal.SIGSTOP if hang else signal.SIGKILL)
@@ -169,6 +174,15 @@ def lineage(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def run_once(tmp: Path, redis_url: str, steps: int, faults_on: bool, server_every: float, seed: int,
              max_tokens: int = MAX_TOKENS) -> dict[str, Any]:
+    """One run (with or without faults) on a Ray head of its own."""
+    from asyncrl.bench.cluster import ray_head
+
+    with ray_head(num_cpus=5) as (address, env, cluster):
+        return _run_once(tmp, redis_url, address, env, cluster, steps, faults_on, server_every, seed, max_tokens)
+
+
+def _run_once(tmp: Path, redis_url: str, address: str, env: dict[str, str], cluster: int, steps: int, faults_on: bool,
+              server_every: float, seed: int, max_tokens: int) -> dict[str, Any]:
     from transfer_queue import TransferQueueConfig, connect
 
     name = "chaos" if faults_on else "calm"
@@ -180,10 +194,12 @@ def run_once(tmp: Path, redis_url: str, steps: int, faults_on: bool, server_ever
     with open(tmp / f"{name}.log", "ab") as log:
         how, code = "", 0
         while not segments or how == "killed":  # a killed controller is resumed; a failed run is not retried
-            code, how = _segment(_cmd(tmp, redis_url, steps, faults_on, name, *(["resume=true"] if segments else []), max_tokens=max_tokens),
+            code, how = _segment(_cmd(tmp, redis_url, address, steps, faults_on, name, *(["resume=true"] if segments else []),
+                                      max_tokens=max_tokens),
                                  run, steps, faults,
                                  kill_trainer=faults_on, kill_controller_after=steps // 2 if faults_on else None,
-                                 server_every=server_every if faults_on else 1e9, rng=rng, log=log, timeout_s=1800)
+                                 server_every=server_every if faults_on else 1e9, rng=rng, log=log, timeout_s=1800,
+                                 cluster=cluster, env=env)
             segments.append(how)
     wall = time.time() - t0
     summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
@@ -220,6 +236,8 @@ def run_once(tmp: Path, redis_url: str, steps: int, faults_on: bool, server_ever
         "steps": summary.get("steps"),
         # every segment's (summary.json is the last segment's, whose process restarted nothing)
         "trainer_restarts": (tmp / f"{name}.log").read_text(errors="replace").count("restarting the trainer from the last checkpoint"),
+        # resumes that took the killed controller's actors back instead of starting new ones (ray.detached)
+        "actors_taken_back": (tmp / f"{name}.log").read_text(errors="replace").count("took back the run's"),
         "final_eval_reward": summary.get("final_eval_reward"),
         "wall_s": round(wall, 1),
     }
@@ -269,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for k in ("faults_injected", "segments", "trajectories_produced", "trained", "trained_twice", "acked", "dropped_by_cause",
                   "resident", "lost", "completed", "restart_stale_drops", "restart_stale_drop_ratio", "trainer_restarts",
-                  "final_eval_reward", "wall_s", "wall_s_no_faults", "wall_ratio", "samples_continued", "redone", "resume", "failover",
+                  "final_eval_reward", "wall_s", "wall_s_no_faults", "wall_ratio", "samples_continued", "redone", "resume", "failover", "actors_taken_back",
                   "lengths", "logs"):
             print(f"{k:24} {res[k]}")
         for name, t in res["targets"].items():

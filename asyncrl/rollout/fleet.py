@@ -113,14 +113,18 @@ class FleetManager:
 
     @classmethod
     async def spawn(cls, cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int,
-                    spec: dict[str, Any] | None = None, router: Router | None = None) -> "FleetManager":
+                    spec: dict[str, Any] | None = None, router: Router | None = None,
+                    detached: Any = None, orphan_timeout_s: float = 300.0) -> "FleetManager":
         """Every fleet of `cfg` (`main` + `rollout.fleets`) as Ray actors, behind one router (built
-        from the rollout keys unless given). Fleet k's servers draw seeds from `seed + 1000 * k + index`."""
+        from the rollout keys unless given). Fleet k's servers draw seeds from `seed + 1000 * k + index`.
+        `detached` (`orphan.DetachedNames`): they outlive this process, and the ones still running from
+        a controller that died are taken back (`Fleet.spawn`)."""
         if router is None:
             router = Router(max_failovers=cfg.max_failovers, partial_rollouts=cfg.partial_rollouts)
         manager = cls(router, restart_dead=cfg.restart_dead_servers)
         named = list(fleet_configs(cfg).items())
-        fleets = await asyncio.gather(*(Fleet.spawn(name, c, model_path, dtype=dtype, seed=seed + 1000 * k, spec=spec)
+        fleets = await asyncio.gather(*(Fleet.spawn(name, c, model_path, dtype=dtype, seed=seed + 1000 * k, spec=spec,
+                                                    detached=detached, orphan_timeout_s=orphan_timeout_s)
                                         for k, (name, c) in enumerate(named)))
         for fleet in fleets:
             await manager.add_fleet(fleet)

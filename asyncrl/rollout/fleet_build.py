@@ -49,19 +49,29 @@ class Fleet:
 
     @classmethod
     async def spawn(cls, name: str, cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int,
-                    spec: dict[str, Any] | None = None, placement_timeout_s: float = 300.0) -> "Fleet":
+                    spec: dict[str, Any] | None = None, placement_timeout_s: float = 300.0,
+                    detached: Any = None, orphan_timeout_s: float = 300.0) -> "Fleet":
         """`cfg.num_servers` Ray actors in one placement group (one bundle each), models loaded;
-        with `spec` (a `HostSpec` dict) each runs whole samples and joins the weight plane."""
+        with `spec` (a `HostSpec` dict) each runs whole samples and joins the weight plane. `detached`
+        (`orphan.DetachedNames`, `ray.detached`): the group and the actors are named after the run and
+        outlive this process; where they already run (a controller that died), they are taken back."""
+        from asyncrl.orphan import Detached
         from asyncrl.rollout import server_actor as sa
 
-        pg = sa.make_placement(cfg, cfg.num_servers)
+        pg = None
+        if detached is not None:
+            pg = sa.find_placement(detached.fleet_placement(name))
+        if pg is None:
+            pg = sa.make_placement(cfg, cfg.num_servers, name=detached.fleet_placement(name) if detached else "")
         await sa.wait_placed(pg, placement_timeout_s)
 
         async def respawn(i: int) -> RolloutServer:
             """A fresh server in bundle i, started; one that dies while starting is replaced, up
             to `START_ATTEMPTS` times (a crash at load is as likely as one later)."""
             for attempt in range(START_ATTEMPTS):
-                server = sa.spawn_server(cfg, model_path, dtype=dtype, seed=seed, index=i, placement=pg, name=f"{name}-{i}", spec=spec)
+                named = Detached(detached.server(name, i), detached.fleet_placement(name), orphan_timeout_s) if detached else None
+                server = sa.spawn_server(cfg, model_path, dtype=dtype, seed=seed, index=i, placement=pg, name=f"{name}-{i}",
+                                         spec=spec, detached=named)
                 try:
                     return await server.ready()
                 except ServerDied:
@@ -70,7 +80,19 @@ class Fleet:
                         raise
             raise AssertionError("unreachable")
 
-        servers = await asyncio.gather(*(respawn(i) for i in range(cfg.num_servers)))
+        async def take_back_or_spawn(i: int) -> RolloutServer:
+            """A detached run's server where it still runs (its work given up, its plane emptied when the
+            queue died with the controller), else a fresh one."""
+            handle = sa.find_server(detached, name, i) if detached is not None else None
+            if handle is not None:
+                server = sa.RemoteServer(handle, f"{name}-{i}", control_timeout_s=cfg.health_timeout_s)
+                try:
+                    return await server.reattach(wipe_plane=(spec or {}).get("queue", {}).get("metadata", "memory") == "memory")
+                except ServerDied:
+                    await server.close()
+            return await respawn(i)
+
+        servers = await asyncio.gather(*(take_back_or_spawn(i) for i in range(cfg.num_servers)))
         return cls(name, list(servers), respawn, lambda: sa.remove_placement(pg))
 
     async def restart(self, server: RolloutServer) -> RolloutServer:

@@ -80,6 +80,16 @@ class RemoteServer(RolloutServer):
         self._stats = dataclasses.replace(self._stats, version=version)
         return self
 
+    async def reattach(self, wipe_plane: bool) -> "RemoteServer":
+        """Take back the server of a detached run whose controller died (`ServerActor.reattach`)."""
+        version, self._pid, self._node = await self._call("reattach", wipe_plane)
+        self._stats = dataclasses.replace(self._stats, version=version)
+        return self
+
+    async def touch(self) -> None:
+        """The controller's keepalive of a detached run's server (`ray.detached`)."""
+        await self._call("touch")
+
     def _kill_stopped(self) -> None:
         """SIGKILL a hung actor's process when it runs on this node: `ray.kill` asks it to exit first and
         waits (about 5 s for a stopped process), while a publish waits on its open connection."""
@@ -194,6 +204,6 @@ class RemoteServer(RolloutServer):
         self._dead = True
 
 
-_CONTROL_VERBS = frozenset({"stats", "progress", "resume", "join_weights", "close", "reset_prefix_cache", "pid", "score", "partial_samples",
+_CONTROL_VERBS = frozenset({"stats", "progress", "touch", "resume", "join_weights", "close", "reset_prefix_cache", "pid", "score", "partial_samples",
                             "live_requests"})
 """Verbs that answer at once on a healthy server (`start` loads the model, `pause` may drain, samples generate: no limit)."""

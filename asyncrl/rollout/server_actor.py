@@ -22,39 +22,60 @@ no backend choice (backends.py builds the server). This, remote_server.py and la
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
-from typing import Any
+from typing import Any, Iterator
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from asyncrl.config import CostModelConfig, RolloutConfig
+from asyncrl.orphan import NAMESPACE, Detached, DetachedNames, OrphanWatch, watched
 from asyncrl.rollout.backends import build_server
 from asyncrl.rollout.base import GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats
 from asyncrl.rollout.remote_server import RemoteServer
 
 
+@watched
 class ServerActor:
     """The actor body (wrapped by `ray.remote` in `spawn_server`): one server and its `ServerHost`.
 
     With a `spec` (what the pipeline passes: `HostSpec` as a dict) the actor runs whole samples
     (`run_sample`, `run_eval`: AgentLoops, rewards and the write into its own data plane happen
     here); without one it serves `generate` only (tests, benchmarks). Either way it loads weights
-    from the weight plane once it joined it (`join_weights`)."""
+    from the weight plane once it joined it (`join_weights`). In a detached run (`ray.detached`) it
+    outlives the controller, watches for one (`asyncrl/orphan.py`) and is taken back by `reattach`."""
 
     def __init__(self, cfg: dict[str, Any], model_path: str, dtype: str, seed: int, index: int,
-                 name: str = "", spec: dict[str, Any] | None = None) -> None:
+                 name: str = "", spec: dict[str, Any] | None = None, detached: dict[str, Any] | None = None) -> None:
         cfg = dict(cfg, cost_model=CostModelConfig(**cfg["cost_model"]))
         self._args = (RolloutConfig(**cfg), model_path, dtype, seed, index)
         self.name, self.spec = name or f"server-{index}", spec
         self.server: RolloutServer | None = None
         self.host: Any = None
         self.plane: Any = None
+        self._built: asyncio.Future | None = None
+        """The engine's build (`start`), begun once."""
+        self._samples: set[asyncio.Task] = set()
+        """The tasks of the samples running here (what `reattach` gives up)."""
+        self.watch: OrphanWatch | None = None
+        if detached is not None:
+            d = Detached(**detached)
+            self.watch = OrphanWatch(d.orphan_timeout_s, lambda: _orphaned(self, d.placement))
 
     async def start(self) -> tuple[int, int, str]:
-        """Build the engine on the actor's event loop (vLLM's AsyncLLM wants one); returns its version,
-        this process's pid and node address (what lets the driver kill a hung one at once)."""
+        """Build the engine on the actor's event loop (vLLM's AsyncLLM wants one), once (a second call
+        waits for the first); returns its version, this process's pid and node address (what lets the
+        driver kill a hung one at once)."""
+        if self._built is None:
+            self._built = asyncio.ensure_future(self._build())
+        await asyncio.shield(self._built)
+        import os
+
+        return self.server.version, os.getpid(), ray.util.get_node_ip_address()
+
+    async def _build(self) -> None:
         cfg, model_path, dtype, seed, index = self._args
         self.server = build_server(cfg, model_path, dtype=dtype, seed=seed, index=index,
                                    log_dir=(self.spec or {}).get("log_dir") or None)
@@ -66,9 +87,6 @@ class ServerActor:
             from asyncrl.rollout.host import ServerHost
 
             self.host = ServerHost(self.server, name=self.name, agent=None, eval_agent=None, plane=None)
-        import os
-
-        return self.server.version, os.getpid(), ray.util.get_node_ip_address()
 
     async def run_sample(self, sample: bytes, resume: bytes | None = None, resume_from: bytes | None = None) -> bytes:
         """`resume`: the sample's saved state at a checkpoint (`inflight.SavedSample`, msgpack);
@@ -78,7 +96,35 @@ class ServerActor:
 
         saved = decode_saved(resume)[0] if resume is not None else None
         snap = decode_handle(resume_from) if resume_from is not None else None
-        return encode_record(await self.host.run_sample(decode_sample(sample), saved, snap))
+        with self._running():
+            return encode_record(await self.host.run_sample(decode_sample(sample), saved, snap))
+
+    @contextlib.contextmanager
+    def _running(self) -> Iterator[None]:
+        task = asyncio.current_task()
+        self._samples.add(task)  # type: ignore[arg-type]
+        try:
+            yield
+        finally:
+            self._samples.discard(task)  # type: ignore[arg-type]
+
+    async def reattach(self, wipe_plane: bool) -> tuple[int, int, str]:
+        """A new controller takes this server back (`ray.detached`): the samples the dead one had started
+        are given up (it continues its checkpoint's instead), and with `wipe_plane` (its queue died with it:
+        nothing names these records any more) the data plane starts empty. Returns what `start` does."""
+        for task in list(self._samples):
+            task.cancel()
+        await asyncio.gather(*self._samples, return_exceptions=True)
+        started = await self.start()  # the dead controller may have started it and not seen it built
+        if wipe_plane and self.plane is not None:
+            from transfer_queue import TransferQueueConfig, make_storage
+
+            self.plane.close()
+            self.plane = self.host.plane = make_storage(TransferQueueConfig(**self.spec["queue"]))
+        return started
+
+    async def touch(self) -> None:
+        """The controller's keepalive (`ray.detached`); running it is the touch."""
 
     async def progress(self) -> tuple[ServerStats, bytes]:
         """The health probe's verb: stats, and the handles of the running samples' snapshots
@@ -99,7 +145,8 @@ class ServerActor:
     async def run_eval(self, sample: bytes) -> dict[str, Any]:
         from asyncrl.rollout.host_spec import decode_sample
 
-        return await self.host.run_eval(decode_sample(sample))
+        with self._running():
+            return await self.host.run_eval(decode_sample(sample))
 
     async def join_weights(self, weights_config: dict[str, Any], endpoints: list[str], pause_mode: PauseMode = "keep") -> None:
         from checkpoint_engine import WeightsConfig
@@ -143,13 +190,25 @@ class ServerActor:
             self.plane.close()
 
 
-def make_placement(cfg: RolloutConfig, num_servers: int) -> PlacementGroup:
+def _orphaned(actor: ServerActor, placement: str) -> None:
+    """No controller for `ray.orphan_timeout_s`: free the data plane, then remove the fleet's placement
+    group (Ray ends every server in it, this one too)."""
+    try:
+        if actor.plane is not None:
+            actor.plane.close()
+    finally:
+        remove_placement_group(ray.util.get_placement_group(placement))
+
+
+def make_placement(cfg: RolloutConfig, num_servers: int, name: str = "") -> PlacementGroup:
     """One bundle per server: `cpus_per_server` CPUs (+ `tensor_parallel_size * gpus_per_worker`
-    GPUs with `gpu_bundles`, + `ray_resources`: custom resources that pick the nodes)."""
+    GPUs with `gpu_bundles`, + `ray_resources`: custom resources that pick the nodes). `name`: a
+    detached run's (it outlives the controller)."""
     bundle: dict[str, float] = {"CPU": cfg.cpus_per_server, **cfg.ray_resources}
     if cfg.gpu_bundles:
         bundle["GPU"] = cfg.tensor_parallel_size * cfg.gpus_per_worker
-    return placement_group([dict(bundle) for _ in range(num_servers)], strategy=cfg.placement_strategy)
+    named = dict(name=name, lifetime="detached") if name else {}
+    return placement_group([dict(bundle) for _ in range(num_servers)], strategy=cfg.placement_strategy, **named)
 
 
 async def wait_placed(pg: PlacementGroup, timeout_s: float = 300.0) -> None:
@@ -166,16 +225,40 @@ def remove_placement(pg: PlacementGroup) -> None:
 
 def spawn_server(cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int, index: int,
                  placement: PlacementGroup, bundle: int | None = None, name: str = "",
-                 spec: dict[str, Any] | None = None) -> RemoteServer:
+                 spec: dict[str, Any] | None = None, detached: Detached | None = None) -> RemoteServer:
     """Start one `ServerActor` in `placement`'s bundle `bundle` (default `index`); await `.ready()`.
-    `spec` (a `HostSpec` as a dict) makes it run whole samples and join the weight plane."""
-    gpus = cfg.tensor_parallel_size * cfg.gpus_per_worker if cfg.gpu_bundles else 0
-    actor_cls = ray.remote(num_cpus=cfg.cpus_per_server, num_gpus=gpus, max_restarts=0)(ServerActor)
+    `spec` (a `HostSpec` as a dict) makes it run whole samples and join the weight plane; `detached`
+    names it after the run and lets it outlive this process (`ray.detached`)."""
     strategy = PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=index if bundle is None else bundle)
     name = name or f"server-{index}"
-    handle = actor_cls.options(scheduling_strategy=strategy, max_concurrency=1000).remote(
-        dataclasses.asdict(cfg), str(model_path), dtype, seed, index, name, spec)
+    named = dict(name=detached.name, namespace=NAMESPACE, lifetime="detached") if detached else {}
+    handle = _actor_class(cfg).options(scheduling_strategy=strategy, max_concurrency=1000, **named).remote(
+        dataclasses.asdict(cfg), str(model_path), dtype, seed, index, name, spec,
+        dataclasses.asdict(detached) if detached else None)
     return RemoteServer(handle, name, control_timeout_s=cfg.health_timeout_s)
+
+
+def _actor_class(cfg: RolloutConfig) -> Any:
+    gpus = cfg.tensor_parallel_size * cfg.gpus_per_worker if cfg.gpu_bundles else 0
+    return ray.remote(num_cpus=cfg.cpus_per_server, num_gpus=gpus, max_restarts=0)(ServerActor)
+
+
+def find_placement(name: str) -> PlacementGroup | None:
+    """A detached run's placement group by name (None if there is none)."""
+    from ray.util import get_placement_group
+
+    try:
+        return get_placement_group(name)
+    except ValueError:
+        return None
+
+
+def find_server(names: DetachedNames, fleet: str, index: int) -> Any:
+    """The actor handle of a detached run's server, or None if there is none by that name."""
+    try:
+        return ray.get_actor(names.server(fleet, index), namespace=NAMESPACE)
+    except ValueError:
+        return None
 
 
 def kill(server: RemoteServer) -> None:

@@ -33,6 +33,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from asyncrl.config import AlgorithmConfig, TrainerConfig
+from asyncrl.orphan import NAMESPACE, Detached, DetachedNames, OrphanWatch, watched
 from asyncrl.trainer.handle import TrainerDied
 from asyncrl.trainer.plan import BatchPlan
 from asyncrl.trainer.rank import merge_outcomes
@@ -42,12 +43,19 @@ DEAD_PEER_S = 10.0
 """After a rank's verb failed, how long Ray is given to report another rank's death (its process
 gone makes the survivors' collectives fail at once, before Ray has noticed)."""
 
+@watched
 class TrainerRankShell:
-    """One rank. Built empty; `setup` joins the process group, loads the model, opens the planes."""
+    """One rank. Built empty; `setup` joins the process group, loads the model, opens the planes.
+    In a detached run (`ray.detached`) it outlives the controller and watches for one (`asyncrl/orphan.py`)."""
 
-    def __init__(self, rank: int, world_size: int) -> None:
+    def __init__(self, rank: int, world_size: int, detached: dict[str, Any] | None = None) -> None:
         self.rank, self.world_size = rank, world_size
         self.trainer: Any = None
+        self._secret = ""
+        self.watch: OrphanWatch | None = None
+        if detached is not None:
+            d = Detached(**detached)
+            self.watch = OrphanWatch(d.orphan_timeout_s, lambda: _orphaned(self, d.placement))
 
     def rendezvous_address(self) -> tuple[str, int]:
         from asyncrl.trainer.engine import free_port
@@ -72,7 +80,20 @@ class TrainerRankShell:
         engine = build_engine(model_path, **engine_kwargs)
         self.trainer = TrainerRank(engine, plane=make_storage(TransferQueueConfig(**queue)),
                                    weights=WeightsConfig(**weights) if weights is not None else None)
-        return {"step": engine.step, "endpoint": self.trainer.endpoint}
+        self._secret = queue.get("secret", "")
+        return self.info()
+
+    def info(self) -> dict[str, Any]:
+        """What a controller needs of a rank it did not set up (a detached run taken back): step, endpoint."""
+        return {"step": self.trainer.engine.step, "endpoint": self.trainer.endpoint, "published": self.trainer.published}
+
+    def secret(self) -> str:
+        """The run's secret, for a controller that takes the run back (`ray.detached`): whoever can call
+        this holds the cluster's Ray token, which already reads the actors' arguments (their configs)."""
+        return self._secret
+
+    def touch(self) -> None:
+        """The controller's keepalive (`ray.detached`); running it is the touch."""
 
     def train(self, plan: bytes) -> dict[str, float]:
         return self.trainer.train(plan)
@@ -102,6 +123,15 @@ TrainerWorker = ray.remote(TrainerRankShell)
 """The Ray actor class of one rank."""
 
 
+def _orphaned(shell: TrainerRankShell, placement: str) -> None:
+    """No controller for `ray.orphan_timeout_s`: close the rank, then remove the trainer's placement
+    group (Ray ends every rank in it, this one too)."""
+    try:
+        shell.close()
+    finally:
+        remove_placement_group(ray.util.get_placement_group(placement))
+
+
 class TrainerGroup:
     """N `TrainerWorker`s acting as one trainer; every verb runs on all ranks and returns rank 0's result."""
 
@@ -120,12 +150,17 @@ class TrainerGroup:
         critic: Any = None,
         lora: Any = None,
         placement_timeout_s: float = 300.0,
+        detached: DetachedNames | None = None,
+        orphan_timeout_s: float = 300.0,
     ) -> None:
+        """`detached` (`ray.detached`): the ranks and their placement group are named after the run and
+        outlive this process (each ends itself after `orphan_timeout_s` without a controller)."""
         if num_ranks < 1:
             raise ValueError(f"trainer.num_ranks: must be >= 1, got {num_ranks}")
         gpus = trainer.gpus_per_rank if trainer.device == "cuda" else 0.0
         bundle = {"CPU": trainer.cpus_per_rank, **({"GPU": gpus} if gpus else {}), **trainer.ray_resources}
-        self.placement = placement_group([dict(bundle) for _ in range(num_ranks)], strategy="PACK")
+        named = dict(name=detached.trainer_placement, lifetime="detached") if detached else {}
+        self.placement = placement_group([dict(bundle) for _ in range(num_ranks)], strategy="PACK", **named)
         ready, _ = ray.wait([self.placement.ready()], timeout=placement_timeout_s)
         if not ready:
             remove_placement_group(self.placement)
@@ -135,7 +170,9 @@ class TrainerGroup:
             TrainerWorker.options(
                 num_cpus=trainer.cpus_per_rank, num_gpus=gpus,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=r),
-            ).remote(r, num_ranks)
+                **(dict(name=detached.rank(r), namespace=NAMESPACE, lifetime="detached") if detached else {}),
+            ).remote(r, num_ranks, dataclasses.asdict(Detached(detached.rank(r), detached.trainer_placement, orphan_timeout_s))
+                     if detached else None)
             for r in range(num_ranks)
         ]
         addr, port = ray.get(self.workers[0].rendezvous_address.remote())
@@ -144,11 +181,54 @@ class TrainerGroup:
         pg_key = secrets.token_hex(16)  # the process group's rendezvous prefix: only these ranks know it
         self._died: str | None = None
         """Why the group was torn down (a rank died): every later verb is `TrainerDied` with it."""
-        infos = self._all("setup", addr, port, model_path, kwargs, dataclasses.asdict(queue), wcfg, pg_key)
+        self._took(self._all("setup", addr, port, model_path, kwargs, dataclasses.asdict(queue), wcfg, pg_key))
+
+    def _took(self, infos: list[dict[str, Any]]) -> None:
         self.step: int = infos[0]["step"]
         """Trainer steps taken (the policy version), as of the last verb."""
         self.endpoints: list[str] = [i["endpoint"] for i in infos if i["endpoint"]]
         """Where servers join the weight plane: rank 0's sender, or every rank's (sharded publish)."""
+        self.published: int = max(i["published"] for i in infos)
+        """The last version the ranks' senders published (-1 for a new group; a taken-back one's may be
+        its checkpoint's: the next publish must exceed it)."""
+
+    @classmethod
+    def attach(cls, workers: list[Any], placement: Any) -> "TrainerGroup":
+        """The ranks of a detached run whose controller died, taken back as they are (set up, models
+        loaded; `load` then brings them to a checkpoint)."""
+        group = object.__new__(cls)
+        group.workers, group.placement, group._died = list(workers), placement, None
+        group._took(group._all("info"))
+        return group
+
+    @classmethod
+    def find(cls, names: DetachedNames, num_ranks: int, timeout_s: float = 30.0) -> tuple[list[Any], Any, bool]:
+        """A detached run's ranks and placement group where they still run: (the rank actors found,
+        the placement group or None, whether all `num_ranks` are there and answer within `timeout_s`)."""
+        try:
+            placement = ray.util.get_placement_group(names.trainer_placement)
+        except ValueError:
+            placement = None
+        found = []
+        for r in range(num_ranks):
+            try:
+                found.append(ray.get_actor(names.rank(r), namespace=NAMESPACE))
+            except ValueError:
+                pass
+        alive = placement is not None and len(found) == num_ranks
+        if alive:
+            try:
+                ray.get([w.pid.remote() for w in found], timeout=timeout_s)
+            except (RayActorError, ray.exceptions.GetTimeoutError):
+                alive = False
+        return found, placement, alive
+
+    def touch(self) -> None:
+        """The controller's keepalive (`ray.detached`): every rank's orphan watch is reset."""
+        self._all("touch")
+
+    def secret(self) -> str:
+        return ray.get(self.workers[0].secret.remote())
 
     def _all(self, verb: str, *args: Any) -> list[Any]:
         """`verb` on every rank; results in rank order. A rank that dies fails the verb at once:

@@ -39,9 +39,22 @@ class TrainerHandle:
     def step(self) -> int:
         return self.impl.step
 
+    @property
+    def published(self) -> int:
+        """The last version the trainer's weight plane published (-1: none; a trainer taken back from a
+        controller that died may already have published its checkpoint's)."""
+        return int(getattr(self.impl, "published", -1))
+
     async def _call(self, verb: str, *args: Any) -> Any:
         async with self._lock:
             return await asyncio.to_thread(getattr(self.impl, verb), *args)
+
+    async def touch(self) -> None:
+        """Keep a detached run's ranks from taking themselves for orphans (`ray.detached`); not ordered
+        with the other verbs (it only says the controller is there)."""
+        touch = getattr(self.impl, "touch", None)
+        if touch is not None:
+            await asyncio.to_thread(touch)
 
     async def train(self, plan: BatchPlan | bytes) -> dict[str, float]:
         """One step on `plan` (or its `to_bytes`): its rows carry typed handles, never tensors."""

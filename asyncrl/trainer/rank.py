@@ -70,6 +70,11 @@ class TrainerRank:
         return self.sender.endpoint if self.sender is not None else ""
 
     @property
+    def published(self) -> int:
+        """The last version this rank's sender published (-1: none, or no sender)."""
+        return self.sender.membership.version if self.sender is not None else -1
+
+    @property
     def endpoints(self) -> list[str]:
         """Where receivers join the weight plane: this rank's sender (one rank in this process)."""
         return [self.endpoint] if self.endpoint else []
