@@ -319,7 +319,8 @@ class Config:
             _check(self.ray.enabled, "ray.detached", "needs ray.enabled=true (it keeps the run's Ray actors alive)")
             _check(bool(self.ray.address), "ray.detached", "needs ray.address: a local Ray started by the controller dies with it "
                    "(start one that outlives it: deploy/ray/start_cluster.sh head)")
-            _check(self.ray.orphan_timeout_s > 0, "ray.orphan_timeout_s", f"must be > 0, got {self.ray.orphan_timeout_s}")
+            _check(self.ray.orphan_timeout_s >= 10, "ray.orphan_timeout_s", f"must be >= 10 (the controller touches its actors every "
+                   f"quarter of it, and some of its verbs run for seconds), got {self.ray.orphan_timeout_s}")
         if self.ray.enabled:  # trainer ranks and servers are other processes: the planes must reach across
             _check(self.queue.storage != "local", "queue.storage", "`local` keeps tensors in one process; with ray.enabled use shm (one host), zmq or nixl")
             _check(self.weights.backend != "local", "weights.backend", "`local` needs sender and receivers in one process; with ray.enabled use shm (one host), gloo, nccl, nixl or cuda_ipc")

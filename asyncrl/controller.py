@@ -318,13 +318,13 @@ class Pipeline(PipelineCheckpoint):
         return self.summary(resumed)
 
     async def _keepalive(self, every_s: float) -> None:
-        """`ray.detached`: touch the trainer's ranks and every server each `every_s` (their orphan watch)."""
+        """`ray.detached`: touch every server each `every_s` (their orphan watch; the trainer's ranks are
+        touched by their group, `TrainerGroup.keep_alive`)."""
         from asyncrl.rollout.router import ServerDied
 
         while True:
             await asyncio.sleep(every_s)
-            done = await asyncio.gather(self.trainer.touch(), *(s.touch() for s in self.parts.fleets.servers if hasattr(s, "touch")),
-                                        return_exceptions=True)
+            done = await asyncio.gather(*(s.touch() for s in self.parts.fleets.servers if hasattr(s, "touch")), return_exceptions=True)
             for res in done:
                 if isinstance(res, BaseException) and not isinstance(res, ServerDied):  # a dead server is the health loop's
                     raise res

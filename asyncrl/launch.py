@@ -129,7 +129,7 @@ def take_back(cfg: Config) -> Any:
               for name, c in _named_fleets(cfg.rollout)}
     whole = whole and all(pg is not None and all(h is not None for h in hs) for hs, pg in fleets.values())
     if whole:
-        group = TrainerGroup.attach(ranks, placement)
+        group = TrainerGroup.attach(ranks, placement, cfg.ray.orphan_timeout_s)
         cfg.queue.secret = cfg.weights.secret = group.secret()
         print(f"asyncrl: took back the run's {len(ranks)} trainer ranks and "
               f"{sum(len(hs) for hs, _ in fleets.values())} servers (ray.detached)", flush=True)

@@ -191,17 +191,20 @@ class Sender:
                 raise TimeoutError(f"{len(self.membership.live())} of {n} receivers joined")
         return self.membership.live()
 
-    def wait_for_ids(self, receivers: Iterable[str], timeout_s: float) -> list[str]:
+    def wait_for_ids(self, receivers: Iterable[str], timeout_s: float, connected: bool = False) -> list[str]:
         """Wait up to `timeout_s` until every receiver in `receivers` is live; returns those
-        still missing (an empty list when all joined)."""
+        still missing (an empty list when all joined). `connected`: and a connection holds its id (a
+        process restarted under the id of one that died is live through the dead one's entry until its
+        own Join is read; its connection comes first, the Join right after)."""
         want = set(receivers)
         deadline = time.monotonic() + timeout_s
         wait = 0.0  # no wait when everyone already joined
         while True:
-            missing = sorted(want - set(self.poll(wait)))
+            live = set(self.poll(wait))
+            missing = sorted(r for r in want if r not in live or connected and not self._connected(r))
             if not missing or time.monotonic() > deadline:
                 return missing
-            wait = 0.01
+            wait = 0.05 if connected else 0.01
 
     def _collect(self, uid: int, index: int, members: list[str], timeout_s: float,
                  outcome: UpdateOutcome) -> tuple[set[str], set[str]]:

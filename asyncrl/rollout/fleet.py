@@ -79,6 +79,10 @@ class FleetManager:
         self.router.on_dead = self._on_dead
         self._restarting: dict[str, int] = {}
         """Restarts and re-syncs in progress per fleet name: servers that will take requests again."""
+        self._returning: set[RolloutServer] = set()
+        """The servers those restarts and re-syncs are about (the dead one, then its replacement)."""
+        self._joined: dict[RolloutServer, Any] = {}
+        """The weight source each server last joined (a restarted trainer is a new source)."""
         if restart_dead:  # while every server restarts, requests wait for one
             self.router.server_wait_s = SERVER_WAIT_S
             self.router.server_coming = self._coming
@@ -156,27 +160,27 @@ class FleetManager:
             if not join.done():
                 join.cancel()
                 self.router.remove(server)
-                self._background(self._counted(self._fleet_of(server).name, self._recover(server, join=True)))
+                self._background(self._counted(server, self._recover(server)))
             elif isinstance(join.exception(), ServerDied):  # died meanwhile: restarted (it joins then) like any dead server
                 self.router.take_out(server, join.exception())  # type: ignore[arg-type]
             elif join.exception() is not None:
                 raise join.exception()  # type: ignore[misc]
-        for fleet in self.fleets.values():  # out of routing when the last source died (`detach_weights`)
+        for fleet in self.fleets.values():  # out of routing when the last source died (`detach_weights`), none coming
             for s in fleet.servers:
-                if s not in self.router.servers and not any(s is r for r in servers):
-                    self._background(self._counted(fleet.name, self._recover(s, join=True)))
+                if s not in self.router.servers and not any(s is r for r in servers) and s not in self._returning:
+                    self._background(self._counted(s, self._recover(s)))
 
     async def detach_weights(self) -> None:
-        """The weight source died (the trainer restarts; see `Components.restart_trainer`): wait for the
-        restarts and re-syncs in flight (without a source they fail), then forget its error, the source
-        and the version: the servers keep serving what they loaded until the next source publishes."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        """The weight source died (the trainer restarts; see `Components.restart_trainer`): forget it, its
+        error and the version. The servers keep serving what they loaded until the next source publishes;
+        restarts and re-syncs in flight go on, and join the next source when they get to it (`_bring_current`)."""
         self._error, self._weights, self.version = None, None, -1
 
     async def _join(self, server: RolloutServer) -> None:
-        if self._weights is not None and hasattr(server, "join_weights"):
-            await server.join_weights(self._weights_cfg, self._weights.endpoints, self._pause_mode)
+        source = self._weights
+        if source is not None and hasattr(server, "join_weights"):
+            await server.join_weights(self._weights_cfg, source.endpoints, self._pause_mode)
+            self._joined[server] = source
 
     async def publish(self, version: int) -> dict[str, float]:
         """Publish `version` to every routed server; returns when each loaded it or was taken out
@@ -218,7 +222,7 @@ class FleetManager:
         self.evicted[server_name(server)] = why
         log.warning("server %s out of routing (%s): re-syncing it", server_name(server), why)
         self.router.remove(server)
-        self._background(self._counted(self._fleet_of(server).name, self._recover(server)))
+        self._background(self._counted(server, self._recover(server)))
 
     async def _parity(self, servers: list[RolloutServer], version: int, reference: list[float] | None
                       ) -> list[tuple[RolloutServer, str]]:
@@ -243,12 +247,26 @@ class FleetManager:
         return failed
 
     async def _bring_current(self, server: RolloutServer) -> None:
-        """Send a joined server the current version (nothing before the first publish), always, even if it
+        """Send a server the current version (nothing before the first publish), always, even if it
         acknowledged it (its engine serves other weights: a failed parity check), or the sender may still
-        hold a dead process's entry under the same id as current (a fresh join). Under `_membership`."""
-        if self.version < 0 or self._weights is None:
-            return
-        out = await self._weights.sync([server_name(server)], resend=True, probe=self.parity.ids if self.parity else None)
+        hold a dead process's entry under the same id as current (a fresh join). A server joined to an
+        earlier source (the trainer restarted meanwhile) joins the current one first; a sync that meets
+        the death of a source replaced meanwhile is done again with the new one. Under `_membership`."""
+        while True:
+            source = self._weights
+            if source is None:
+                return
+            if self._joined.get(server) is not source:
+                await self._join(server)
+            if self.version < 0:
+                return
+            try:
+                out = await source.sync([server_name(server)], resend=True, probe=self.parity.ids if self.parity else None)
+            except TrainerDied:
+                if self._weights is source:  # the source of now died: the run restarts
+                    raise
+                continue
+            break
         if server_name(server) not in out["completed"]:
             raise RuntimeError(f"rejoin: {server_name(server)} did not load version {self.version}: "
                                f"{out['evicted'].get(server_name(server), 'no reason given')}")
@@ -256,12 +274,12 @@ class FleetManager:
         for _, verdict in await self._parity([server], self.version, out.get("probe")):  # a re-sync is always checked
             raise WeightParityError(verdict)
 
-    async def _recover(self, server: RolloutServer, join: bool = False) -> None:
-        """A live server missed a publish or failed its parity check (or, `join`, must first join the
-        weight plane: outside the lock, so a hung one holds up no publish): re-sync it and route it
+    async def _recover(self, server: RolloutServer) -> None:
+        """A live server missed a publish or failed its parity check (or is not joined to the current
+        source: it joins outside the lock, so a hung one holds up no publish): re-sync it and route it
         again; restart it if that fails."""
         try:
-            if join:
+            if self._joined.get(server) is not self._weights:
                 await self._join(server)
             async with self._membership:
                 await self._bring_current(server)
@@ -324,19 +342,21 @@ class FleetManager:
         return await self._begin_restart(server)
 
     def _begin_restart(self, server: RolloutServer) -> Awaitable[RolloutServer]:
-        fleet = self._fleet_of(server)
-        return self._counted(fleet.name, self._restart(fleet, server))
+        return self._counted(server, self._restart(self._fleet_of(server), server))
 
-    def _counted(self, fleet: str, work: Awaitable[T]) -> Awaitable[T]:
-        """Count a server of `fleet` as coming back at once (a request that finds no server waits
+    def _counted(self, server: RolloutServer, work: Awaitable[T]) -> Awaitable[T]:
+        """Count `server` (its fleet's) as coming back at once (a request that finds no server waits
         for it: `Router.server_coming`), until `work` (a restart or a re-sync) ends."""
+        fleet = self._fleet_of(server).name
         self._restarting[fleet] = self._restarting.get(fleet, 0) + 1
+        self._returning.add(server)
 
         async def run() -> T:
             try:
                 return await work
             finally:
                 self._restarting[fleet] -= 1
+                self._returning.discard(server)
 
         return run()
 
@@ -345,6 +365,8 @@ class FleetManager:
             self.router.remove(server)
             await server.close()  # first: a hung one is killed, so its samples fail over and its bundle frees
             fresh = await fleet.restart(server)
+            self._joined.pop(server, None)
+            self._returning.add(fresh)  # until routed, or replaced in turn
             try:
                 await self._join(fresh)
                 async with self._membership:  # no publish between its sync and its first request
@@ -361,6 +383,8 @@ class FleetManager:
                 log.warning("restart of %s: attempt %d failed (%s); starting another", server_name(fresh), attempt + 1, exc)
                 server = fresh
                 continue
+            finally:
+                self._returning.discard(fresh)
             self.restarts += 1
             return fresh
         raise AssertionError("unreachable")

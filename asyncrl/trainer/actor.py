@@ -25,6 +25,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import secrets
+import threading
+import time
 from typing import Any
 
 import ray
@@ -182,6 +184,8 @@ class TrainerGroup:
         self._died: str | None = None
         """Why the group was torn down (a rank died): every later verb is `TrainerDied` with it."""
         self._took(self._all("setup", addr, port, model_path, kwargs, dataclasses.asdict(queue), wcfg, pg_key))
+        if detached is not None:
+            self.keep_alive(orphan_timeout_s / 4)
 
     def _took(self, infos: list[dict[str, Any]]) -> None:
         self.step: int = infos[0]["step"]
@@ -193,13 +197,28 @@ class TrainerGroup:
         its checkpoint's: the next publish must exceed it)."""
 
     @classmethod
-    def attach(cls, workers: list[Any], placement: Any) -> "TrainerGroup":
+    def attach(cls, workers: list[Any], placement: Any, orphan_timeout_s: float) -> "TrainerGroup":
         """The ranks of a detached run whose controller died, taken back as they are (set up, models
         loaded; `load` then brings them to a checkpoint)."""
         group = object.__new__(cls)
         group.workers, group.placement, group._died = list(workers), placement, None
         group._took(group._all("info"))
+        group.keep_alive(orphan_timeout_s / 4)
         return group
+
+    def keep_alive(self, every_s: float) -> None:
+        """Touch every rank each `every_s` from a thread of this (the controller's) process, for as long
+        as it lives and the group is up (`ray.detached`: their orphan watch must not fire while a long
+        start, an evaluation or a slow rollout keeps the controller from calling them)."""
+        def run() -> None:
+            while self.workers:
+                time.sleep(every_s)
+                try:
+                    self.touch()
+                except TrainerDied:  # deliberate: the group is gone; the verbs in flight say so
+                    return
+
+        threading.Thread(target=run, name="trainer-keepalive", daemon=True).start()
 
     @classmethod
     def find(cls, names: DetachedNames, num_ranks: int, timeout_s: float = 30.0) -> tuple[list[Any], Any, bool]:

@@ -49,13 +49,6 @@ class TrainerHandle:
         async with self._lock:
             return await asyncio.to_thread(getattr(self.impl, verb), *args)
 
-    async def touch(self) -> None:
-        """Keep a detached run's ranks from taking themselves for orphans (`ray.detached`); not ordered
-        with the other verbs (it only says the controller is there)."""
-        touch = getattr(self.impl, "touch", None)
-        if touch is not None:
-            await asyncio.to_thread(touch)
-
     async def train(self, plan: BatchPlan | bytes) -> dict[str, float]:
         """One step on `plan` (or its `to_bytes`): its rows carry typed handles, never tensors."""
         return await self._call("train", plan)

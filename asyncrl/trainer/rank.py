@@ -145,11 +145,12 @@ class TrainerRank:
         try:
             if self.sender is None:
                 return None
-            missing = self.sender.wait_for_ids(receivers, self.sender.config.timeout_s)
+            # a restarted server's process: its connection, then its Join (until then the dead one's entry stands for it)
+            missing = self.sender.wait_for_ids(receivers, self.sender.config.timeout_s, connected=True)
             out = self.sender.sync(params, receivers=receivers, resend=resend)
             if out is None:  # nobody behind: the live ones among them already hold it
                 m = self.sender.membership
-                current = [r for r in receivers if r in m.live() and r not in m.behind()]
+                current = [r for r in receivers if r in m.live() and r not in m.behind() and r not in missing]
                 return {"version": m.version, "completed": current, "evicted": {r: "not joined" for r in missing},
                         "bytes": 0, "seconds": 0.0, "gbps": 0.0, "buckets": 0, "gather_s": 0.0}
             return dict(_outcome(out), gather_s=self.gather_s)

@@ -121,3 +121,49 @@ def test_a_receiver_restarted_under_its_id_as_an_update_begins_takes_part_in_it(
         a.close()
         if fresh is not None:
             fresh.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_sync_for_a_restarted_receiver_waits_for_its_connection_not_the_dead_ones_entry():
+    """A server restarted under the id of one that died: until its Join is read, the dead process's
+    entry stands for it, live but unreachable. `wait_for_ids(connected=True)` (what a re-sync of a
+    restarted server runs first) waits for the new connection, so the sync that follows sends the
+    version to the new process instead of evicting the dead entry as `disconnected` after ~1 s
+    (a restart on a loaded machine joined 1-2 s late and failed that way, three times in a row)."""
+    cfg = WeightsConfig(backend="local", bucket_size_mb=0.01, timeout_s=10.0)
+    sender = Sender(cfg)
+    stop = threading.Event()
+    got: list = []
+    old = Receiver(cfg, "b", endpoint=sender.endpoint)
+    fresh = None
+    try:
+        assert sender.wait_for_ids(["b"], timeout_s=10) == []
+        old_stop = threading.Event()
+        _serve(old, [], old_stop)
+        assert sender.publish(_state(1).items(), version=1).completed == ["b"]
+        old_stop.set()
+        time.sleep(0.2)
+        old.close()  # died; its entry is still live
+
+        def late_restart() -> None:
+            nonlocal fresh
+            time.sleep(1.5)  # slower than the sender's two liveness looks
+            fresh = Receiver(cfg, "b", endpoint=sender.endpoint)
+            _serve(fresh, got, stop)
+
+        threading.Thread(target=late_restart, daemon=True).start()
+        t0 = time.monotonic()
+        assert sender.wait_for_ids(["b"], timeout_s=10, connected=True) == []
+        assert time.monotonic() - t0 >= 1.4
+        out = sender.sync(_state(1).items(), receivers=["b"], resend=True)
+        assert out.completed == ["b"] and out.evicted == {}
+        deadline = time.monotonic() + 5
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert got[-1][0] == 1
+    finally:
+        stop.set()
+        time.sleep(0.2)
+        sender.close()
+        if fresh is not None:
+            fresh.close()

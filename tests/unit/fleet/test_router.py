@@ -328,3 +328,58 @@ def test_a_server_slow_to_join_is_left_out_of_routing_not_waited_for():
         await manager.close()
 
     asyncio.run(go())
+
+
+def test_a_restart_in_flight_when_the_trainer_dies_finishes_with_the_next_trainer():
+    """A trainer restart no longer waits for the fleet's restarts in flight (a server's restart takes a
+    model load): `detach_weights` forgets the dead source at once, and a restart whose sync then meets
+    that source's death joins the new source and is synced by it, instead of failing the run."""
+    from asyncrl.trainer.handle import TrainerDied
+
+    class DyingWeights(Weights):
+        def __init__(self, manager):
+            super().__init__(manager)
+            self.gate = asyncio.Event()
+
+        async def sync(self, receivers, resend=False, probe=None):
+            await self.gate.wait()
+            raise TrainerDied("trainer rank 1 died: ActorDiedError")
+
+    class Joining(ScriptedServer):
+        def __init__(self, name: str) -> None:
+            super().__init__(name, hold=False)
+            self.endpoints: list = []
+
+        async def join_weights(self, cfg, endpoints, pause_mode="keep") -> None:
+            self.endpoints.append(list(endpoints))
+
+    async def go():
+        made = []
+
+        async def respawn(i: int) -> ScriptedServer:
+            made.append(Joining(f"s{i}-new"))
+            return made[-1]
+
+        s0, s1 = Joining("s0"), Joining("s1")
+        manager = FleetManager(Router())
+        await manager.add_fleet(Fleet("main", [s0, s1], respawn))
+        old = DyingWeights(manager)
+        old.endpoints = ["tcp://old"]
+        await manager.attach_weights(old, cfg=None)
+        await manager.publish(1)
+        s0.die()
+        await manager.router.generate([1], SP)  # moves to s1; s0's restart begins and waits in the old source's sync
+        await asyncio.sleep(0.05)
+        await manager.detach_weights()  # the trainer died; a new one starts
+        new = Weights(manager)
+        new.endpoints = ["tcp://new"]
+        await manager.attach_weights(new, cfg=None)
+        old.gate.set()  # the restart's sync meets the old source's death: it joins the new one
+        await manager.wait_restarts()
+        await manager.publish(2)
+        (fresh,) = made
+        assert manager.router.servers == [s1, fresh] and fresh.v == 2 and fresh.endpoints[-1] == ["tcp://new"]
+        assert new.calls == [("publish", 2, ["s0-new", "s1"])] and manager.restarts == 1
+        await manager.close()
+
+    asyncio.run(go())
