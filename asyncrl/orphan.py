@@ -87,6 +87,19 @@ class OrphanWatch:
                 return
 
 
+def while_name_taken(create: Callable[[], Any], timeout_s: float = 30.0) -> Any:
+    """`create()`, again while Ray still holds the name for the dead actor it replaces (Ray frees a dead
+    named actor's name a moment after the death; `ValueError: ... already taken` until then)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return create()
+        except ValueError as exc:
+            if "already taken" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 def watched(cls: type) -> type:
     """Wrap every public method of an actor class so that it touches `self.watch` (an `OrphanWatch`, or
     None when the run is not detached) while it runs; async methods stay async (Ray sees the same verbs)."""

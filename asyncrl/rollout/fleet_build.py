@@ -18,8 +18,10 @@ from asyncrl.rollout.backends import build_server
 from asyncrl.rollout.base import RolloutServer
 from asyncrl.rollout.router import DEFAULT_FLEET, ServerDied
 
-START_ATTEMPTS = 3
-"""Starts of one server in a row that may die before it is up (then the fleet fails)."""
+START_ATTEMPTS = 5
+"""Starts of one server in a row that may die before it is up (then the fleet fails). A start that
+raises (a bad config, a missing file) fails at once; these are deaths: a process killed while it loads
+(a preempted node, a chaos run's injector) as well as one that crashes there, so a few are allowed."""
 
 
 def build_fleet(cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int, log_dir: str | None = None) -> list[RolloutServer]:
@@ -34,6 +36,19 @@ def fleet_configs(cfg: RolloutConfig) -> dict[str, RolloutConfig]:
         changes = {k: v for k, v in extra.items() if k != "name"}
         out[extra["name"]] = dataclasses.replace(cfg, fleets=[], **changes)
     return out
+
+
+async def _named_spawn(spawn: Callable[[], Any], timeout_s: float = 30.0) -> Any:
+    """`spawn()`, waiting while Ray still holds the name for the dead actor it replaces (a detached run's
+    servers keep their names; Ray frees one a moment after the death)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        try:
+            return spawn()
+        except ValueError as exc:
+            if "already taken" not in str(exc) or asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.1)
 
 
 class Fleet:
@@ -70,8 +85,8 @@ class Fleet:
             to `START_ATTEMPTS` times (a crash at load is as likely as one later)."""
             for attempt in range(START_ATTEMPTS):
                 named = Detached(detached.server(name, i), detached.fleet_placement(name), orphan_timeout_s) if detached else None
-                server = sa.spawn_server(cfg, model_path, dtype=dtype, seed=seed, index=i, placement=pg, name=f"{name}-{i}",
-                                         spec=spec, detached=named)
+                server = await _named_spawn(lambda: sa.spawn_server(cfg, model_path, dtype=dtype, seed=seed, index=i, placement=pg,
+                                                                    name=f"{name}-{i}", spec=spec, detached=named))
                 try:
                     return await server.ready()
                 except ServerDied:

@@ -35,7 +35,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from asyncrl.config import AlgorithmConfig, TrainerConfig
-from asyncrl.orphan import NAMESPACE, Detached, DetachedNames, OrphanWatch, watched
+from asyncrl.orphan import NAMESPACE, Detached, DetachedNames, OrphanWatch, watched, while_name_taken
 from asyncrl.trainer.handle import TrainerDied
 from asyncrl.trainer.plan import BatchPlan
 from asyncrl.trainer.rank import merge_outcomes
@@ -169,12 +169,12 @@ class TrainerGroup:
             raise TimeoutError(f"trainer placement: {num_ranks} bundles of {bundle} not placed in {placement_timeout_s} s "
                                f"(cluster: {ray.cluster_resources()}); lower trainer.num_ranks / trainer.gpus_per_rank")
         self.workers = [
-            TrainerWorker.options(
+            while_name_taken(lambda r=r: TrainerWorker.options(
                 num_cpus=trainer.cpus_per_rank, num_gpus=gpus,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=r),
                 **(dict(name=detached.rank(r), namespace=NAMESPACE, lifetime="detached") if detached else {}),
             ).remote(r, num_ranks, dataclasses.asdict(Detached(detached.rank(r), detached.trainer_placement, orphan_timeout_s))
-                     if detached else None)
+                     if detached else None))
             for r in range(num_ranks)
         ]
         addr, port = ray.get(self.workers[0].rendezvous_address.remote())
