@@ -54,4 +54,8 @@ def ray_head(num_cpus: int, timeout_s: float = 120.0) -> Iterator[tuple[str, dic
         yield address, env, int(pid_file.read_text())
     finally:
         subprocess.run([str(SCRIPT), "stop", "--pid-file", str(pid_file)], env=env, timeout=60, check=False)
+        keep = os.environ.get("ASYNCRL_KEEP_RAY_LOGS")  # a folder: the node's logs are copied there before they go
+        if keep:
+            shutil.copytree(short / "ray", Path(keep) / short.name, dirs_exist_ok=True, ignore_dangling_symlinks=True,
+                            ignore=shutil.ignore_patterns("sockets", "*.sock"))
         shutil.rmtree(short, ignore_errors=True)

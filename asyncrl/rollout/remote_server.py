@@ -81,10 +81,10 @@ class RemoteServer(RolloutServer):
         return self
 
     async def reattach(self, wipe_plane: bool) -> "RemoteServer":
-        """Take back the server of a detached run whose controller died (`ServerActor.reattach`)."""
-        version, self._pid, self._node = await self._call("reattach", wipe_plane)
-        self._stats = dataclasses.replace(self._stats, version=version)
-        return self
+        """Take back the server of a detached run whose controller died (`ServerActor.reattach`, a control
+        verb: a hung one is `ServerDied` after `control_timeout_s`), then as `ready`."""
+        await self._call("reattach", wipe_plane)
+        return await self.ready()
 
     async def touch(self) -> None:
         """The controller's keepalive of a detached run's server (`ray.detached`)."""
@@ -204,6 +204,6 @@ class RemoteServer(RolloutServer):
         self._dead = True
 
 
-_CONTROL_VERBS = frozenset({"stats", "progress", "touch", "resume", "join_weights", "close", "reset_prefix_cache", "pid", "score", "partial_samples",
+_CONTROL_VERBS = frozenset({"stats", "progress", "touch", "reattach", "resume", "join_weights", "close", "reset_prefix_cache", "pid", "score", "partial_samples",
                             "live_requests"})
 """Verbs that answer at once on a healthy server (`start` loads the model, `pause` may drain, samples generate: no limit)."""

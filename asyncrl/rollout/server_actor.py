@@ -108,20 +108,20 @@ class ServerActor:
         finally:
             self._samples.discard(task)  # type: ignore[arg-type]
 
-    async def reattach(self, wipe_plane: bool) -> tuple[int, int, str]:
+    async def reattach(self, wipe_plane: bool) -> bool:
         """A new controller takes this server back (`ray.detached`): the samples the dead one had started
         are given up (it continues its checkpoint's instead), and with `wipe_plane` (its queue died with it:
-        nothing names these records any more) the data plane starts empty. Returns what `start` does."""
+        nothing names these records any more) the data plane starts empty. Answers at once: whether the
+        engine is built (if not, the controller's `start` builds it, or waits for the build in progress)."""
         for task in list(self._samples):
             task.cancel()
         await asyncio.gather(*self._samples, return_exceptions=True)
-        started = await self.start()  # the dead controller may have started it and not seen it built
         if wipe_plane and self.plane is not None:
             from transfer_queue import TransferQueueConfig, make_storage
 
             self.plane.close()
             self.plane = self.host.plane = make_storage(TransferQueueConfig(**self.spec["queue"]))
-        return started
+        return self._built is not None and self._built.done() and self._built.exception() is None
 
     async def touch(self) -> None:
         """The controller's keepalive (`ray.detached`); running it is the touch."""

@@ -389,6 +389,18 @@ class TrainerEngine:
 
         return full_params(self.model, self.dtype, device, borrowed=borrowed)
 
+    def reshard(self) -> None:
+        """Every FSDP unit of the policy back to its shards (local, no collective). FSDP2 keeps the root
+        unit gathered after a forward without backward (the parity probe's), and `state_dict()` reshards
+        it: ranks that read their shards for a receiver and ranks that had none to send to would then
+        start the next forward with different all-gathers (gloo aborts on the size mismatch). Called at
+        the end of every publish and sync, on every rank, so they leave it alike."""
+        from torch.distributed.fsdp import FSDPModule
+
+        for m in self.model.modules():
+            if isinstance(m, FSDPModule):
+                m.reshard()
+
     def iter_local_shards(self, device: str | torch.device = "cpu") -> Iterator[tuple[str, Tensor, list[int], int]]:
         """This rank's rows of every parameter, no collective. See `weights.local_shards`."""
         from asyncrl.trainer.weights import local_shards

@@ -160,6 +160,9 @@ class TrainerRank:
     def _finish(self, params: Iterator[Any]) -> None:
         if not self.sharded:  # the other ranks all-gather every tensor: so must this one, whatever happened
             _drain(params)
+        reshard = getattr(self.engine, "reshard", None)
+        if reshard is not None:  # whether or not this rank read its shards, every rank leaves FSDP alike
+            reshard()
 
     def score(self, token_ids: list[int]) -> list[float] | None:
         """Log-probs of `token_ids[1:]` under the weights last published (the parity probe's reference);

@@ -85,3 +85,16 @@ def test_two_ranks_match_one_rank_with_the_critic(tmp_path, tiny_model_path):
     for part in ("params", "critic_params"):
         diff = max((one[part][k] - two[part][k]).abs().max().item() for k in one[part])
         assert diff < 1e-5, (part, diff)
+
+
+def test_ranks_that_read_their_shards_unevenly_stay_in_step(tiny_model_path):
+    """A sync where one rank's sender had a receiver to serve and the other's none: FSDP2's root unit
+    was resharded on one rank only, and the parity probe's forward then aborted in gloo (a chaos run
+    lost its trainer twice this way). `TrainerEngine.reshard`, at the end of every publish and sync,
+    leaves the ranks alike."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           os.path.join(os.path.dirname(__file__), "uneven_read.py"), tiny_model_path]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert done.stdout.count("probe scored again after an uneven read") == 2
