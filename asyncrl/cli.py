@@ -12,6 +12,8 @@
                                                   print the resolved config, or document every key
     asyncrl status [--run DIR | --redis URL] [--json | --watch]
                                                   state of a run (docs/status.md)
+    asyncrl scale [RUN_DIR | --redis URL --name RUN] --servers N|+K|-K [--fleet F]
+                                                  resize a fleet of a running job (servers join / drain)
     asyncrl export RUN_DIR [--step N] [--dtype D] OUT
                                                   a checkpoint of a run as a Hugging Face folder
 """
@@ -304,10 +306,14 @@ def main(argv: list[str] | None = None) -> int:
         from asyncrl.observe.command import main as status_main
 
         return status_main(argv[1:])
+    if argv and argv[0] == "scale":  # a request to a running job (asyncrl/run_control.py)
+        from asyncrl.run_control import main as scale_main
+
+        return scale_main(argv[1:])
     from asyncrl.config import ConfigError
 
     parser = argparse.ArgumentParser(prog="asyncrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["train", "bench", "plan", "config", "status", "export"])
+    parser.add_argument("command", choices=["train", "bench", "plan", "config", "status", "scale", "export"])
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0 if argv else 2

@@ -105,6 +105,8 @@ class RolloutConfig:
     """Ray servers: one that does not answer a control call (stats, pause, join, close) within this many seconds is hung: killed, then handled as dead (its samples move to other servers)."""
     health_interval_s: float = 10.0
     """Ray servers: seconds between health probes of every routed server (finds a hung server even while no publish runs)."""
+    drain_timeout_s: float = 60.0
+    """`asyncrl scale` down: how long a server taken away gets to finish its requests; then it is closed and they move, with their snapshots, to other servers (Ray servers; one in the controller's process always finishes)."""
     partial_rollouts: bool = True
     """A request aborted by a weight update is resubmitted with its tokens so far (per-token
     versions show both policies); false returns it unfinished (`finish_reason="abort"`)."""
@@ -142,6 +144,7 @@ class RolloutConfig:
         _check(self.max_failovers >= 0, "rollout.max_failovers", "must be >= 0")
         _check(self.health_timeout_s > 0, "rollout.health_timeout_s", f"must be > 0, got {self.health_timeout_s}")
         _check(self.health_interval_s > 0, "rollout.health_interval_s", f"must be > 0, got {self.health_interval_s}")
+        _check(self.drain_timeout_s >= 0, "rollout.drain_timeout_s", f"must be >= 0, got {self.drain_timeout_s}")
         names = ["main"]
         for i, extra in enumerate(self.fleets):
             key = f"rollout.fleets[{i}]"

@@ -119,6 +119,8 @@ class Pipeline(PipelineCheckpoint):
             filter_groups=cfg.algorithm.filter_groups, filter_groups_max_batches=cfg.algorithm.filter_groups_max_batches,
             shaping=OverlongShaping.from_config(cfg), lengths=self.lengths, on_resumed=self._resumed_sample,
         )
+        self.control_rejected = 0
+        """Control requests (`asyncrl scale`) that were not valid requests: counted, logged, not applied."""
         self.failover: Counter[str] = Counter()
         """Samples whose server died under them: `continued` from its snapshot or `redone` from the
         prompt, and `tokens_kept` (the snapshots' tokens); summary.json `failover`."""
@@ -258,6 +260,8 @@ class Pipeline(PipelineCheckpoint):
             m.update({f"train/{k}": v for k, v in stats.items()})
             q = await self.queue.depth()
             m.update({"queue/depth": q["ready"], "queue/resident": q["resident"], **self._pipeline_metrics()})
+            if hasattr(self.parts.fleets, "metrics"):
+                m.update(self.parts.fleets.metrics())
             if self.step % cfg.trainer.eval_every == 0 or last:
                 m.update(await self.evaluate())
             m["admission/limit"] = self.staleness.admission_limit()
@@ -289,7 +293,8 @@ class Pipeline(PipelineCheckpoint):
         train = asyncio.create_task(self._train_loop(progress))
         health = asyncio.create_task(self.parts.fleets.watch(self.cfg.rollout.health_interval_s))
         leases = asyncio.create_task(self.queue.keep_leases())
-        loops = {roll, train, health, leases}
+        control = asyncio.create_task(self._control_loop())
+        loops = {roll, train, health, leases, control}
         if self.cfg.ray.detached:  # the actors outlive this process: tell them it is there
             loops.add(asyncio.create_task(self._keepalive(self.cfg.ray.orphan_timeout_s / 4)))
         status = StatusReporter(PipelineSource(self))  # observers read a typed run state, not the pipeline
@@ -309,6 +314,7 @@ class Pipeline(PipelineCheckpoint):
                     break
             for t in stuck:
                 print(f"asyncrl: {t.get_coro()!r} did not stop within {STOP_TIMEOUT_S} s", file=sys.stderr)
+            self._log_fleet_events()
             await status.final()  # the end state (finished, or failed with the error in flight)
             progress.close()
             await self.queue.close()
@@ -316,6 +322,65 @@ class Pipeline(PipelineCheckpoint):
             if self._resumed_audit is not None:
                 self._resumed_audit.close()
         return self.summary(resumed)
+
+    async def _control_loop(self) -> None:
+        """Requests from outside the run (`asyncrl scale`, `run_control.py`), applied in order about every
+        `CONTROL_POLL_S`: each is answered in the run directory (and under the run's Redis name when the queue is
+        in Redis) with what was done, or why it was refused. A malformed one is counted and logged."""
+        from asyncrl import run_control
+
+        redis = run_control.RedisControl(self.cfg.queue.redis_url, self.run_dir.name) if self.cfg.queue.metadata == "redis" else None
+        try:
+            while True:
+                await asyncio.sleep(CONTROL_POLL_S)
+                got = [(r, why, None) for r, why in run_control.take(self.run_dir)]
+                if redis is not None:
+                    got += [(r, why, redis) for r, why in await asyncio.to_thread(redis.take)]
+                self._log_fleet_events()
+                for req, why, where in got:
+                    if req is None:
+                        self.control_rejected += 1
+                        print(f"asyncrl: control request refused: {why}", file=sys.stderr, flush=True)
+                        continue
+                    outcome = await self._apply(req)
+                    await asyncio.to_thread(run_control.answer, self.run_dir, req, outcome)
+                    if where is not None:
+                        await asyncio.to_thread(where.answer, req, outcome)
+        finally:
+            if redis is not None:
+                redis.close()
+
+    def _fleet_summary(self) -> dict[str, Any]:
+        """summary.json `fleet`: routed servers per fleet at the end, and every change by kind."""
+        fleets = self.parts.fleets
+        if not hasattr(fleets, "metrics"):
+            return {}
+        m = fleets.metrics()
+        return {"size": fleets.size(), "joins_by_source": dict(fleets.joins),
+                "changes": {k[6:]: int(v) for k, v in m.items() if k[6:] in ("joins", "drains", "preempts", "restarts")},
+                "control_rejected": self.control_rejected}
+
+    def _log_fleet_events(self) -> None:
+        """The fleets' joins, drains, preemptions and restarts since the last call -> `fleet_events.jsonl`
+        (one line each; metrics.jsonl has their counts per step, `fleet/*`)."""
+        take = getattr(self.parts.fleets, "take_events", None)
+        events = take() if take is not None else []
+        if events:
+            with (self.run_dir / "fleet_events.jsonl").open("a") as f:
+                f.writelines(json.dumps({"step": self.step, **e}) + "\n" for e in events)
+
+    async def _apply(self, req: Any) -> dict[str, Any]:
+        """One `ScaleRequest`: the fleet resized (returns when its new servers are up and joining, and the
+        ones taken away drained), or refused with why."""
+        fleets = self.parts.fleets
+        current = len(fleets.fleets[req.fleet].servers) if req.fleet in fleets.fleets else 0
+        try:
+            out = await fleets.resize(req.fleet, req.target(current), drain_timeout_s=self.cfg.rollout.drain_timeout_s)
+        except (ValueError, RuntimeError) as exc:
+            print(f"asyncrl: scale {req.fleet}: refused: {exc}", file=sys.stderr, flush=True)
+            return {"ok": False, "error": str(exc)}
+        print(f"asyncrl: scale {req.fleet}: {out['from']} -> {out['to']} servers", flush=True)
+        return {"ok": True, **out}
 
     async def _keepalive(self, every_s: float) -> None:
         """`ray.detached`: touch every server each `every_s` (their orphan watch; the trainer's ranks are
@@ -354,6 +419,7 @@ class Pipeline(PipelineCheckpoint):
             "resume": dict(self.resume_counts),
             "failover": dict(self.failover),
             "reward_failures": self.rollouter.reward_failures,
+            "fleet": self._fleet_summary(),
             "bad_steps": self.bad_steps,
             "skipped_rows": self._skipped_rows(),
             "staleness_hist": {str(k): v for k, v in sorted(self.staleness_hist.items())},
@@ -364,6 +430,8 @@ class Pipeline(PipelineCheckpoint):
         }
 
 
+CONTROL_POLL_S = 1.0
+"""Seconds between two looks for requests from outside the run (`asyncrl scale`)."""
 STOP_TIMEOUT_S = 30.0
 """At the end of a run, how long the pipeline's loops get to stop once cancelled."""
 

@@ -248,22 +248,29 @@ def host_spec(cfg: Config, reward: str, sampling: SamplingParams, eval_sampling:
 
 def local_fleets(cfg: Config, model_path: str, spec: HostSpec, tokenizer: Any, storage: Any) -> Callable[[], Awaitable[Any]]:
     """The embedded fleet: servers in this process, each behind a `ServerHost` on `storage`."""
-    from asyncrl.rollout.fleet import Fleet, FleetManager, build_fleet
+    from asyncrl.rollout.fleet import Fleet, FleetManager, build_fleet, build_server
     from asyncrl.rollout.host import ServerHost
     from asyncrl.rollout.router import Router
 
     r = cfg.rollout
     encode, decode = tokenizer_codec(tokenizer)
 
+    def host(i: int, server: Any) -> Any:
+        return ServerHost(server, name=f"main-{i}", plane=storage, partial_rollouts=r.partial_rollouts,
+                          agent=make_agent(spec.agent, spec.reward, encode, decode, SamplingParams(**spec.sampling), tokenizer=tokenizer),
+                          eval_agent=make_agent(spec.agent, spec.reward, encode, decode, SamplingParams(**spec.eval_sampling),
+                                                tokenizer=tokenizer))
+
+    async def make(i: int) -> Any:
+        """One more server in this process (`asyncrl scale`), its model loaded off the event loop."""
+        server = await asyncio.to_thread(build_server, r, model_path, dtype=cfg.model.dtype, seed=cfg.seed, index=i,
+                                         log_dir=spec.log_dir or None)
+        return host(i, server)
+
     async def spawn() -> Any:
         servers = build_fleet(r, model_path, dtype=cfg.model.dtype, seed=cfg.seed, log_dir=spec.log_dir or None)
-        hosts = [ServerHost(s, name=f"main-{i}", plane=storage, partial_rollouts=r.partial_rollouts,
-                            agent=make_agent(spec.agent, spec.reward, encode, decode, SamplingParams(**spec.sampling), tokenizer=tokenizer),
-                            eval_agent=make_agent(spec.agent, spec.reward, encode, decode, SamplingParams(**spec.eval_sampling),
-                                                  tokenizer=tokenizer))
-                 for i, s in enumerate(servers)]
         manager = FleetManager(Router(max_failovers=r.max_failovers, partial_rollouts=r.partial_rollouts), restart_dead=False)
-        await manager.add_fleet(Fleet("main", hosts))
+        await manager.add_fleet(Fleet("main", [host(i, s) for i, s in enumerate(servers)], make=make))
         return manager
 
     return spawn

@@ -71,6 +71,9 @@ def gauges(snap: dict[str, Any]) -> list[GaugeMetricFamily]:
     for k, v in snap["rates"].items():
         g.add("rate", v, kind=k)
     for fleet, f in snap["fleets"].items():
+        for key in ("size", "target"):
+            if f.get(key) is not None:
+                g.add(f"fleet_{key}", f[key], fleet=fleet)
         for s in f["servers"]:
             for key in ("version", "in_flight", "tokens_per_s", "healthy"):
                 g.add(f"server_{key}", s[key], fleet=fleet, server=s["name"])

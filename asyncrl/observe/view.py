@@ -35,7 +35,8 @@ def _ago(t: float | None, now: float) -> str:
 def _table(title: str, *columns: str) -> Table:
     t = Table(title=title, title_justify="left", title_style="bold", box=None, padding=(0, 2, 0, 0), show_edge=False)
     for c in columns:
-        t.add_column(c, justify="right" if c not in ("fleet", "server", "health", "view", "histogram (staleness:count)") else "left")
+        t.add_column(c, justify="right" if c not in ("fleet", "server", "health", "view", "histogram (staleness:count)",
+                                                              "size over time", "latest changes") else "left")
     return t
 
 
@@ -82,6 +83,16 @@ def render(snap: dict[str, Any], now: float | None = None) -> Group:
             parity = "-" if gap is None else f"{gap:.2g} @v{s.get('parity_version')}"
             t.add_row(name, str(s["name"]), str(s["version"]), str(s["in_flight"]), f"{s['tokens_per_s']:.1f}", parity, health)
     parts.append(t)
+
+    changes = [(name, f) for name, f in snap["fleets"].items() if f.get("events") or len(f.get("history", [])) > 1]
+    if changes:  # an elastic run: its size over time, and what changed it
+        t = _table("fleet size and changes", "fleet", "size/target", "size over time", "latest changes")
+        for name, f in changes:
+            sizes = " -> ".join(f"{n} ({now - at:.0f} s ago)" for at, n in f.get("history", [])[-5:])
+            latest = "; ".join(f"{e['kind']} {e['server']}".strip() + (f" ({e['via']})" if e.get("via") else "")
+                               for e in f.get("events", [])[-4:])
+            t.add_row(name, f"{f.get('size', '-')}/{f.get('target', '-')}", sizes, latest or "-")
+        parts.append(t)
 
     if snap.get("lengths"):  # do the drops skew what is trained? (asyncrl/lengths.py)
         t = _table("response lengths by fate", "fate", "samples", "mean", "p50", "p90", "max")

@@ -129,6 +129,12 @@ class RolloutServer(abc.ABC):
         (an engine that cannot tell; its samples in flight are generated again, counted as `redone`)."""
         return []
 
+    def export_weights(self) -> Iterable[tuple[str, "object"]] | None:
+        """The weights served now as (HF name, tensor) pairs, read in place (no copy): what a peer sends a
+        server that joins a live run (`ServerHost.offer_weights`), so the trainer does not have to. None:
+        this backend cannot hand out its weights (vLLM, an external server); its joiners get the next publish."""
+        return None
+
     @abc.abstractmethod
     def stats(self) -> ServerStats: ...
 

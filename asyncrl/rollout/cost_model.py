@@ -180,6 +180,10 @@ class CostModelServer(RolloutServer):
         await asyncio.sleep(self.update_cost_s)
         self._history.append((self.vclock(), int(version)))
 
+    def export_weights(self) -> Iterable[tuple[str, Any]] | None:
+        """The copy the last update landed in (None before one: nothing to hand out)."""
+        return list(self._weights.items()) if self._weights else None
+
     async def load_update(self, update: Any) -> None:
         """A weight-plane update lands in this server's own copy of the weights, as an engine's load
         does (copied into buffers allocated at the first update), so the bytes really move."""

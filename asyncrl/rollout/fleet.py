@@ -47,6 +47,10 @@ log = logging.getLogger(__name__)
 JOIN_GRACE_S = 2.0
 """`attach_weights`: after the first server joined, how long the others get before a slow one (hung?) is
 taken out of routing and joins in the background (a hung one then costs no publish `rollout.health_timeout_s`)."""
+HISTORY = 200
+"""Changes of a fleet's size kept for `asyncrl status` (metrics.jsonl has every one)."""
+EVENTS_SHOWN = 10
+"""A fleet's latest joins, drains, preemptions and restarts shown by `asyncrl status`."""
 SERVER_WAIT_S = 600.0
 """How long a request waits for a server while every server is being restarted (placement, model load, sync)."""
 
@@ -107,6 +111,20 @@ class FleetManager:
         """Servers left out of a publish, and why (cumulative)."""
         self.parity: ParityCheck | None = None
         """The weight-parity rule (`attach_weights`); None: no probe."""
+        self.targets: dict[str, int] = {}
+        """Each fleet's size as last asked (`resize`); a server that dies while its fleet is above it is not replaced."""
+        self._pending: list[RolloutServer] = []
+        """Joiners no peer could give the current weights: the next publish includes them, then they are routed."""
+        self.events: list[dict[str, Any]] = []
+        """Joins, drains, preemptions and restarts, oldest first (`take_events` hands them to the run's log)."""
+        self._events_taken = 0
+        self.events_total: list[str] = []
+        """The kind of every event so far (the `events` window drops the oldest)."""
+        self.history: dict[str, list[tuple[float, int]]] = {}
+        """Per fleet: (time, routed servers) at each change of that number (the last `HISTORY` changes)."""
+        self.joins: dict[str, int] = {"peer": 0, "publish": 0, "trainer": 0, "failed": 0}
+        """Servers routed after `resize` grew their fleet, by where their first weights came from."""
+        self._resizing = asyncio.Lock()
 
     def _coming(self, fleet: str | None) -> bool:
         """Whether a server of `fleet` (None: any) is being brought back; a restart that failed
@@ -193,7 +211,8 @@ class FleetManager:
 
     async def _publish(self, version: int) -> dict[str, float]:
         t0 = time.time()
-        live = self.router.servers
+        pending = [s for s in self._pending if s not in self.router.servers and self._member(s)]
+        live = self.router.servers + pending
         checked = self.parity is not None and self.parity.due()
         out = await self._weights.publish(version, [server_name(s) for s in live], probe=self.parity.ids if checked else None)  # type: ignore[union-attr]
         self.version = version
@@ -203,6 +222,11 @@ class FleetManager:
             if server_name(s) in done:
                 _loaded(s, version)
                 loaded.append(s)
+                if s in pending:  # a joiner no peer could serve: it holds the current version now
+                    self._pending.remove(s)
+                    self.router.add(s, self._fleet_of(s).name)
+                    self.joins["publish"] += 1
+                    self._event("join", s, via="publish")
             elif s in self.router.servers:  # not taken out meanwhile (a death is the router's)
                 self._take_out(s, out["evicted"].get(server_name(s), "not loaded"))
         self.last_publish_time, self.last_publish_s = time.time(), time.time() - t0
@@ -320,8 +344,180 @@ class FleetManager:
         await fleet.close()
         return fleet
 
+    def _member(self, server: RolloutServer) -> bool:
+        return any(s is server for f in self.fleets.values() for s in f.servers)
+
+    def _event(self, kind: str, server: RolloutServer | None = None, fleet: str = "", **detail: Any) -> None:
+        if server is not None and self._member(server):
+            fleet = self._fleet_of(server).name
+        size = self.size()
+        self.events_total.append(kind)
+        self.events.append({"time": round(time.time(), 3), "kind": kind, "server": server_name(server) if server is not None else "",
+                            "fleet": fleet, "size": size, **detail})
+        self._note_sizes(size)
+        if len(self.events) > 1000:  # the run's log keeps them all (`take_events`); this is a window
+            del self.events[:500]
+            self._events_taken = max(0, self._events_taken - 500)
+
+    def _note_sizes(self, size: dict[str, int]) -> None:
+        for name, n in size.items():
+            h = self.history.setdefault(name, [])
+            if not h or h[-1][1] != n:
+                h.append((round(time.time(), 3), n))
+                del h[:-HISTORY]
+
+    def metrics(self) -> dict[str, float]:
+        """`fleet/*` for the run's step log: routed servers per fleet and the changes so far, by kind."""
+        counts: dict[str, int] = {}
+        for e in self.events_total:
+            counts[e] = counts.get(e, 0) + 1
+        return {**{f"fleet/size_{name}": float(n) for name, n in self.size().items()},
+                **{f"fleet/{kind}s": float(counts.get(kind, 0)) for kind in ("join", "drain", "preempt", "restart")},
+                **{f"fleet/joins_{via}": float(n) for via, n in self.joins.items()}}
+
+    def take_events(self) -> list[dict[str, Any]]:
+        """Events since the last call (the controller logs them to metrics.jsonl)."""
+        out = self.events[self._events_taken:]
+        self._events_taken = len(self.events)
+        return out
+
+    def size(self) -> dict[str, int]:
+        """Routed servers per fleet (what serves requests now)."""
+        out = {name: 0 for name in self.fleets}
+        for name in self.fleets:
+            out[name] = sum(1 for s in self.fleets[name].servers if s in self.router.servers)
+        return out
+
+    async def resize(self, name: str, servers: int, drain_timeout_s: float = 60.0) -> dict[str, Any]:
+        """Change fleet `name` to `servers` servers while the run goes on (`asyncrl scale`). Growing
+        starts the new servers and joins each in the background: it gets the current weights from a
+        routed peer (`_enter`), so no publish waits for it. Shrinking drains servers (no new requests;
+        those in flight finish within `drain_timeout_s`, then the server is closed and they move, with
+        their snapshots, to other servers), the ones not routed first, then the newest. Returns what it
+        did; raises ValueError for a request it refuses (the caller answers it)."""
+        self._check()
+        if name not in self.fleets:
+            raise ValueError(f"no fleet {name!r} in this run (fleets: {', '.join(self.fleets)})")
+        if servers < 1:
+            raise ValueError(f"a fleet needs at least 1 server, asked {servers}")
+        async with self._resizing:
+            fleet = self.fleets[name]
+            before = len(fleet.servers)
+            self.targets[name] = servers
+            if servers > before:
+                new, errors = await fleet.grow(servers - before)
+                for s in new:
+                    self._event("start", s)
+                    self._background(self._counted(s, self._enter(s)))
+                for e in errors:
+                    self._event("start_failed", None, fleet=name, error=repr(e)[:200])
+                out = {"fleet": name, "from": before, "to": len(fleet.servers), "started": [server_name(s) for s in new],
+                       "failed": [repr(e)[:200] for e in errors]}
+            elif servers < before:
+                busy = self._returning
+                order = sorted((s for s in fleet.servers if s not in busy),
+                               key=lambda s: (s in self.router.servers, -fleet.index_of(s)))
+                victims = order[: before - servers]
+                indices = [fleet.detach(v) for v in victims]
+                self._pending = [p for p in self._pending if not any(p is v for v in victims)]
+                await asyncio.gather(*(self._leave(fleet, v, i, drain_timeout_s) for v, i in zip(victims, indices)))
+                out = {"fleet": name, "from": before, "to": len(fleet.servers), "drained": [server_name(v) for v in victims]}
+            else:
+                out = {"fleet": name, "from": before, "to": before}
+            return out
+
+    async def _enter(self, server: RolloutServer) -> None:
+        """A server that joins a live run: the current weights from a routed peer that holds them
+        (`_from_peer`), then routed at once if the version is still current; else (no peer could, or a
+        publish came meanwhile) the next publish includes it and routes it. Nothing published yet: it
+        joins the trainer's plane and is routed, as a fleet's first servers are."""
+        t0 = time.time()
+        try:
+            if self._weights is None or self.version < 0:
+                await self._join(server)
+                async with self._membership:
+                    await self._bring_current(server)
+                    if self._member(server):
+                        self.router.add(server, self._fleet_of(server).name)
+                self.joins["trainer"] += 1
+                self._event("join", server, via="trainer", seconds=round(time.time() - t0, 3))
+                return
+            got = await self._from_peer(server)
+            await self._join(server)  # the trainer's plane, for every publish from now on
+            async with self._membership:
+                if got is not None and got == self.version and self._member(server):
+                    _loaded(server, got)
+                    self.router.add(server, self._fleet_of(server).name)
+                    self.joins["peer"] += 1
+                    self._event("join", server, via="peer", version=got, seconds=round(time.time() - t0, 3))
+                    return
+                if self._member(server):
+                    self._pending.append(server)
+                    self._event("join_pending", server, why="no peer" if got is None else f"peer gave version {got}, now {self.version}")
+        except ServerDied as exc:  # died while joining: a preemption like any other
+            self.joins["failed"] += 1
+            self.router.take_out(server, exc) if server in self.router.servers else self._on_dead(server, exc)
+
+    async def _from_peer(self, server: RolloutServer) -> int | None:
+        """Have a routed server that holds the current version send its weights to `server` over the
+        weight plane (`ServerHost.offer_weights`); the version `server` loaded, or None when no peer
+        could (none can export its weights, or each one tried failed)."""
+        name = server_name(server)
+        peers = [s for s in self.router.servers if s.version == self.version and hasattr(s, "offer_weights")]
+        peers.sort(key=lambda s: s.stats().in_flight)
+        for peer in peers[:2]:
+            try:
+                endpoint = await peer.offer_weights(self._weights_cfg, name)
+            except ServerDied as exc:  # the peer died: the router's
+                if peer in self.router.servers:
+                    self.router.take_out(peer, exc)
+                continue
+            if endpoint is None:
+                continue
+            await server.join_weights(self._weights_cfg, [endpoint], self._pause_mode)  # the joiner dying: the caller's
+            self._joined.pop(server, None)  # joined to the peer, not to the source
+            try:
+                out = await peer.send_offered(name, float(getattr(self._weights_cfg, "timeout_s", 30.0)))
+            except ServerDied as exc:
+                if peer in self.router.servers:
+                    self.router.take_out(peer, exc)
+                continue
+            if out.get("loaded"):
+                return int(out["version"])
+            log.info("join of %s: peer %s could not give it its weights (%s)", name, server_name(peer), out.get("why"))
+        return None
+
+    async def _leave(self, fleet: Fleet, server: RolloutServer, index: int, timeout_s: float) -> None:
+        """Drain a server taken out of its fleet: no new requests; the ones in flight get `timeout_s` (a
+        server in this process gets what it needs: its samples cannot move), then it is closed (a Ray
+        actor's calls then fail over, their samples continued from their snapshots)."""
+        t0 = time.time()
+        moved = 0
+        if server in self.router.servers:
+            remote = hasattr(server, "probe")
+            try:
+                async with asyncio.timeout(timeout_s if remote else None):
+                    await self.router.drain(server)
+            except TimeoutError:
+                moved = server.stats().in_flight
+                self.router.remove(server)
+        await self._close_one(fleet, server, index)
+        self._event("drain", server, fleet=fleet.name, seconds=round(time.time() - t0, 3), moved=moved)
+
+    async def _close_one(self, fleet: Fleet, server: RolloutServer, index: int) -> None:
+        self.router.remove(server)
+        self._joined.pop(server, None)
+        await fleet.close_one(server, index)
+
     def _on_dead(self, server: RolloutServer, cause: ServerDied) -> None:
-        if self.restart_dead:
+        if not self._member(server):  # drained and closed by `resize`: its requests fail over, nothing to restart
+            return
+        fleet = self._fleet_of(server)
+        over = len(fleet.servers) > self.targets.get(fleet.name, len(fleet.servers))
+        self._event("preempt", server, cause=str(cause)[:200], replaced=self.restart_dead and not over)
+        if over:  # the fleet is being shrunk: a death is one server fewer to drain (a preempted spot node)
+            self._background(self._close_one(fleet, server, fleet.detach(server)))
+        elif self.restart_dead:
             self._background(self._begin_restart(server))
 
     def _background(self, work: Awaitable[Any]) -> None:
@@ -364,6 +560,8 @@ class FleetManager:
         for attempt in range(START_ATTEMPTS):
             self.router.remove(server)
             await server.close()  # first: a hung one is killed, so its samples fail over and its bundle frees
+            if not self._member(server):  # taken away by a shrink meanwhile: not replaced
+                return server
             fresh = await fleet.restart(server)
             self._joined.pop(server, None)
             self._returning.add(fresh)  # until routed, or replaced in turn
@@ -386,6 +584,7 @@ class FleetManager:
             finally:
                 self._returning.discard(fresh)
             self.restarts += 1
+            self._event("restart", fresh)
             return fresh
         raise AssertionError("unreachable")
 
@@ -428,12 +627,16 @@ class FleetManager:
                              "routed": s in self.router.servers, "in_flight": st.in_flight, "version": st.version,
                              "paused": st.paused, "tokens_per_s": st.tokens_per_s, "generated_tokens": st.generated_tokens,
                              "parity_max_abs": parity[1] if parity else None, "parity_version": parity[0] if parity else None})
+            self._note_sizes(self.size())
             fleets[name] = {
                 "servers": rows, "healthy": sum(r["healthy"] for r in rows),
                 "in_flight": sum(r["in_flight"] for r in rows), "tokens_per_s": sum(r["tokens_per_s"] for r in rows),
+                "size": sum(r["routed"] for r in rows), "target": self.targets.get(name, len(fleet.servers)),
+                "history": [list(h) for h in self.history.get(name, [])],
+                "events": [{k: v for k, v in e.items() if k != "size"} for e in self.events if e["fleet"] == name][-EVENTS_SHOWN:],
             }
         return {"version": self.version, "fleets": fleets, "restarts": self.restarts, "resyncs": self.resyncs, "probe_failures": self.probe_failures,
-                "failovers": self.router.failovers, "resubmits": self.router.resubmits}
+                "failovers": self.router.failovers, "resubmits": self.router.resubmits, "joins": dict(self.joins)}
 
     async def close(self) -> None:
         for t in list(self._tasks):

@@ -51,16 +51,68 @@ async def _named_spawn(spawn: Callable[[], Any], timeout_s: float = 30.0) -> Any
             await asyncio.sleep(0.1)
 
 
+def _own_placement_name(detached: Any, fleet: str, index: int) -> str:
+    return f"{detached.fleet_placement(fleet)}-{index}" if detached is not None else ""
+
+
 class Fleet:
-    """N servers of one backend. `respawn(i)` (actor fleets) starts a fresh server in bundle i."""
+    """N servers of one backend. `restart(server)` (actor fleets) starts a fresh server in its place;
+    `grow(k)` starts k more (`make`: a server at a new index), `detach`/`close_one` take one away
+    (`FleetManager.resize`)."""
 
     def __init__(self, name: str, servers: list[RolloutServer],
                  respawn: Callable[[int], Awaitable[RolloutServer]] | None = None,
-                 release: Callable[[], None] | None = None) -> None:
+                 release: Callable[[], None] | None = None,
+                 make: Callable[[int], Awaitable[RolloutServer]] | None = None,
+                 release_one: Callable[[int], None] | None = None) -> None:
         self.name = name
         self.servers = list(servers)
+        self.indices = list(range(len(self.servers)))
+        """The index each server was started at (its name, seed and bundle), parallel to `servers`."""
         self._respawn = respawn
         self._release = release
+        self._make = make
+        self._release_one = release_one
+
+    def index_of(self, server: RolloutServer) -> int:
+        return self.indices[next(k for k, s in enumerate(self.servers) if s is server)]
+
+    async def grow(self, k: int) -> tuple[list[RolloutServer], list[BaseException]]:
+        """Start `k` more servers (at the lowest free indices), each added to `servers` as it is up;
+        returns (the new servers, the errors of those that could not be started)."""
+        if self._make is None:
+            raise RuntimeError(f"fleet {self.name}: this fleet cannot start more servers")
+        free, taken, n = [], set(self.indices), 0
+        while len(free) < k:
+            if n not in taken:
+                free.append(n)
+            n += 1
+        started = await asyncio.gather(*(self._make(i) for i in free), return_exceptions=True)
+        new, errors = [], []
+        for i, got in zip(free, started):
+            if isinstance(got, BaseException):
+                errors.append(got)
+                if self._release_one is not None:
+                    self._release_one(i)
+            else:
+                self.servers.append(got)
+                self.indices.append(i)
+                new.append(got)
+        return new, errors
+
+    def detach(self, server: RolloutServer) -> int:
+        """Take `server` out of the fleet (it is no longer restarted or listed); returns its index."""
+        k = next(k for k, s in enumerate(self.servers) if s is server)
+        self.servers.pop(k)
+        return self.indices.pop(k)
+
+    async def close_one(self, server: RolloutServer, index: int) -> None:
+        """Close a detached server and free what was reserved for it alone (a grown server's placement)."""
+        try:
+            await server.close()
+        finally:
+            if self._release_one is not None:
+                self._release_one(index)
 
     @classmethod
     async def spawn(cls, name: str, cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int,
@@ -80,13 +132,22 @@ class Fleet:
             pg = sa.make_placement(cfg, cfg.num_servers, name=detached.fleet_placement(name) if detached else "")
         await sa.wait_placed(pg, placement_timeout_s)
 
+        own: dict[int, Any] = {}
+        """Servers started past the fleet's first `num_servers` (`grow`): each in a placement group of its own."""
+
+        def placement_of(i: int) -> tuple[Any, int, str]:
+            if i in own:
+                return own[i], 0, _own_placement_name(detached, name, i)
+            return pg, i, detached.fleet_placement(name) if detached else ""
+
         async def respawn(i: int) -> RolloutServer:
             """A fresh server in bundle i, started; one that dies while starting is replaced, up
             to `START_ATTEMPTS` times (a crash at load is as likely as one later)."""
+            placement, bundle, pg_name = placement_of(i)
             for attempt in range(START_ATTEMPTS):
-                named = Detached(detached.server(name, i), detached.fleet_placement(name), orphan_timeout_s) if detached else None
-                server = await _named_spawn(lambda: sa.spawn_server(cfg, model_path, dtype=dtype, seed=seed, index=i, placement=pg,
-                                                                    name=f"{name}-{i}", spec=spec, detached=named))
+                named = Detached(detached.server(name, i), pg_name, orphan_timeout_s) if detached else None
+                server = await _named_spawn(lambda: sa.spawn_server(cfg, model_path, dtype=dtype, seed=seed, index=i, placement=placement,
+                                                                    bundle=bundle, name=f"{name}-{i}", spec=spec, detached=named))
                 try:
                     return await server.ready()
                 except ServerDied:
@@ -107,16 +168,34 @@ class Fleet:
                     await server.close()
             return await respawn(i)
 
+        async def make(i: int) -> RolloutServer:
+            """A server at index i: in its bundle of the fleet's group while i < `num_servers` (a slot a
+            shrink freed), else in a one-bundle group of its own (placed where Ray finds room: a node
+            that just joined the cluster), removed with it."""
+            if i >= cfg.num_servers and i not in own:
+                own[i] = sa.make_placement(cfg, 1, name=_own_placement_name(detached, name, i))
+                await sa.wait_placed(own[i], placement_timeout_s)
+            return await respawn(i)
+
+        def release_one(i: int) -> None:
+            if i in own:
+                sa.remove_placement(own.pop(i))
+
+        def release() -> None:
+            sa.remove_placement(pg)
+            for i in list(own):
+                release_one(i)
+
         servers = await asyncio.gather(*(take_back_or_spawn(i) for i in range(cfg.num_servers)))
-        return cls(name, list(servers), respawn, lambda: sa.remove_placement(pg))
+        return cls(name, list(servers), respawn, release, make=make, release_one=release_one)
 
     async def restart(self, server: RolloutServer) -> RolloutServer:
         """Replace a dead server by a fresh one in its place (same bundle, same seed)."""
         if self._respawn is None:
             raise RuntimeError(f"fleet {self.name}: local servers cannot be restarted")
-        i = self.servers.index(server)
-        fresh = await self._respawn(i)
-        self.servers[i] = fresh
+        fresh = await self._respawn(self.index_of(server))
+        k = next(k for k, s in enumerate(self.servers) if s is server)  # still ours (not detached meanwhile)
+        self.servers[k] = fresh
         return fresh
 
     async def close(self) -> None:

@@ -35,6 +35,7 @@ its host when the sample ends, or by the controller once another host continued 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import Any, Iterable
 
@@ -85,6 +86,10 @@ class ServerHost(RolloutServer):
         """uid -> (handle of the running sample's latest snapshot in `plane`, the tokens it holds)."""
         self.snapshot_reads = {"continued": 0, "unreadable": 0}
         """Samples begun here from another server's snapshot, and snapshots that could not be read."""
+        self._loads = 0
+        """Weight loads begun here (odd while one runs): a peer hand-out that overlapped one is void."""
+        self._offers: dict[str, Any] = {}
+        """Receiver id -> the `Sender` this server offers its weights to it on (`offer_weights`)."""
 
     # ---- samples ------------------------------------------------------------------------
     async def run_sample(self, sample: Sample, resume: SavedSample | None = None, resume_from: Any = None) -> Any:
@@ -204,11 +209,59 @@ class ServerHost(RolloutServer):
         requests of this one. Engines without `load_update` get the whole update at once (the
         torch engine checks every pair before it copies any)."""
         custom = getattr(self.server, "load_update", None)
-        if custom is not None:
-            await custom(update)
-        else:
-            pairs = await asyncio.to_thread(list, update)
-            await self.server.update_weights(pairs, update.version)
+        self._loads += 1
+        try:
+            if custom is not None:
+                await custom(update)
+            else:
+                pairs = await asyncio.to_thread(list, update)
+                await self.server.update_weights(pairs, update.version)
+        finally:
+            self._loads += 1
+
+    # ---- weights to a peer (a server joining a live run) --------------------------------------
+    async def offer_weights(self, cfg: Any, receiver_id: str) -> str | None:
+        """Open a weight-plane sender of this server's own weights for `receiver_id` (a server that
+        joins the run) and return its endpoint, which the joiner joins (`join_weights`); then
+        `send_offered` sends them. None: this engine cannot hand its weights out, or holds none yet.
+        The sender takes the run's weight config with ports of its own (0: any free one)."""
+        from checkpoint_engine import Sender
+
+        if self.server.export_weights() is None or self.version < 0:
+            return None
+        self._close_offer(receiver_id)
+        sender = Sender(dataclasses.replace(cfg, port=0, store_port=0))
+        self._offers[receiver_id] = sender
+        return sender.endpoint
+
+    async def send_offered(self, receiver_id: str, timeout_s: float) -> dict[str, Any]:
+        """Send the joiner of `offer_weights` this server's weights, labelled with the version they are,
+        once it joined (within `timeout_s`); then close that sender. `{"version", "loaded", "why"}`:
+        loaded False when the joiner did not join or load in time, or when a load of new weights here
+        overlapped the hand-out (what was read may mix two versions: it does not count)."""
+        sender = self._offers.get(receiver_id)
+        if sender is None:
+            return {"version": -1, "loaded": False, "why": "no offer open"}
+        try:
+            if await asyncio.to_thread(sender.wait_for_ids, [receiver_id], timeout_s):  # still missing
+                return {"version": -1, "loaded": False, "why": "the joiner did not join in time"}
+            epoch, version = self._loads, self.version
+            named = self.server.export_weights()
+            if epoch % 2 or named is None:
+                return {"version": version, "loaded": False, "why": "this server was loading weights"}
+            out = await asyncio.to_thread(sender.publish, named, version, [receiver_id])
+            if self._loads != epoch:
+                return {"version": version, "loaded": False, "why": "this server loaded new weights meanwhile"}
+            if receiver_id not in out.completed:
+                return {"version": version, "loaded": False, "why": str(out.evicted.get(receiver_id, "not loaded"))}
+            return {"version": version, "loaded": True, "why": "", "bytes": out.bytes, "seconds": out.seconds}
+        finally:
+            self._close_offer(receiver_id)
+
+    def _close_offer(self, receiver_id: str) -> None:
+        sender = self._offers.pop(receiver_id, None)
+        if sender is not None:
+            sender.close()
 
     # ---- the RolloutServer interface, forwarded ---------------------------------------------
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None = None) -> GenerateOutput:
@@ -240,5 +293,7 @@ class ServerHost(RolloutServer):
         return self.server.version
 
     async def close(self) -> None:
+        for rid in list(self._offers):
+            self._close_offer(rid)
         await self._leave_weights()
         await self.server.close()

@@ -158,6 +158,13 @@ class RemoteServer(RolloutServer):
         await self._call("join_weights", dataclasses.asdict(cfg), [endpoints] if isinstance(endpoints, str) else list(endpoints),
                          pause_mode)
 
+    async def offer_weights(self, cfg: Any, receiver_id: str) -> str | None:
+        """The actor's host opens a sender of its weights for `receiver_id` (`ServerHost.offer_weights`)."""
+        return await self._call("offer_weights", dataclasses.asdict(cfg), receiver_id)
+
+    async def send_offered(self, receiver_id: str, timeout_s: float) -> dict[str, Any]:
+        return await self._call("send_offered", receiver_id, timeout_s)
+
     def loaded(self, version: int) -> None:
         """The weight plane reported that this server loaded `version`."""
         self._stats = dataclasses.replace(self._stats, version=version)

@@ -153,6 +153,14 @@ class ServerActor:
 
         await self.host.join_weights(WeightsConfig(**weights_config), endpoints, pause_mode)
 
+    async def offer_weights(self, weights_config: dict[str, Any], receiver_id: str) -> str | None:
+        from checkpoint_engine import WeightsConfig
+
+        return await self.host.offer_weights(WeightsConfig(**weights_config), receiver_id)
+
+    async def send_offered(self, receiver_id: str, timeout_s: float) -> dict[str, Any]:
+        return await self.host.send_offered(receiver_id, timeout_s)
+
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None = None) -> GenerateOutput:
         return await self.server.generate(prompt_ids, sampling, request_id)
 

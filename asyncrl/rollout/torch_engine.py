@@ -188,6 +188,9 @@ class TorchRolloutServer(RolloutServer):
             updates.append((param, tensor))
         await self._command("update", (updates, int(version)))
 
+    def export_weights(self) -> Iterable[tuple[str, Any]] | None:
+        return None if self.version < 0 else list(self._params.items())
+
     async def load_update(self, update: Any) -> None:
         """Load a weight-plane update while paused (the host pauses first, so the engine thread is
         idle): its tensors land straight in the parameters as buckets arrive (one copy, no
