@@ -34,6 +34,7 @@ BENCHES = {
     "planes": "asyncrl.bench.planes",
     "chaos": "asyncrl.bench.chaos",
     "trainer": "asyncrl.bench.trainer",
+    "elastic": "asyncrl.bench.elastic",
 }
 
 

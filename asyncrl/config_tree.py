@@ -283,7 +283,7 @@ class RayConfig:
     address: str = ""
     """Ray cluster address; empty starts a local Ray."""
     num_cpus: int = 0
-    """CPUs for a local Ray (0: this machine's, or as many as the run's trainer ranks and servers ask for if that is more)."""
+    """CPUs for a local Ray (0: this machine's, or as many as the run's trainer ranks and servers ask for if that is more). To grow a fleet of a local Ray run (`asyncrl scale`), leave room for the new servers' `rollout.cpus_per_server`: a server Ray cannot place is waited for up to 300 s, then the request is answered with the error."""
     detached: bool = False
     """The run's actors (trainer ranks, rollout servers, their placement groups) outlive the controller's process, named after the run (`queue.run_id`): when the controller dies (killed, its machine lost) they keep their models loaded, and `asyncrl train ... resume=true` takes them back instead of starting new ones (seconds, not a reload of every model; what they were doing is given up, and the checkpoint's work in flight continues as on any resume). Needs `ray.address`: a local Ray dies with the controller. A run that ends or stops (not killed) ends its actors as usual."""
     orphan_timeout_s: float = 300.0
