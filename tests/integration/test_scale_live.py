@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-STEPS = 30
+STEPS = 24
 COMMON = ["trainer.prompts_per_step=4", "rollout.group_size=4", "data.eval_size=4", "trainer.eval_every=1000",
           "trainer.save_every=0", "rollout.max_tokens=16", "logging.mlflow=false", "logging.progress=false",
-          "trainer.engine=cost_model", "trainer.cost_model_token_s=0.005", "trainer.mode=fully_async"]
+          "trainer.engine=cost_model", "trainer.cost_model_token_s=0.004", "trainer.mode=fully_async"]
 
 
 def _start(tmp: Path, name: str, *extra: str) -> tuple[subprocess.Popen, Path, Path]:
