@@ -94,6 +94,24 @@ def test_view_and_prometheus_show_the_same_figures(tmp_path):
         server.shutdown()
 
 
+def test_an_elastic_fleet_shows_its_size_over_time_and_its_changes(tmp_path):
+    from rich.console import Console
+
+    snap = _snap(tmp_path)
+    snap["liveness"] = judge(snap)
+    now = time.time()
+    snap["fleets"]["default"].update(size=2, target=2, history=[[now - 90, 4], [now - 60, 8], [now - 5, 2]],
+                                     events=[{"time": now - 60, "kind": "join", "server": "main-7", "via": "peer"},
+                                             {"time": now - 5, "kind": "preempt", "server": "main-3"}])
+    c = Console(width=160, record=True, file=open(os.devnull, "w"))
+    c.print(render(snap))
+    text = c.export_text()
+    for word in ("fleet size and changes", "2/2", "4 (90 s ago) -> 8 (60 s ago) -> 2 (5 s ago)", "join main-7 (peer)", "preempt main-3"):
+        assert word in text, word
+    prom = prometheus.render(snap)
+    assert 'asyncrl_fleet_size{fleet="default"} 2.0' in prom and 'asyncrl_fleet_target{fleet="default"} 2.0' in prom
+
+
 @pytest.fixture
 def redis_url(tmp_path):
     from tests.integration.transfer_queue._redis import RedisServer
