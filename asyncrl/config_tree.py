@@ -169,6 +169,8 @@ class TrainerConfig:
     """The step: `fsdp` (FSDP2 forward/backward) or `cost_model` (the real model is loaded and its weights published, but a step only reads its shard and sleeps `trainer.cost_model_token_s` per loss token: benchmarks of the pipeline)."""
     cost_model_token_s: float = 1e-4
     """`trainer.engine=cost_model`: seconds per trained (loss) token of a step."""
+    cost_model_schedule: list[list[float]] = field(default_factory=list)
+    """`trainer.engine=cost_model`: `[[step, seconds per token], ...]`: from each step on, that cost instead of `cost_model_token_s` (a trainer whose speed changes mid-run: `rollout.autoscale` benchmarks)."""
     threads: int = 0
     """torch intra-op threads per process (0: leave torch's default)."""
     eval_every: int = 5
@@ -210,6 +212,8 @@ class TrainerConfig:
         _check(0 < self.gpus_per_rank <= 1, "trainer.gpus_per_rank", f"must be in (0, 1], got {self.gpus_per_rank}")
         _check_resources(self.ray_resources, "trainer.ray_resources")
         _check(self.cost_model_token_s >= 0, "trainer.cost_model_token_s", "must be >= 0")
+        _check(all(isinstance(e, (list, tuple)) and len(e) == 2 and e[0] >= 0 and e[1] >= 0 for e in self.cost_model_schedule),
+               "trainer.cost_model_schedule", f"must be a list of [step, seconds per token] pairs >= 0, got {self.cost_model_schedule!r}")
         _check(self.eval_every >= 1, "trainer.eval_every", "must be >= 1")
         _check(self.save_every >= 0, "trainer.save_every", "must be >= 0")
         _check(self.max_restarts >= 0, "trainer.max_restarts", f"must be >= 0, got {self.max_restarts}")

@@ -119,6 +119,12 @@ class Pipeline(PipelineCheckpoint):
             filter_groups=cfg.algorithm.filter_groups, filter_groups_max_batches=cfg.algorithm.filter_groups_max_batches,
             shaping=OverlongShaping.from_config(cfg), lengths=self.lengths, on_resumed=self._resumed_sample,
         )
+        self.autoscaler = None
+        """`rollout.autoscale.enabled`: the rule that sizes the `main` fleet (`asyncrl/rollout/autoscale.py`)."""
+        if cfg.rollout.autoscale.enabled:
+            from asyncrl.rollout.autoscale import Autoscaler
+
+            self.autoscaler = Autoscaler(cfg.rollout.autoscale, cfg.rollout.num_servers)
         self.control_rejected = 0
         """Control requests (`asyncrl scale`) that were not valid requests: counted, logged, not applied."""
         self.failover: Counter[str] = Counter()
@@ -295,6 +301,8 @@ class Pipeline(PipelineCheckpoint):
         leases = asyncio.create_task(self.queue.keep_leases())
         control = asyncio.create_task(self._control_loop())
         loops = {roll, train, health, leases, control}
+        if self.autoscaler is not None:
+            loops.add(asyncio.create_task(self._autoscale_loop()))
         if self.cfg.ray.detached:  # the actors outlive this process: tell them it is there
             loops.add(asyncio.create_task(self._keepalive(self.cfg.ray.orphan_timeout_s / 4)))
         status = StatusReporter(PipelineSource(self))  # observers read a typed run state, not the pipeline
@@ -349,6 +357,37 @@ class Pipeline(PipelineCheckpoint):
         finally:
             if redis is not None:
                 redis.close()
+
+    def slots_per_server(self) -> int:
+        r = self.cfg.rollout
+        return r.autoscale.slots_per_server or (r.cost_model.max_concurrency if r.backend == "cost_model" else r.max_batch_size)
+
+    async def _autoscale_loop(self) -> None:
+        """`rollout.autoscale`: sample the servers' slot use about every second; at the end of each
+        `interval_s` window hand it and the trainer's wait to the `Autoscaler`, and resize `main` as it
+        decides (`asyncrl/rollout/autoscale.py`). Its verdict is in the fleet's status (`autoscale`)."""
+        from asyncrl.rollout.autoscale import Window
+
+        assert self.autoscaler is not None
+        cfg, fleets, slots = self.cfg.rollout.autoscale, self.parts.fleets, self.slots_per_server()
+        while True:
+            t0, wait0, uses = time.time(), self.wait_s, []
+            while time.time() - t0 < cfg.interval_s:
+                await asyncio.sleep(min(1.0, cfg.interval_s))
+                routed = [s for s, f in zip(fleets.router.servers, fleets.router.fleets) if f == "main"]
+                busy = [n for n, f in zip(fleets.router.in_flight, fleets.router.fleets) if f == "main"]
+                if routed:
+                    uses.append(min(1.0, sum(busy) / (len(routed) * slots)))
+            servers = fleets.size().get("main", 0)
+            window = Window(seconds=time.time() - t0, trainer_wait_s=self.wait_s - wait0,
+                            slot_use=sum(uses) / len(uses) if uses else 0.0, servers=servers)
+            want = self.autoscaler.decide(window, time.time())
+            fleets.autoscale = dict(self.autoscaler.last)
+            if want is not None:
+                print(f"asyncrl: autoscale: {self.autoscaler.last['bottleneck']} is the bottleneck "
+                      f"(trainer idle {window.trainer_idle:.2f}, server slots idle {window.rollout_idle:.2f}): "
+                      f"main {servers} -> {want} servers", flush=True)
+                await fleets.resize("main", want, drain_timeout_s=self.cfg.rollout.drain_timeout_s)
 
     def _fleet_summary(self) -> dict[str, Any]:
         """summary.json `fleet`: routed servers per fleet at the end, and every change by kind."""

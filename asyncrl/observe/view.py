@@ -84,7 +84,7 @@ def render(snap: dict[str, Any], now: float | None = None) -> Group:
             t.add_row(name, str(s["name"]), str(s["version"]), str(s["in_flight"]), f"{s['tokens_per_s']:.1f}", parity, health)
     parts.append(t)
 
-    changes = [(name, f) for name, f in snap["fleets"].items() if f.get("events") or len(f.get("history", [])) > 1]
+    changes = [(name, f) for name, f in snap["fleets"].items() if f.get("events") or len(f.get("history", [])) > 1 or f.get("autoscale")]
     if changes:  # an elastic run: its size over time, and what changed it
         t = _table("fleet size and changes", "fleet", "size/target", "size over time", "latest changes")
         for name, f in changes:
@@ -93,6 +93,12 @@ def render(snap: dict[str, Any], now: float | None = None) -> Group:
                                for e in f.get("events", [])[-4:])
             t.add_row(name, f"{f.get('size', '-')}/{f.get('target', '-')}", sizes, latest or "-")
         parts.append(t)
+        for name, f in changes:
+            a = f.get("autoscale")
+            if a and a.get("bottleneck") != "unknown":
+                parts.append(Text.assemble(("autoscale ", "bold"), f"{name}: bottleneck {a['bottleneck']} (trainer idle "
+                                           f"{a['trainer_idle']:.2f}, server slots idle {a['rollout_idle']:.2f}), "
+                                           f"{a['servers']} servers in [{a['min']}, {a['max']}]"))
 
     if snap.get("lengths"):  # do the drops skew what is trained? (asyncrl/lengths.py)
         t = _table("response lengths by fate", "fate", "samples", "mean", "p50", "p90", "max")

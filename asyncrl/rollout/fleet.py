@@ -125,6 +125,8 @@ class FleetManager:
         self.joins: dict[str, int] = {"peer": 0, "publish": 0, "trainer": 0, "failed": 0}
         """Servers routed after `resize` grew their fleet, by where their first weights came from."""
         self._resizing = asyncio.Lock()
+        self.autoscale: dict[str, Any] | None = None
+        """`rollout.autoscale`'s latest verdict on `main` (set by the controller; `asyncrl status`)."""
 
     def _coming(self, fleet: str | None) -> bool:
         """Whether a server of `fleet` (None: any) is being brought back; a restart that failed
@@ -634,6 +636,7 @@ class FleetManager:
                 "size": sum(r["routed"] for r in rows), "target": self.targets.get(name, len(fleet.servers)),
                 "history": [list(h) for h in self.history.get(name, [])],
                 "events": [{k: v for k, v in e.items() if k != "size"} for e in self.events if e["fleet"] == name][-EVENTS_SHOWN:],
+                **({"autoscale": dict(self.autoscale)} if self.autoscale is not None and name == "main" else {}),
             }
         return {"version": self.version, "fleets": fleets, "restarts": self.restarts, "resyncs": self.resyncs, "probe_failures": self.probe_failures,
                 "failovers": self.router.failovers, "resubmits": self.router.resubmits, "joins": dict(self.joins)}

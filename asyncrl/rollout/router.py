@@ -119,6 +119,11 @@ class Router:
         """Router-side in-flight count of each active server (same order as `servers`)."""
         return [s.in_flight for s in self._slots if s.state == "active"]
 
+    @property
+    def fleets(self) -> list[str]:
+        """The fleet of each active server (same order as `servers`)."""
+        return [s.fleet for s in self._slots if s.state == "active"]
+
     def slots(self) -> list[Slot]:
         return list(self._slots)
 

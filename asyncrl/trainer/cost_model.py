@@ -32,6 +32,8 @@ class _Timed:
     step: int
     steps: list[tuple[float, float, int]]
 
+    schedule: list[tuple[int, float]] = []
+    """(from step, seconds per token), in step order (`trainer.cost_model_schedule`)."""
     eta: int = 0
     token_level: bool = False
     """`trainer.staleness_level=token`: tokens older than `eta` are masked as a real step masks them (and not paid for)."""
@@ -42,7 +44,8 @@ class _Timed:
         version = self.step if version < 0 else version
         parts, age = mask_stale_tokens(along_lineage(parts, version, lineage or []), version, self.eta, self.token_level)
         tokens = int(sum(p.num_tokens for p in parts))
-        time.sleep(tokens * self.cost_per_token_s)
+        cost = next((c for at, c in reversed(self.schedule) if self.step >= at), self.cost_per_token_s)
+        time.sleep(tokens * cost)
         total = self._all_tokens(tokens)
         self.step += 1
         self.steps.append((t0, time.monotonic(), tokens))
@@ -60,6 +63,7 @@ class CostModelEngine(_Timed, TrainerEngine):
         TrainerEngine.__init__(self, model_path, **kw)
         self.cost_per_token_s = cost_per_token_s
         self.eta, self.token_level = self.trainer.eta, self.trainer.staleness_level == "token"
+        self.schedule = sorted((int(at), float(c)) for at, c in self.trainer.cost_model_schedule)
         self.steps = []
 
     def _all_tokens(self, tokens: int) -> int:
