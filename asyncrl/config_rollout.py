@@ -143,6 +143,8 @@ class RolloutConfig:
     """Ray servers: one that does not answer a control call (stats, pause, join, close) within this many seconds is hung: killed, then handled as dead (its samples move to other servers)."""
     health_interval_s: float = 10.0
     """Ray servers: seconds between health probes of every routed server (finds a hung server even while no publish runs)."""
+    follow_cluster: str = ""
+    """Ray: the custom resource each rollout node of the cluster offers (e.g. `rollout_node`, a KubeRay worker group's `rayStartParams.resources`): the `main` fleet then has as many servers as the cluster holds of it over `rollout.ray_resources[<it>]` per server, followed while the run goes on: nodes that appear host new servers, a node that vanishes is a preemption (its server is not restarted). Empty: off. With `rollout.autoscale` it caps the autoscaler's range."""
     drain_timeout_s: float = 60.0
     """`asyncrl scale` down: how long a server taken away gets to finish its requests; then it is closed and they move, with their snapshots, to other servers (Ray servers; one in the controller's process always finishes)."""
     partial_rollouts: bool = True
@@ -185,6 +187,9 @@ class RolloutConfig:
         _check(self.health_timeout_s > 0, "rollout.health_timeout_s", f"must be > 0, got {self.health_timeout_s}")
         _check(self.health_interval_s > 0, "rollout.health_interval_s", f"must be > 0, got {self.health_interval_s}")
         _check(self.drain_timeout_s >= 0, "rollout.drain_timeout_s", f"must be >= 0, got {self.drain_timeout_s}")
+        if self.follow_cluster:
+            _check(self.ray_resources.get(self.follow_cluster, 0) > 0, "rollout.follow_cluster",
+                   f"{self.follow_cluster!r} must be one of rollout.ray_resources (what each server takes of it), got {self.ray_resources!r}")
         names = ["main"]
         for i, extra in enumerate(self.fleets):
             key = f"rollout.fleets[{i}]"

@@ -330,6 +330,7 @@ class Config:
             _check(self.weights.backend != "local", "weights.backend", "`local` needs sender and receivers in one process; with ray.enabled use shm (one host), gloo, nccl, nixl or cuda_ipc")
         else:
             _check(t.num_ranks == 1, "trainer.num_ranks", f"{t.num_ranks} ranks need ray.enabled=true (or run the trainer under torchrun)")
+            _check(not self.rollout.follow_cluster, "rollout.follow_cluster", "follows a Ray cluster's nodes: needs ray.enabled=true")
         if self.agent.overlong_buffer_len:
             _check_overlong(self)
         if t.mode in ("sync", "one_step_off"):

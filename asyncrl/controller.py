@@ -338,9 +338,16 @@ class Pipeline(PipelineCheckpoint):
         from asyncrl import run_control
 
         redis = run_control.RedisControl(self.cfg.queue.redis_url, self.run_dir.name) if self.cfg.queue.metadata == "redis" else None
+        follow = self.cfg.rollout.follow_cluster
+        if follow:
+            self.parts.fleets.capacity = self._cluster_room
+        polls = 0
         try:
             while True:
                 await asyncio.sleep(CONTROL_POLL_S)
+                polls += 1
+                if follow and polls % FOLLOW_EVERY == 0:
+                    await self._follow_cluster()
                 got = [(r, why, None) for r, why in run_control.take(self.run_dir)]
                 if redis is not None:
                     got += [(r, why, redis) for r, why in await asyncio.to_thread(redis.take)]
@@ -408,6 +415,30 @@ class Pipeline(PipelineCheckpoint):
             with (self.run_dir / "fleet_events.jsonl").open("a") as f:
                 f.writelines(json.dumps({"step": self.step, **e}) + "\n" for e in events)
 
+    def _cluster_room(self) -> dict[str, int]:
+        """`rollout.follow_cluster`: servers of `main` the Ray cluster's rollout nodes hold room for now."""
+        import ray
+
+        key = self.cfg.rollout.follow_cluster
+        total = float(ray.cluster_resources().get(key, 0.0))
+        return {"main": int(total / self.cfg.rollout.ray_resources[key] + 1e-9)}
+
+    async def _follow_cluster(self) -> None:
+        """`rollout.follow_cluster`: `main` resized to the room the cluster's rollout nodes hold (at least 1;
+        with `rollout.autoscale`, that room caps its range instead)."""
+        room = max(1, (await asyncio.to_thread(self._cluster_room))["main"])
+        fleets = self.parts.fleets
+        if self.autoscaler is not None:
+            self.autoscaler.max = room
+            if fleets.size().get("main", 0) <= room:
+                return
+        have = len(fleets.fleets["main"].servers)
+        if have != room or fleets.targets.get("main") not in (None, room):
+            if have != room:  # else only the target moves (a vanished node's server already left as a preemption)
+                print(f"asyncrl: the cluster's {self.cfg.rollout.follow_cluster} nodes hold room for {room} servers: "
+                      f"main {have} -> {room}", flush=True)
+            await fleets.resize("main", room, drain_timeout_s=self.cfg.rollout.drain_timeout_s)
+
     async def _apply(self, req: Any) -> dict[str, Any]:
         """One `ScaleRequest`: the fleet resized (returns when its new servers are up and joining, and the
         ones taken away drained), or refused with why."""
@@ -469,6 +500,8 @@ class Pipeline(PipelineCheckpoint):
         }
 
 
+FOLLOW_EVERY = 3
+"""`rollout.follow_cluster`: look at the cluster's rollout nodes every this many control polls."""
 CONTROL_POLL_S = 1.0
 """Seconds between two looks for requests from outside the run (`asyncrl scale`)."""
 STOP_TIMEOUT_S = 30.0

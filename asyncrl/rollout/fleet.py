@@ -125,6 +125,11 @@ class FleetManager:
         self.joins: dict[str, int] = {"peer": 0, "publish": 0, "trainer": 0, "failed": 0}
         """Servers routed after `resize` grew their fleet, by where their first weights came from."""
         self._resizing = asyncio.Lock()
+        self._restarts_of: dict[tuple[str, int], asyncio.Task] = {}
+        """Dead servers being replaced, and the task that does it (a shrink cancels it: `resize`)."""
+        self.capacity: Any = None
+        """`rollout.follow_cluster`: () -> {fleet: servers the cluster has room for now}; a server that dies
+        while its fleet is above that is a preemption (its node is gone), not restarted."""
         self.autoscale: dict[str, Any] | None = None
         """`rollout.autoscale`'s latest verdict on `main` (set by the controller; `asyncrl status`)."""
 
@@ -416,10 +421,15 @@ class FleetManager:
                 out = {"fleet": name, "from": before, "to": len(fleet.servers), "started": [server_name(s) for s in new],
                        "failed": [repr(e)[:200] for e in errors]}
             elif servers < before:
-                busy = self._returning
-                order = sorted((s for s in fleet.servers if s not in busy),
-                               key=lambda s: (s in self.router.servers, -fleet.index_of(s)))
+                replacing = lambda s: (name, fleet.index_of(s)) in self._restarts_of  # noqa: E731
+                dead = [s for s in fleet.servers if replacing(s)]  # dead, being replaced: the cheapest to give up
+                order = dead + sorted((s for s in fleet.servers if s not in self._returning and not replacing(s)),
+                                      key=lambda s: (s in self.router.servers, -fleet.index_of(s)))
                 victims = order[: before - servers]
+                for v in victims:
+                    task = self._restarts_of.pop((name, fleet.index_of(v)), None)
+                    if task is not None:
+                        task.cancel()
                 indices = [fleet.detach(v) for v in victims]
                 self._pending = [p for p in self._pending if not any(p is v for v in victims)]
                 await asyncio.gather(*(self._leave(fleet, v, i, drain_timeout_s) for v, i in zip(victims, indices)))
@@ -515,20 +525,24 @@ class FleetManager:
         if not self._member(server):  # drained and closed by `resize`: its requests fail over, nothing to restart
             return
         fleet = self._fleet_of(server)
-        over = len(fleet.servers) > self.targets.get(fleet.name, len(fleet.servers))
+        room = self.capacity().get(fleet.name) if self.capacity is not None else None  # a node gone is room gone
+        over = len(fleet.servers) > min(self.targets.get(fleet.name, len(fleet.servers)), room if room is not None else 1 << 30)
         self._event("preempt", server, cause=str(cause)[:200], replaced=self.restart_dead and not over)
         if over:  # the fleet is being shrunk: a death is one server fewer to drain (a preempted spot node)
             self._background(self._close_one(fleet, server, fleet.detach(server)))
         elif self.restart_dead:
-            self._background(self._begin_restart(server))
+            self._restarts_of[(fleet.name, fleet.index_of(server))] = self._background(self._begin_restart(server))
 
-    def _background(self, work: Awaitable[Any]) -> None:
+    def _background(self, work: Awaitable[Any]) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(work)  # type: ignore[arg-type]
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
+        return task
 
     def _task_done(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
+        for s in [s for s, t in self._restarts_of.items() if t is task]:
+            del self._restarts_of[s]
         if not task.cancelled() and task.exception() is not None and self._error is None:
             self._error = task.exception()
             self.router.recheck()  # requests waiting for the server it was bringing back stop with its error
@@ -564,7 +578,10 @@ class FleetManager:
             await server.close()  # first: a hung one is killed, so its samples fail over and its bundle frees
             if not self._member(server):  # taken away by a shrink meanwhile: not replaced
                 return server
-            fresh = await fleet.restart(server)
+            try:
+                fresh = await fleet.restart(server)
+            except LookupError:  # taken away by a shrink while its replacement started (closed by the fleet)
+                return server
             self._joined.pop(server, None)
             self._returning.add(fresh)  # until routed, or replaced in turn
             try:

@@ -194,7 +194,10 @@ class Fleet:
         if self._respawn is None:
             raise RuntimeError(f"fleet {self.name}: local servers cannot be restarted")
         fresh = await self._respawn(self.index_of(server))
-        k = next(k for k, s in enumerate(self.servers) if s is server)  # still ours (not detached meanwhile)
+        k = next((k for k, s in enumerate(self.servers) if s is server), None)
+        if k is None:  # detached meanwhile (a shrink): not ours to start
+            await fresh.close()
+            raise LookupError(f"fleet {self.name}: {getattr(server, 'name', server)} was taken away while its replacement started")
         self.servers[k] = fresh
         return fresh
 

@@ -47,7 +47,7 @@ def validate_crd(obj: dict[str, Any]) -> None:
 @pytest.mark.timeout(60)
 def test_the_kuberay_folder_has_every_object_the_run_needs():
     kinds = sorted(d["kind"] for p in MANIFESTS for d in documents(p))
-    assert kinds == sorted(["PersistentVolumeClaim", "Secret", "Deployment", "Service", "Service", "RayCluster", "RayJob"])
+    assert kinds == sorted(["PersistentVolumeClaim", "Secret", "Deployment", "Service", "Service", "RayCluster", "RayJob", "RayJob"])
 
 
 @pytest.mark.timeout(60)
@@ -97,6 +97,37 @@ def test_the_rayjob_entrypoint_is_a_valid_asyncrl_config(tmp_path):
     cfg = load(DEPLOY.parent / argv[2], overrides)
     assert cfg.ray.enabled and cfg.ray.address == "auto" and cfg.queue.metadata == "redis"
     assert cfg.queue.redis_url == "redis://asyncrl-redis:6379/0" and cfg.logging.run_root == "/workspace/runs"
+
+
+@pytest.mark.timeout(60)
+def test_the_elastic_rayjob_follows_its_autoscaled_rollout_group(tmp_path):
+    """rayjob-elastic.yaml: the autoscaler may resize the rollout group, whose nodes offer the resource the
+    run follows (`rollout.follow_cluster`), as many of it per node as GPUs, one per server."""
+    import json
+    import shlex
+
+    import jsonschema
+
+    from asyncrl.config import load
+
+    job = documents(DEPLOY / "kuberay" / "rayjob-elastic.yaml")[0]
+    spec = job["spec"]["rayClusterSpec"]
+    assert spec["enableInTreeAutoscaling"] is True
+    with pytest.raises(jsonschema.ValidationError):  # the autoscaler's options are checked, not any object
+        validate_crd({**job, "spec": {**job["spec"], "rayClusterSpec": {**spec, "autoscalerOptions": {"upscalingmode": "Default"}}}})
+    argv = job["spec"]["entrypoint"].split()
+    overrides = [f"model.path={tmp_path}" if a.startswith("model.path=") else a for a in argv[3:]]
+    cfg = load(DEPLOY.parent / argv[2], overrides)
+    key = cfg.rollout.follow_cluster
+    groups = {g["groupName"]: g for g in spec["workerGroupSpecs"]}
+    rollout = groups["rollout"]
+    assert rollout["minReplicas"] < rollout["maxReplicas"]  # it scales
+    offered = json.loads(shlex.split(rollout["rayStartParams"]["resources"])[0])  # as `ray start --resources` reads it
+    gpus = int(rollout["rayStartParams"]["num-gpus"])
+    assert offered == {key: gpus} and cfg.rollout.ray_resources[key] == 1 and cfg.rollout.gpus_per_worker == 1
+    assert cfg.rollout.num_servers == gpus * rollout["replicas"]
+    trainer = json.loads(shlex.split(groups["trainer"]["rayStartParams"]["resources"])[0])
+    assert set(trainer) == set(cfg.trainer.ray_resources) and groups["trainer"]["minReplicas"] == groups["trainer"]["maxReplicas"]
 
 
 @pytest.mark.timeout(60)
