@@ -448,7 +448,14 @@ class FleetManager:
             if self._weights is None or self.version < 0:
                 await self._join(server)
                 async with self._membership:
-                    await self._bring_current(server)
+                    try:
+                        await self._bring_current(server)
+                    except RuntimeError as exc:  # not loaded (a version came meanwhile): the next publish brings it
+                        if isinstance(exc, TrainerDied):
+                            raise
+                        self._pending.append(server)
+                        self._event("join_pending", server, why=str(exc)[:200])
+                        return
                     if self._member(server):
                         self.router.add(server, self._fleet_of(server).name)
                 self.joins["trainer"] += 1
