@@ -144,6 +144,10 @@ def test_a_sync_for_a_restarted_receiver_waits_for_its_connection_not_the_dead_o
         old_stop.set()
         time.sleep(0.2)
         old.close()  # died; its entry is still live
+        deadline = time.monotonic() + 30  # until the sender's socket has seen the connection go (slow on a loaded host)
+        while sender._connected("b"):
+            assert time.monotonic() < deadline, "the closed receiver's connection never went"
+            time.sleep(0.05)
 
         def late_restart() -> None:
             nonlocal fresh
