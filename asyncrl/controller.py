@@ -394,7 +394,10 @@ class Pipeline(PipelineCheckpoint):
                 print(f"asyncrl: autoscale: {self.autoscaler.last['bottleneck']} is the bottleneck "
                       f"(trainer idle {window.trainer_idle:.2f}, server slots idle {window.rollout_idle:.2f}): "
                       f"main {servers} -> {want} servers", flush=True)
-                await fleets.resize("main", want, drain_timeout_s=self.cfg.rollout.drain_timeout_s)
+                try:
+                    await fleets.resize("main", want, drain_timeout_s=self.cfg.rollout.drain_timeout_s)
+                except ValueError as exc:  # refused (a fleet removed meanwhile): the next window decides again
+                    print(f"asyncrl: autoscale: resize refused: {exc}", file=sys.stderr, flush=True)
 
     def _fleet_summary(self) -> dict[str, Any]:
         """summary.json `fleet`: routed servers per fleet at the end, and every change by kind."""
@@ -437,7 +440,10 @@ class Pipeline(PipelineCheckpoint):
             if have != room:  # else only the target moves (a vanished node's server already left as a preemption)
                 print(f"asyncrl: the cluster's {self.cfg.rollout.follow_cluster} nodes hold room for {room} servers: "
                       f"main {have} -> {room}", flush=True)
-            await fleets.resize("main", room, drain_timeout_s=self.cfg.rollout.drain_timeout_s)
+            try:
+                await fleets.resize("main", room, drain_timeout_s=self.cfg.rollout.drain_timeout_s)
+            except ValueError as exc:
+                print(f"asyncrl: follow_cluster: resize refused: {exc}", file=sys.stderr, flush=True)
 
     async def _apply(self, req: Any) -> dict[str, Any]:
         """One `ScaleRequest`: the fleet resized (returns when its new servers are up and joining, and the

@@ -8,38 +8,47 @@ changes. Costs are simulated so the bench measures orchestration, not this machi
 requests), the trainer `trainer.engine=cost_model` (the tiny model's real weights are published, a step
 sleeps `trainer_token_s` per loss token: 5,000 tokens/s, over 6x the 8 servers' capacity, so the fleet
 is the bottleneck in every phase). A phase's capacity is servers * max_concurrency / token_cost_s
-tokens/s (`asyncrl bench pipeline`'s `Load`). Phases are timed by wall clock from the run's start (its
-step-0 row) and changed through `run_control` (what `asyncrl scale RUN --servers N` writes):
+tokens/s (`asyncrl bench pipeline`'s `Load`). Phases are timed by wall clock: each change is asked
+through `run_control` (what `asyncrl scale RUN --servers N` writes) `phase_s` after the fleet reached
+the previous size (routed servers, fleet_events.jsonl; the first phase from the run's step-0 row), so
+every phase has the same time at its size however long this host takes to start servers:
 1. 4 servers; then `--servers 8` (4 servers join, taking the current weights from a routed peer);
 2. 8 servers; then `--servers 2`, and once the controller has taken that request, SIGKILL to two of the
    servers started in step 1 (all above the target: the shrink drains them, so a kill lands mid-drain);
 3. 2 servers; then `--servers 6` (4 joins);
-4. 6 servers until the run ends: `trainer.total_steps` is what the phases would train at capacity, so
-   the run finishes (no interrupt) shortly after the last phase's planned length.
+4. 6 servers until the run ends: `trainer.total_steps` is what the phases would train at capacity (a
+   grow's servers taking `START_S` to start), so the run finishes, uninterrupted, about when the last
+   phase's time is up (later by what it trained below capacity, earlier if servers start faster).
 
 Per phase (`phases`): `servers` (the target), `start_s`, `end_s` (from the run's start: the change's
-request to the next one, or the last step), `trained_tokens_per_s` (steady rate: trained tokens, from
-metrics.jsonl `train/tokens` at each step's time, linearly interpolated, over [start + `SETTLE_S`, end]),
-`capacity_tokens_per_s`, `ratio` (rate / capacity), `seconds_to_new_rate` (from the change to the start
-of the first `WINDOW_S` window, windows every `STRIDE_S`, whose rate is >= `NEW_RATE` x the steady rate;
-null if none), `publish_s_mean` (weights/publish_s of the phase's steps), `routed_at_end`
-(fleet/size_main of its last step).
-Top level: `joins` (per join: server, via, `seconds` of the join event, `first_sample_s`),
-`join_seconds` (the join events' `seconds`: start of the join to routed), `join_to_first_sample_s` (from
-the server's `start` event to the first status.json snapshot, written every second, in which that server
-has generated tokens: its first sample, late by at most a snapshot interval; the queue records name
-the writing process, not the server), `joins_by_source` (peer / publish / trainer), `publish_s_during_join`
-vs `publish_s_without` (mean weights/publish_s of the steps whose publish overlapped a join window, from
-a server's `start` event to the end of the first publish after its `join`, the first that reaches it on
-the trainer's plane; a row is logged right after its publish, so a publish spans [time - publish_s,
-time]; `publishes_during_join` counts them), `kills` (the SIGKILLs sent), `preemptions` and `drains`
-(fleet_events.jsonl: what the fleet recorded), `scale_answers` (the controller's answer to each request),
+request to the next one; the last phase to the last step but one, whose row waits for the final
+evaluation), `seconds_to_size` (from the request to the first fleet event at which that many servers
+were routed: for a grow, its servers' processes starting, then joining), `trained_tokens_per_s` (steady
+rate: trained tokens, metrics.jsonl `train/tokens` at each step's time, linearly interpolated, over the
+phase from `SETTLE_S` after it reached its size), `capacity_tokens_per_s`, `ratio` (rate / capacity),
+`seconds_to_new_rate` (from the request to the start of the first `WINDOW_S` window, one every
+`STRIDE_S`, whose rate is >= `NEW_RATE` x the phase's steady rate; null if none), `publish_s_mean`
+(weights/publish_s of the phase's steps), `steps`, `routed_at_end` (fleet/size_main of its last step).
+Top level: `joins` (per join event: server, via, `seconds`, `first_sample_s`), `join_seconds` (the join
+events' `seconds`: from the server's start to routed; a join via a publish carries none: from its
+`start` event to its `join` event), `join_to_first_sample_s` (from the server's
+`start` event to the first status.json snapshot, written every second, in which it has generated tokens:
+its first sample, late by up to a snapshot's interval; the queue's records name the process that wrote
+them, not the server), `joins_by_source` (peer / publish / trainer), `publish_s_during_join` vs
+`publish_s_without` (mean weights/publish_s of the steps whose publish overlapped a join window, from a
+server's `start` event to the end of the first publish after its `join`, the first that reaches it on
+the trainer's plane, vs the steps that overlapped neither that nor a grow's start; a row is logged right
+after its publish, so a publish spans [time - publish_s, time]), `publishes_during_join`,
+`publish_s_while_starting` (publishes overlapping a grow's request to its `start` events: the new
+servers' processes starting on the same host), `kills` (the SIGKILLs sent), `preemptions`, `drains`,
+`restarts` (what fleet_events.jsonl recorded), `scale_answers` (the controller's answer to each request),
 `lost` (put - trained - dropped - resident, from the Redis queue's counters and trained_uids.jsonl, as
 `asyncrl bench chaos` counts it; only for a run that finished), `trained_twice`, `staleness_mean`
-(summary.json), `completed` (exit 0 and every step trained), `wall_s`, `logs`, `targets` {name:
-{target, met}}: `rate_within_10s` (each change's `seconds_to_new_rate` <= 10), `join_publish`
-(publish_s_during_join <= 1.1 * publish_s_without + 0.05 s), `lost` 0, `trained_twice` 0.
-The default run takes about 5 minutes here, `--quick` (25 s phases) about 3.
+(summary.json), `completed` (exit 0, every step trained), `wall_s` (of `asyncrl train`), `logs` (the
+run, its log, and `drive.json`: what this process saw), and `targets` {name: {target, met}}:
+`rate_within_10s` (each change's `seconds_to_new_rate` <= 10), `join_publish` (publish_s_during_join <=
+1.1 * publish_s_without + 0.05 s), `lost` 0, `trained_twice` 0.
+The default run takes about 5 minutes on a 2-core host, `--quick` (20 s phases) about 3.
 
     asyncrl bench elastic [--json] [--quick] [--phase-s 50]
 """
@@ -61,9 +70,13 @@ from typing import Any
 
 SIZES = (4, 8, 2, 6)
 """The fleet's target in each phase (the first is `rollout.num_servers`)."""
-PHASE_S, QUICK_PHASE_S = 50.0, 25.0
-SETTLE_S = 10.0
-"""Seconds after a change left out of its phase's steady rate (spawning, joining, draining)."""
+PHASE_S, QUICK_PHASE_S = 50.0, 20.0
+SETTLE_S = 5.0
+"""Seconds after the fleet reached a phase's size left out of its steady rate (the queue and admission catching up)."""
+START_S = 15.0
+"""Seconds a grow's servers take to start on this host (measured: 10-22 s for 4 at once): `total_steps` counts them."""
+READY_TIMEOUT_S = 90.0
+"""A fleet not at its size this long after a change: its phase's clock starts anyway."""
 WINDOW_S, STRIDE_S, NEW_RATE = 5.0, 0.5, 0.9
 KILLS = 2
 POLL_S = 0.25
@@ -71,6 +84,8 @@ POLL_S = 0.25
 
 @dataclass
 class Load:
+    """The simulated costs: servers (`rollout.cost_model`), responses, batches and the trainer's step."""
+
     token_cost_s: float = 0.02
     max_concurrency: int = 2
     tokens: int = 64
@@ -110,7 +125,7 @@ def trained_curve(rows: list[dict[str, Any]]) -> list[tuple[float, float]]:
     out, total = [], 0.0
     for r in rows:
         if r["step"] == 0 or "train/tokens" in r:
-            total += r.get("train/tokens", 0.0) if r["step"] > 0 else 0.0
+            total += r.get("train/tokens", 0.0)
             out.append((r["time"], total))
     return out
 
@@ -143,21 +158,29 @@ def seconds_to_rate(curve: list[tuple[float, float]], change: float, end: float,
     return None
 
 
-def phase_figures(rows: list[dict[str, Any]], changes: list[tuple[int, float]], end: float, load: Load,
-                  settle_s: float = SETTLE_S) -> list[dict[str, Any]]:
-    """One dict per phase; `changes`: (servers, time it was asked; the first: the run's start)."""
-    curve, t0 = trained_curve(rows), changes[0][1]
+def seconds_to_size(events: list[dict[str, Any]], change: float, servers: int, fleet: str = "main") -> float | None:
+    """From `change` to the first fleet event after it at which `servers` servers were routed."""
+    return next((round(e["time"] - change, 1) for e in events if e["time"] >= change and e.get("size", {}).get(fleet) == servers), None)
+
+
+def phase_figures(rows: list[dict[str, Any]], events: list[dict[str, Any]], changes: list[tuple[int, float]], end: float,
+                  load: Load, settle_s: float = SETTLE_S) -> list[dict[str, Any]]:
+    """One dict per phase; `changes`: (servers, time it was asked; the first: the run's start, at that size)."""
+    curve, t0 = trained_curve([r for r in rows if r["time"] <= end]), changes[0][1]
     out = []
     for i, (servers, start) in enumerate(changes):
         stop = changes[i + 1][1] if i + 1 < len(changes) else end
-        steady = rate(curve, min(start + settle_s, stop), stop)
+        sized = 0.0 if i == 0 else seconds_to_size(events, start, servers)
+        steady = rate(curve, min(start + (sized or 0.0) + settle_s, stop), stop)
         cap = load.capacity(servers)
-        steps = [r for r in rows if r["step"] > 0 and start <= r["time"] < stop + (1e-9 if i + 1 == len(changes) else 0)]
+        last = i + 1 == len(changes)
+        steps = [r for r in rows if r["step"] > 0 and (start <= r["time"] < stop or last and r["time"] == stop)]
         pubs = [r["weights/publish_s"] for r in steps if "weights/publish_s" in r]
         out.append({
             "servers": servers, "start_s": round(start - t0, 1), "end_s": round(stop - t0, 1),
             "trained_tokens_per_s": _round(steady, 1), "capacity_tokens_per_s": round(cap, 1),
             "ratio": _round(steady / cap if steady is not None else None, 3),
+            "seconds_to_size": sized,
             "seconds_to_new_rate": seconds_to_rate(curve, start, stop, NEW_RATE * steady) if steady else None,
             "publish_s_mean": _round(_mean(pubs), 4), "steps": len(steps),
             "routed_at_end": int(steps[-1]["fleet/size_main"]) if steps and "fleet/size_main" in steps[-1] else None,
@@ -165,44 +188,57 @@ def phase_figures(rows: list[dict[str, Any]], changes: list[tuple[int, float]], 
     return out
 
 
-def join_windows(events: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[tuple[float, float]]:
-    """Per join: from its server's `start` event to the end of the first publish that began after its `join`."""
-    pubs = [(r["time"] - r["weights/publish_s"], r["time"]) for r in rows if r["step"] > 0 and "weights/publish_s" in r]
+def _publishes(rows: list[dict[str, Any]]) -> list[tuple[float, float, float]]:
+    """(begin, end, publish_s) of each step's publish: its row is logged right after it."""
+    return [(r["time"] - r["weights/publish_s"], r["time"], r["weights/publish_s"]) for r in rows if r["step"] > 0 and "weights/publish_s" in r]
+
+
+def _joins(events: list[dict[str, Any]]) -> list[tuple[float, dict[str, Any]]]:
+    """(time of its server's `start` event, the `join` event) per join (a name comes back after a shrink)."""
     starts: dict[str, float] = {}
     out = []
     for e in events:
         if e["kind"] == "start":
             starts[e["server"]] = e["time"]
         elif e["kind"] == "join":
-            begin = starts.pop(e["server"], e["time"] - e.get("seconds", 0.0))
-            out.append((begin, next((b for a, b in pubs if a >= e["time"]), e["time"])))
+            out.append((starts.pop(e["server"], e["time"] - e.get("seconds", 0.0)), e))
     return out
 
 
-def publish_split(rows: list[dict[str, Any]], windows: list[tuple[float, float]]) -> tuple[list[float], list[float]]:
-    """weights/publish_s of the steps whose publish overlapped a join window, and of the others."""
-    during, without = [], []
-    for r in rows:
-        if r["step"] == 0 or "weights/publish_s" not in r:
-            continue
-        a, b = r["time"] - r["weights/publish_s"], r["time"]
-        (during if any(a <= we and b >= ws for ws, we in windows) else without).append(r["weights/publish_s"])
-    return during, without
+def join_windows(events: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """Per join: from its server's `start` event to the end of the first publish that began after its `join`."""
+    pubs = _publishes(rows)
+    return [(begin, next((b for a, b, _ in pubs if a >= e["time"]), e["time"])) for begin, e in _joins(events)]
+
+
+def start_windows(events: list[dict[str, Any]], changes: list[tuple[int, float]]) -> list[tuple[float, float]]:
+    """Per grow: from its request to its servers' `start` events (their processes starting, nothing joined yet)."""
+    out = []
+    for (before, _), (servers, asked) in zip(changes, changes[1:]):
+        if servers > before:
+            out.append((asked, next((e["time"] for e in events if e["kind"] == "start" and e["time"] >= asked), asked)))
+    return out
+
+
+def publish_split(rows: list[dict[str, Any]], windows: dict[str, list[tuple[float, float]]]) -> dict[str, list[float]]:
+    """weights/publish_s of the steps whose publish overlapped a window of each kind (the first kind that
+    matches), and of the others (`without`)."""
+    out: dict[str, list[float]] = {k: [] for k in [*windows, "without"]}
+    for a, b, s in _publishes(rows):
+        kind = next((k for k, ws in windows.items() if any(a <= we and b >= wb for wb, we in ws)), "without")
+        out[kind].append(s)
+    return out
 
 
 def join_records(events: list[dict[str, Any]], snapshots: list[tuple[float, dict[str, int]]]) -> list[dict[str, Any]]:
     """Per `join` event: its server, source, `seconds`, and `first_sample_s` (from the server's `start` event
     to the first status snapshot after it listing the server with generated tokens; None if none did)."""
-    starts: dict[str, float] = {}
     out = []
-    for e in events:
-        if e["kind"] == "start":
-            starts[e["server"]] = e["time"]
-        elif e["kind"] == "join":
-            begin = starts.pop(e["server"], e["time"] - e.get("seconds", 0.0))
-            first = next((t for t, tokens in snapshots if t > begin and tokens.get(e["server"], 0) > 0), None)
-            out.append({"server": e["server"], "via": e.get("via"), "seconds": e.get("seconds"),
-                        "first_sample_s": round(first - begin, 2) if first is not None else None})
+    for begin, e in _joins(events):
+        first = next((t for t, tokens in snapshots if t > begin and tokens.get(e["server"], 0) > 0), None)
+        seconds = e["seconds"] if "seconds" in e else round(e["time"] - begin, 3)  # a join via a publish says none
+        out.append({"server": e["server"], "via": e.get("via"), "seconds": seconds,
+                    "first_sample_s": round(first - begin, 2) if first is not None else None})
     return out
 
 
@@ -240,3 +276,196 @@ def _round(x: float | None, n: int) -> float | None:
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+# ---- the run ------------------------------------------------------------------------------------------
+def total_steps(phase_s: float, load: Load) -> int:
+    """What the phases would train at capacity, each grow's servers starting for `START_S` at the old size
+    first: the run ends soon after the last phase's planned end (later where it trains below capacity)."""
+    starts = sum(START_S * load.capacity(a) for a, b in zip(SIZES, SIZES[1:]) if b > a)
+    return math.ceil((sum(phase_s * load.capacity(n) for n in SIZES) + starts) / load.tokens_per_step)
+
+
+def _run_start(run: Path) -> float | None:
+    """The time of the run's step-0 row (version 0 published, first evaluation done: rollouts start)."""
+    try:
+        with (run / "metrics.jsonl").open() as f:
+            line = f.readline()
+        return json.loads(line)["time"] if line.endswith("\n") else None
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _status(run: Path) -> tuple[float, dict[str, int]] | None:
+    """(snapshot time, generated tokens per server of fleet main) from status.json, if it is a run's snapshot."""
+    try:
+        snap = json.loads((run / "status.json").read_text())
+        return snap["time"], {s["name"]: int(s["generated_tokens"]) for s in snap["fleets"]["main"]["servers"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _drive(cmd: list[str], run: Path, env: dict[str, str], cluster: int, phase_s: float, log: Any,
+           timeout_s: float, rng: random.Random) -> dict[str, Any]:
+    """Run `asyncrl train`, change the fleet's size on schedule, kill servers after the shrink is taken."""
+    from asyncrl import run_control
+    from asyncrl.bench.chaos import _descendants
+    from asyncrl.bench.cluster import REPO
+
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=REPO)
+    launched = time.time()
+    changes: list[tuple[int, float]] = []
+    requests: list[Any] = []
+    snapshots: list[tuple[float, dict[str, int]]] = []
+    kills: list[dict[str, Any]] = []
+    initial: set[int] = set()
+    ready: float | None = None  # when the fleet reached the last change's size
+    shrink: Any = None  # a shrink request the controller has not taken yet: the kills follow it
+    timed_out = False
+    try:
+        while proc.poll() is None:
+            if time.time() - launched > timeout_s:
+                proc.send_signal(signal.SIGUSR1)  # every task's stack into the log
+                time.sleep(2)
+                timed_out = True
+                break
+            time.sleep(POLL_S)
+            if not changes:
+                t0 = _run_start(run)
+                if t0 is not None:
+                    changes.append((SIZES[0], t0))
+                    ready = t0
+                continue
+            snap = _status(run)
+            if snap is not None and (not snapshots or snap[0] > snapshots[-1][0]):
+                snapshots.append(snap)
+            k = len(changes)
+            if ready is None:  # the fleet at the last change's size: its phase's clock starts
+                servers, asked = changes[-1]
+                sized = seconds_to_size(_jsonl(run / "fleet_events.jsonl"), asked, servers)
+                if sized is not None:
+                    ready = asked + sized
+                elif time.time() - asked > READY_TIMEOUT_S:
+                    ready = time.time()
+            if k < len(SIZES) and ready is not None and time.time() >= ready + phase_s:
+                if k == 1:
+                    initial = {p.pid for p in _descendants(cluster, "ray::ServerActor")}
+                req = run_control.new_request("main", servers=SIZES[k])
+                run_control.write(run, req)
+                changes.append((SIZES[k], req.time))
+                requests.append(req)
+                ready = None
+                shrink = req if SIZES[k] < SIZES[k - 1] else shrink
+            if shrink is not None and not any((run / run_control.CONTROL_DIR).glob(f"*{shrink.id}.request")):
+                above = [p for p in _descendants(cluster, "ray::ServerActor") if p.pid not in initial]  # started by the grow: drained
+                for p in rng.sample(above, min(KILLS, len(above))):
+                    p.send_signal(signal.SIGKILL)
+                    kills.append({"pid": p.pid, "t_s": round(time.time() - changes[0][1], 1)})
+                shrink = None
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    answers = [run_control.read_answer(run, r.id) or {"id": r.id, "ok": None, "error": "no answer"} for r in requests]
+    return {"code": proc.returncode, "timed_out": timed_out, "changes": changes, "snapshots": snapshots, "kills": kills,
+            "answers": [{"servers": r.servers, **a} for r, a in zip(requests, answers)], "wall_s": round(time.time() - launched, 1)}
+
+
+def _accounting(redis_url: str, name: str, run: Path, code: int) -> dict[str, Any]:
+    """Queue counters against the trained lineage, as `asyncrl bench chaos` counts them."""
+    from asyncrl.bench.chaos import lineage
+    from transfer_queue import TransferQueueConfig, connect
+
+    effective = lineage(_jsonl(run / "trained_uids.jsonl"))
+    uids = [u for line in effective for u in line["uids"]]
+    stats = connect(TransferQueueConfig(metadata="redis", redis_url=redis_url, run_id=name, storage="local")).stats()
+    dropped = sum(stats.dropped.get("trainer", {}).values())
+    resident = sum(stats.depth.get("trainer", {}).values())
+    return {"trajectories_produced": stats.put, "trained": len(set(uids)), "trained_twice": len(uids) - len(set(uids)),
+            "dropped": dropped, "resident": resident, "last_step": effective[-1]["step"] if effective else 0,
+            # a finished run acked its whole lineage at its last checkpoint; before that the count means nothing
+            "lost": stats.put - len(set(uids)) - dropped - resident if code == 0 else None}
+
+
+def run(phase_s: float = PHASE_S, seed: int = 0, load: Load | None = None) -> dict[str, Any]:
+    from asyncrl.bench.chaos import _cmd
+    from asyncrl.bench.cluster import ray_head
+    from asyncrl.bench.redis_tools import redis_server
+
+    load = load or Load()
+    name, steps = "elastic", total_steps(phase_s, load)
+    tmp = Path(tempfile.mkdtemp(prefix="asyncrl-elastic-"))
+    (tmp / "shm").mkdir()
+    run_dir = tmp / "runs" / name
+    redis, url = redis_server(str(tmp))
+    try:
+        with ray_head(num_cpus=5) as (address, env, cluster), open(tmp / f"{name}.log", "ab") as log:
+            cmd = _cmd(tmp, url, address, steps, False, name, *load.overrides(SIZES[0]), max_tokens=round(load.tokens * 1.5))
+            drive = _drive(cmd, run_dir, env, cluster, phase_s, log, timeout_s=len(SIZES) * phase_s * 2 + 300, rng=random.Random(seed))
+        (tmp / "drive.json").write_text(json.dumps(drive))  # what the run's files do not say, for a second look
+        acc = _accounting(url, name, run_dir, drive["code"])
+    finally:
+        redis.kill()
+        redis.wait()
+    rows, events = _jsonl(run_dir / "metrics.jsonl"), _jsonl(run_dir / "fleet_events.jsonl")
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+    return report(rows, events, summary, drive, acc, load, steps, str(tmp))
+
+
+def report(rows: list[dict[str, Any]], events: list[dict[str, Any]], summary: dict[str, Any], drive: dict[str, Any],
+           acc: dict[str, Any], load: Load, steps: int, logs: str) -> dict[str, Any]:
+    """The bench's figures from the run's files and what `_drive` saw."""
+    # the last step's row waits for the final evaluation (queued behind the servers' backlog): not a rate
+    end = max((r["time"] for r in rows if 0 < r["step"] < steps), default=0.0)
+    phases = phase_figures(rows, events, drive["changes"], end, load) if drive["changes"] and end else []
+    joins = join_records(events, drive["snapshots"])
+    pubs = publish_split(rows, {"join": join_windows(events, rows), "starting": start_windows(events, drive["changes"])})
+    res: dict[str, Any] = {
+        "phases": phases, "joins": joins,
+        "join_seconds": [j["seconds"] for j in joins], "join_to_first_sample_s": [j["first_sample_s"] for j in joins],
+        **event_counts(events),
+        "publish_s_during_join": _round(_mean(pubs["join"]), 4), "publish_s_without": _round(_mean(pubs["without"]), 4),
+        "publishes_during_join": len(pubs["join"]), "publish_s_while_starting": _round(_mean(pubs["starting"]), 4),
+        "kills": drive["kills"], "scale_answers": drive["answers"],
+        "lost": acc["lost"], "trained_twice": acc["trained_twice"], "accounting": acc,
+        "staleness_mean": summary.get("staleness_mean"), "drops": summary.get("drops"), "failover": summary.get("failover"),
+        "completed": drive["code"] == 0 and summary.get("steps") == steps and acc["last_step"] == steps,
+        "exit_code": drive["code"], "timed_out": drive["timed_out"], "total_steps": steps, "wall_s": drive["wall_s"],
+        "load": {**load.__dict__, "trainer_capacity_tokens_per_s": round(1 / load.trainer_token_s)}, "logs": logs,
+    }
+    res["targets"] = targets(res)
+    return res
+
+
+def _table(res: dict[str, Any]) -> str:
+    lines = [f"{'servers':>7} {'start s':>7} {'end s':>6} {'tokens/s':>9} {'capacity':>8} {'ratio':>6} {'to size s':>9} "
+             f"{'to rate s':>9} {'publish s':>9} {'routed':>6}"]
+    for p in res["phases"]:
+        lines.append(f"{p['servers']:>7} {p['start_s']:>7} {p['end_s']:>6} {p['trained_tokens_per_s']!s:>9} {p['capacity_tokens_per_s']:>8} "
+                     f"{p['ratio']!s:>6} {p['seconds_to_size']!s:>9} {p['seconds_to_new_rate']!s:>9} {p['publish_s_mean']!s:>9} "
+                     f"{p['routed_at_end']!s:>6}")
+    for k in ("join_seconds", "join_to_first_sample_s", "joins_by_source", "publish_s_during_join", "publish_s_without",
+              "publishes_during_join", "publish_s_while_starting", "kills", "preemptions", "drains", "lost", "trained_twice", "staleness_mean",
+              "completed", "wall_s", "logs"):
+        lines.append(f"{k:24} {res[k]}")
+    for a in res["scale_answers"]:
+        lines.append(f"scale to {a['servers']}: {'ok' if a.get('ok') else 'NOT ok: ' + str(a.get('error'))}")
+    for name, t in res["targets"].items():
+        lines.append(f"target {name} ({t['target']}): {'met' if t['met'] else 'NOT met' if t['met'] is False else 'not measured'}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="asyncrl bench elastic", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--quick", action="store_true", help=f"{QUICK_PHASE_S:g} s phases")
+    p.add_argument("--phase-s", type=float, default=PHASE_S, help=f"seconds per phase (default {PHASE_S:g})")
+    p.add_argument("--seed", type=int, default=0, help="which servers are killed")
+    a = p.parse_args(argv)
+    res = run(QUICK_PHASE_S if a.quick else a.phase_s, a.seed)
+    print(json.dumps(res, indent=1) if a.json else _table(res))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -85,6 +85,10 @@ class FleetManager:
         """Restarts and re-syncs in progress per fleet name: servers that will take requests again."""
         self._returning: set[RolloutServer] = set()
         """The servers those restarts and re-syncs are about (the dead one, then its replacement)."""
+        self._join_began: dict[RolloutServer, float] = {}
+        """Pending joiners: when their join began (their `join` event's `seconds`)."""
+        self._draining: dict[RolloutServer, str] = {}
+        """Servers a shrink took away, while they drain, with their fleet (a death then is a preemption, not replaced)."""
         self._joined: dict[RolloutServer, Any] = {}
         """The weight source each server last joined (a restarted trainer is a new source)."""
         if restart_dead:  # while every server restarts, requests wait for one
@@ -233,7 +237,8 @@ class FleetManager:
                     self._pending.remove(s)
                     self.router.add(s, self._fleet_of(s).name)
                     self.joins["publish"] += 1
-                    self._event("join", s, via="publish")
+                    began = self._join_began.pop(s, None)
+                    self._event("join", s, via="publish", **({"seconds": round(time.time() - began, 3)} if began else {}))
             elif s in self.router.servers:  # not taken out meanwhile (a death is the router's)
                 self._take_out(s, out["evicted"].get(server_name(s), "not loaded"))
         self.last_publish_time, self.last_publish_s = time.time(), time.time() - t0
@@ -431,6 +436,7 @@ class FleetManager:
                     if task is not None:
                         task.cancel()
                 indices = [fleet.detach(v) for v in victims]
+                self._draining.update((v, name) for v in victims)
                 self._pending = [p for p in self._pending if not any(p is v for v in victims)]
                 await asyncio.gather(*(self._leave(fleet, v, i, drain_timeout_s) for v, i in zip(victims, indices)))
                 out = {"fleet": name, "from": before, "to": len(fleet.servers), "drained": [server_name(v) for v in victims]}
@@ -472,6 +478,7 @@ class FleetManager:
                     return
                 if self._member(server):
                     self._pending.append(server)
+                    self._join_began[server] = t0
                     self._event("join_pending", server, why="no peer" if got is None else f"peer gave version {got}, now {self.version}")
         except ServerDied as exc:  # died while joining: a preemption like any other
             self.joins["failed"] += 1
@@ -520,7 +527,10 @@ class FleetManager:
             except TimeoutError:
                 moved = server.stats().in_flight
                 self.router.remove(server)
-        await self._close_one(fleet, server, index)
+        try:
+            await self._close_one(fleet, server, index)
+        finally:
+            self._draining.pop(server, None)
         self._event("drain", server, fleet=fleet.name, seconds=round(time.time() - t0, 3), moved=moved)
 
     async def _close_one(self, fleet: Fleet, server: RolloutServer, index: int) -> None:
@@ -529,6 +539,9 @@ class FleetManager:
         await fleet.close_one(server, index)
 
     def _on_dead(self, server: RolloutServer, cause: ServerDied) -> None:
+        if server in self._draining:  # taken away by a shrink and died while it drained: a preempted spot node
+            self._event("preempt", server, fleet=self._draining[server], cause=str(cause)[:200], replaced=False)
+            return
         if not self._member(server):  # drained and closed by `resize`: its requests fail over, nothing to restart
             return
         fleet = self._fleet_of(server)

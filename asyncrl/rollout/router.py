@@ -141,7 +141,8 @@ class Router:
         slot = self._slot(server)
         slot.state = "draining"
         await slot.idle.wait()
-        self._remove(slot)
+        if slot in self._slots:  # not when it died meanwhile: `take_out` forgot it already
+            self._remove(slot)
 
     def remove(self, server: RolloutServer) -> None:
         """Stop routing to `server` at once (its calls in flight finish); no `on_dead`."""

@@ -1,0 +1,31 @@
+"""A server that dies while a shrink drains it: the resize finishes and the death is a preemption, not replaced."""
+
+import asyncio
+
+from asyncrl.rollout.base import SamplingParams
+from asyncrl.rollout.fleet import Fleet, FleetManager
+from asyncrl.rollout.router import Router
+from tests.unit.fleet.fakes import ScriptedServer
+
+
+def test_a_server_that_dies_while_it_drains_is_a_preemption_and_the_shrink_finishes():
+    async def go():
+        servers = [ScriptedServer(f"main-{i}") for i in range(3)]
+        manager = FleetManager(Router())
+        await manager.add_fleet(Fleet("main", servers))
+        calls = [asyncio.create_task(manager.router.generate([1, 2], SamplingParams(max_tokens=4))) for _ in range(3)]
+        await asyncio.sleep(0)
+        assert all(s.open for s in servers)  # one request on each
+        shrink = asyncio.create_task(manager.resize("main", 1))
+        await asyncio.sleep(0)
+        servers[2].die()  # the newest, drained first: preempted mid-drain; its request moves to main-0
+        await asyncio.sleep(0.01)
+        for s in servers[:2]:
+            s.release()
+        await asyncio.sleep(0.01)
+        servers[0].release()
+        out = await asyncio.wait_for(shrink, 5)
+        assert out["to"] == 1 and len(await asyncio.gather(*calls)) == 3
+        kinds = [(e["kind"], e["server"], e.get("replaced")) for e in manager.events]
+        assert ("preempt", "main-2", False) in kinds and manager.size() == {"main": 1}
+    asyncio.run(go())
