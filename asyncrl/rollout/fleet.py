@@ -14,6 +14,7 @@ fleet of actors is spawned, so this module stays importable without Ray).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from typing import Any, Awaitable, Protocol, TypeVar
@@ -47,6 +48,8 @@ log = logging.getLogger(__name__)
 JOIN_GRACE_S = 2.0
 """`attach_weights`: after the first server joined, how long the others get before a slow one (hung?) is
 taken out of routing and joins in the background (a hung one then costs no publish `rollout.health_timeout_s`)."""
+RESTART_BACKOFF_S = 60.0
+"""Longest wait between two tries to replace a server that failed `START_ATTEMPTS` times in a row while others serve."""
 HISTORY = 200
 """Changes of a fleet's size kept for `asyncrl status` (metrics.jsonl has every one)."""
 EVENTS_SHOWN = 10
@@ -593,18 +596,23 @@ class FleetManager:
         return run()
 
     async def _restart(self, fleet: Fleet, server: RolloutServer) -> RolloutServer:
-        for attempt in range(START_ATTEMPTS):
+        """Replace `server` (dead) until a replacement is routed at the current version. After
+        `START_ATTEMPTS` failures in a row (each start itself retried: `Fleet.spawn`) the run stops if no
+        server serves it; while others do, the fleet goes on degraded and tries again, backing off up to
+        `RESTART_BACKOFF_S` (a node that keeps killing what starts on it must not end a run the others carry)."""
+        for attempt in itertools.count():
             self.router.remove(server)
             await server.close()  # first: a hung one is killed, so its samples fail over and its bundle frees
             if not self._member(server):  # taken away by a shrink meanwhile: not replaced
                 return server
+            fresh = None
             try:
-                fresh = await fleet.restart(server)
-            except LookupError:  # taken away by a shrink while its replacement started (closed by the fleet)
-                return server
-            self._joined.pop(server, None)
-            self._returning.add(fresh)  # until routed, or replaced in turn
-            try:
+                try:
+                    fresh = await fleet.restart(server)
+                except LookupError:  # taken away by a shrink while its replacement started (closed by the fleet)
+                    return server
+                self._joined.pop(server, None)
+                self._returning.add(fresh)  # until routed, or replaced in turn
                 await self._join(fresh)
                 async with self._membership:  # no publish between its sync and its first request
                     await self._bring_current(fresh)
@@ -615,13 +623,23 @@ class FleetManager:
                     raise
                 if isinstance(exc, WeightParityError) and (self.parity is None or self.parity.action == "stop"):
                     raise
-                if attempt == START_ATTEMPTS - 1:
-                    raise
-                log.warning("restart of %s: attempt %d failed (%s); starting another", server_name(fresh), attempt + 1, exc)
-                server = fresh
+                name = server_name(fresh if fresh is not None else server)
+                if attempt >= START_ATTEMPTS - 1:
+                    if not self.router.servers:  # nothing serves the run: it cannot go on
+                        raise
+                    wait = min(RESTART_BACKOFF_S, 2.0 ** (attempt - START_ATTEMPTS + 2))
+                    self._event("restart_failed", fresh if fresh is not None else server, attempts=attempt + 1, error=repr(exc)[:200])
+                    log.warning("restart of %s: %d attempts failed (%s); the fleet goes on without it, next try in %.0f s",
+                                name, attempt + 1, exc, wait)
+                    await asyncio.sleep(wait)
+                else:
+                    log.warning("restart of %s: attempt %d failed (%s); starting another", name, attempt + 1, exc)
+                if fresh is not None:
+                    server = fresh
                 continue
             finally:
-                self._returning.discard(fresh)
+                if fresh is not None:
+                    self._returning.discard(fresh)
             self.restarts += 1
             self._event("restart", fresh)
             return fresh

@@ -383,3 +383,55 @@ def test_a_restart_in_flight_when_the_trainer_dies_finishes_with_the_next_traine
         await manager.close()
 
     asyncio.run(go())
+
+
+def test_a_server_that_cannot_be_brought_back_leaves_the_fleet_degraded_not_the_run_stopped(monkeypatch):
+    """Its replacement dies at every start (a node that kills what starts on it): after START_ATTEMPTS the
+    run goes on with the servers it has, trying again with a back-off, and takes the server back when a
+    start succeeds; with no server left, the same failures stop the run."""
+    from asyncrl.rollout import fleet as fleet_mod
+
+    monkeypatch.setattr(fleet_mod, "RESTART_BACKOFF_S", 0.01)
+
+    async def go():
+        starts = []
+
+        doomed = [False]
+
+        async def respawn(i: int) -> ScriptedServer:
+            starts.append(i)
+            if len(starts) <= 7 or doomed[0]:
+                raise ServerDied(f"s{i} died during start")
+            return ScriptedServer(f"s{i}", hold=False)
+
+        s0, s1 = ScriptedServer("s0", hold=False), ScriptedServer("s1", hold=False)
+        manager = FleetManager(Router())
+        await manager.add_fleet(Fleet("main", [s0, s1], respawn))
+        weights = Weights(manager)
+        await manager.attach_weights(weights, cfg=None)
+        await manager.publish(1)
+        s0.die()
+        with pytest.raises(ServerDied):
+            await s0.generate([1], SP)
+        manager.router.take_out(s0, ServerDied("s0 died"))
+        for _ in range(200):  # the run is served meanwhile
+            assert len((await manager.router.generate([1], SP)).token_ids) == 6
+            if len(manager.router.servers) == 2:
+                break
+            await asyncio.sleep(0.01)
+        await manager.wait_restarts()  # no error: the run was never stopped
+        assert len(starts) == 8 and len(manager.router.servers) == 2
+        kinds = [e["kind"] for e in manager.events]
+        assert kinds.count("restart_failed") >= 3 and kinds[-1] == "restart"
+
+        # every server dies and none can come back: the run stops on it
+        doomed[0] = True
+        for s in list(manager.router.servers):
+            s.die()
+            manager.router.take_out(s, ServerDied("gone"))
+        with pytest.raises(RuntimeError, match="could not be brought back"):
+            for _ in range(500):
+                await asyncio.sleep(0.01)
+                manager._check()
+
+    asyncio.run(go())
