@@ -8,7 +8,7 @@ train: setup
 	.venv/bin/asyncrl train $(ARGS)
 
 test: setup
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q --durations=25
 
 test-vllm: setup
 	.venv/bin/python -m pytest -q -m vllm

@@ -96,6 +96,23 @@ def test_a_data_path_without_a_recipe_trains_on_the_file(verl, tmp_path, capsys)
 # ---- 2. runtime stops are one line, recorded, shown ---------------------------------------------
 
 
+def interruptible() -> None:
+    """In the child before it execs: SIGINT at its default and unblocked, whatever this process inherited
+    or a library did to its own disposition (a child of an ignoring parent ignores SIGINT for life, and
+    Python then installs no KeyboardInterrupt handler): the test is about how asyncrl handles Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def signal_masks(pid: int) -> str:
+    """The kernel's view of a process's ignored and blocked signals (what `signal.getsignal` cannot show)."""
+    try:
+        lines = open(f"/proc/{pid}/status").read().splitlines()
+    except OSError:
+        return "no /proc status"
+    return ", ".join(ln.replace("\t", " ") for ln in lines if ln.startswith(("SigIgn", "SigBlk")))
+
+
 @pytest.mark.timeout(420)
 def test_ctrl_c_is_one_line_rc_130_and_status_says_how_to_resume(tmp_path, capsys):
     run = tmp_path / "runs" / "ctrlc"
@@ -103,7 +120,8 @@ def test_ctrl_c_is_one_line_rc_130_and_status_says_how_to_resume(tmp_path, capsy
            "rollout.group_size=2", "data.eval_size=2", "trainer.eval_every=1000", "trainer.minibatches=1",
            "logging.mlflow=false", "logging.progress=false", f"model.cache_dir={tmp_path}/models", *_runs(tmp_path, "ctrlc")]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env=dict(os.environ, PYTHONFAULTHANDLER="1"))  # one that does not stop dumps its threads (below)
+                            env=dict(os.environ, PYTHONFAULTHANDLER="1"),  # one that does not stop dumps its threads (below)
+                            preexec_fn=interruptible)
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and proc.poll() is None:
@@ -118,9 +136,10 @@ def test_ctrl_c_is_one_line_rc_130_and_status_says_how_to_resume(tmp_path, capsy
         try:  # a loaded machine (another job beside the suite) slows the stop, not what it ends with
             out, err = proc.communicate(timeout=150)
         except subprocess.TimeoutExpired:
+            masks = signal_masks(proc.pid)
             proc.send_signal(signal.SIGABRT)
             out, err = proc.communicate(timeout=30)
-            pytest.fail(f"no stop 150 s after Ctrl-C; its threads:\n{err[-8000:]}")
+            pytest.fail(f"no stop 150 s after Ctrl-C ({masks}); its threads:\n{err[-8000:]}")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

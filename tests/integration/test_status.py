@@ -24,6 +24,7 @@ from asyncrl.launch import build
 from asyncrl.metrics import MetricsLogger
 from asyncrl.observe.command import main as status_main
 from tests.integration.test_async_modes import SlowTrainer
+from tests.integration.test_first_hour import interruptible, signal_masks
 
 TINY = ["trainer.prompts_per_step=4", "rollout.group_size=4", "data.eval_size=4", "trainer.eval_every=100",
         "trainer.save_every=0", "logging.mlflow=false", "logging.progress=false"]
@@ -165,7 +166,8 @@ def test_watch_view_renders_and_refreshes_in_a_pseudo_terminal(tmp_path):
     child = pexpect.spawn(sys.executable, ["-m", "asyncrl.cli", "status", "--run", str(run_dir), "--watch", "--interval", "0.2"],
                           dimensions=(45, 130), encoding="utf-8", timeout=60, cwd=os.getcwd(),
                           env=dict(os.environ, COLUMNS="130", LINES="45",  # under pytest rich would assume 80 columns
-                                   PYTHONFAULTHANDLER="1"))  # a stuck view dumps its threads on SIGABRT (below)
+                                   PYTHONFAULTHANDLER="1"),  # a stuck view dumps its threads on SIGABRT (below)
+                          preexec_fn=interruptible)
     try:
         for field in ("trainer", "3/300", "ready", "leased", "acked", "complete_groups", "staleness", "last batch",
                       "server-0", "in_flight", "tokens/s", "healthy", "drops", "heartbeats"):
@@ -176,8 +178,14 @@ def test_watch_view_renders_and_refreshes_in_a_pseudo_terminal(tmp_path):
         child.kill(signal.SIGABRT)
         child.expect(pexpect.EOF, timeout=10)
         pytest.fail(f"the view did not show the new snapshot within 60 s; its threads:\n{child.before[-6000:]}")
-    child.kill(signal.SIGINT)  # Ctrl-C's signal itself: a ^C byte written to the pty was once not turned into one under load
-    child.expect(pexpect.EOF)
+    child.sendintr()  # Ctrl-C in the terminal
+    try:
+        child.expect(pexpect.EOF, timeout=60)
+    except pexpect.TIMEOUT:
+        masks = signal_masks(child.pid)
+        child.kill(signal.SIGABRT)
+        child.expect(pexpect.EOF, timeout=10)
+        pytest.fail(f"the view did not stop on Ctrl-C ({masks}); its threads:\n{child.before[-6000:]}")
     child.close()
     assert "Traceback" not in (child.before or "") and child.exitstatus == 0
 
