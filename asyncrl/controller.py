@@ -373,12 +373,13 @@ class Pipeline(PipelineCheckpoint):
         """`rollout.autoscale`: sample the servers' slot use about every second; at the end of each
         `interval_s` window hand it and the trainer's wait to the `Autoscaler`, and resize `main` as it
         decides (`asyncrl/rollout/autoscale.py`). Its verdict is in the fleet's status (`autoscale`)."""
-        from asyncrl.rollout.autoscale import Window
+        from asyncrl.rollout.autoscale import Window, split_from_rates
 
         assert self.autoscaler is not None
         cfg, fleets, slots = self.cfg.rollout.autoscale, self.parts.fleets, self.slots_per_server()
         while True:
             t0, wait0, uses = time.time(), self.wait_s, []
+            gen0, trained0 = self.rollouter.generated_tokens, self.trained_tokens
             while time.time() - t0 < cfg.interval_s:
                 await asyncio.sleep(min(1.0, cfg.interval_s))
                 routed = [s for s, f in zip(fleets.router.servers, fleets.router.fleets) if f == "main"]
@@ -389,7 +390,8 @@ class Pipeline(PipelineCheckpoint):
             window = Window(seconds=time.time() - t0, trainer_wait_s=self.wait_s - wait0,
                             slot_use=sum(uses) / len(uses) if uses else 0.0, servers=servers)
             want = self.autoscaler.decide(window, time.time())
-            fleets.autoscale = dict(self.autoscaler.last)
+            fleets.autoscale = {**self.autoscaler.last, **split_from_rates(
+                window, generated=self.rollouter.generated_tokens - gen0, trained=self.trained_tokens - trained0)}
             if want is not None:
                 print(f"asyncrl: autoscale: {self.autoscaler.last['bottleneck']} is the bottleneck "
                       f"(trainer idle {window.trainer_idle:.2f}, server slots idle {window.rollout_idle:.2f}): "

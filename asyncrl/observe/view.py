@@ -98,7 +98,10 @@ def render(snap: dict[str, Any], now: float | None = None) -> Group:
             if a and a.get("bottleneck") != "unknown":
                 parts.append(Text.assemble(("autoscale ", "bold"), f"{name}: bottleneck {a['bottleneck']} (trainer idle "
                                            f"{a['trainer_idle']:.2f}, server slots idle {a['rollout_idle']:.2f}), "
-                                           f"{a['servers']} servers in [{a['min']}, {a['max']}]"))
+                                           f"{a['servers']} servers in [{a['min']}, {a['max']}]"
+                                           + (f"; measured: the trainer takes {a['trainer_tokens_per_s']:.0f} tok/s, a server at full "
+                                              f"slots gives {a['server_tokens_per_s_full']:.0f}: {a['servers_for_trainer']} servers keep it fed"
+                                              if a.get("servers_for_trainer") else "")))
 
     if snap.get("lengths"):  # do the drops skew what is trained? (asyncrl/lengths.py)
         t = _table("response lengths by fate", "fate", "samples", "mean", "p50", "p90", "max")

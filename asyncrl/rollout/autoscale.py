@@ -86,3 +86,18 @@ class Autoscaler:
         self.decisions += 1
         self.last["decided"] = want
         return want
+
+
+def split_from_rates(w: Window, *, generated: int, trained: int) -> dict[str, Any]:
+    """The split this run's own measured costs call for: how many servers keep this trainer fed. The
+    trainer's capacity is what it trained over the time it worked (the window less its waits); a server's
+    is what the fleet generated per server, over its slot use (a server at full slots generates 1 / use
+    times as much: linear in running requests, the cost model's law and a real engine's below saturation).
+    Empty until the window has both figures."""
+    busy = w.seconds - w.trainer_wait_s
+    if trained <= 0 or generated <= 0 or busy <= 0 or w.servers <= 0 or w.slot_use <= 0:
+        return {}
+    trainer = trained / busy
+    server = generated / w.seconds / w.servers / w.slot_use
+    return {"trainer_tokens_per_s": round(trainer, 1), "server_tokens_per_s_full": round(server, 1),
+            "servers_for_trainer": math.ceil(trainer / server)}

@@ -45,3 +45,13 @@ def test_autoscale_keys_are_checked_by_name():
         load(None, ["trainer.cost_model_schedule=[[1]]"])
     cfg = load(None, ["rollout.autoscale.enabled=true", "trainer.cost_model_schedule=[[10,0.002]]"])
     assert cfg.rollout.autoscale.enabled and cfg.trainer.cost_model_schedule == [[10, 0.002]]
+
+
+def test_the_split_from_the_runs_own_rates():
+    from asyncrl.rollout.autoscale import split_from_rates
+
+    w = window(4, 0.5, 0.5)  # the trainer worked 5 of 10 s; 4 servers at half their slots
+    got = split_from_rates(w, generated=4000, trained=5000)
+    # trainer 1000 tok/s; a server 100 tok/s at half its slots, 200 at full: 5 servers keep the trainer fed
+    assert got == {"trainer_tokens_per_s": 1000.0, "server_tokens_per_s_full": 200.0, "servers_for_trainer": 5}
+    assert split_from_rates(w, generated=0, trained=5000) == {}
