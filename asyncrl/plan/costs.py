@@ -4,10 +4,12 @@
 `token_cost_s` per token of a running request (plus `token_cost_slope_s` per request in flight on
 its server), `LongTail` response lengths, trainer tokens/s,
 publish seconds), plus the fixed latencies a measured run adds (per request, per trainer step).
-`Profile` is a public GPU configuration read from `asyncrl/plan/profiles/NAME.yaml`: per-GPU costs
-and a workload, each number with its source, which `Profile.costs(rollout_gpus, trainer_gpus)`
+`Profile` is a public GPU configuration read from `asyncrl/plan/profiles/NAME.yaml`: per-GPU costs,
+a workload and the schedule of the run it describes (eta, publish_every, update mode, staleness
+level, admission), each number with its source, which `Profile.costs(rollout_gpus, trainer_gpus)`
 turns into `Costs` for one split, adding what grows with the cluster (`scale.Scaling`: the weight
-broadcast with the servers, the gradient all-reduce with the trainer's ranks). It does not know about modes or admission (see `sim.py`).
+broadcast with the rollout GPUs, the gradient all-reduce with the trainer's ranks), and
+`Profile.colocated(gpus)` into the colocated sync baseline. It does not simulate (see `sim.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.plan.scale import Scaling
+from asyncrl.plan.schedule import STALENESS_LEVELS, UPDATE_MODES
 from asyncrl.rollout.cost_model import LongTail
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
@@ -37,7 +40,7 @@ class Costs:
     """Groups per trainer step (trainer.prompts_per_step)."""
     group_size: int
     publish_s: float = 0.0
-    """Seconds a publish takes; every server is paused (update_mode=keep) meanwhile."""
+    """Seconds a publish takes; every server is paused meanwhile (`Schedule.update_mode`: what happens to its samples)."""
     step_overhead_s: float = 0.0
     """Fixed trainer seconds per step beyond its tokens (batch plan, queue get, ack)."""
     request_overhead_s: float = 0.0
@@ -59,7 +62,16 @@ class Costs:
     batched engine: a decode step grows with its batch). 0: the cost does not depend on concurrency
     (the cost-model bench, the GPU profiles). `demo.py` fits it from an engine sweep."""
 
+    prefill_token_cost_s: float = 0.0
+    """Seconds one server takes per context token to prefill again the samples it was running when
+    a publish with `update_mode=abort` aborted them (the weight update drops their KV cache).
+    0: free (`keep` and `wait` never pay it)."""
+    prompt_tokens: int = 0
+    """Prompt tokens of a sample: part of the context an `abort` publish makes a server prefill again."""
+
     def __post_init__(self) -> None:
+        if self.prefill_token_cost_s < 0 or self.prompt_tokens < 0:
+            raise ValueError(f"costs.prefill_token_cost_s and costs.prompt_tokens must be >= 0, got {self.prefill_token_cost_s}, {self.prompt_tokens}")
         if self.token_cost_slope_s < 0:
             raise ValueError(f"costs.token_cost_slope_s must be >= 0 (0: no concurrency dependence), got {self.token_cost_slope_s}")
         if self.contention < 1:
@@ -123,8 +135,17 @@ class Reference:
     speedup_vs_sync: float
     source: str
     sync_step_s: float | None = None
+    """Colocated sync: seconds per step (one published version)."""
     async_step_s: float | None = None
+    """The split run: seconds per published version (`publish_every` trainer steps)."""
     actor_update_s: float | None = None
+    """The split run's trainer: seconds updating the actor per published version."""
+    sync_gen_s: float | None = None
+    """Colocated sync: seconds generating per step."""
+    sync_old_log_prob_s: float | None = None
+    """Colocated sync: seconds recomputing the behaviour log-probs per step."""
+    sync_actor_update_s: float | None = None
+    """Colocated sync: seconds updating the actor per step."""
 
 
 @dataclass
@@ -137,6 +158,7 @@ class Profile:
     max_concurrency: int
     """Requests one server runs at once."""
     token_cost_s: float
+    """Seconds per token of a request running alone on its server (see `token_cost_slope_s`)."""
     trainer_tokens_per_s_per_gpu: float
     lengths: LongTail
     groups: int
@@ -146,9 +168,23 @@ class Profile:
     eta: int
     publish_every: int = 1
     publish_s: float = 0.0
-    """Fixed seconds of a publish (pause, load, drop the KV cache); `scaling` adds the broadcast."""
+    """Fixed seconds of a publish (gather the weights, load, drop the KV cache); `scaling` adds the broadcast."""
     colocated_switch_s: float = 0.0
     """Colocated sync only: seconds per step to switch the GPUs between generation and training."""
+    token_cost_slope_s: float = 0.0
+    """Seconds each request in flight on a server adds to a token (`Costs.token_cost_slope_s`: the engine's batch curve)."""
+    prompt_tokens: int = 0
+    """Prompt tokens per sample (what an `abort` update makes a server prefill again, with the response so far)."""
+    prefill_tokens_per_s: float = 0.0
+    """Context tokens per second one server prefills (`update_mode=abort`); 0: free."""
+    update_mode: str = "keep"
+    """rollout.update_mode of the split run: keep, abort (partial rollouts resubmitted) or wait."""
+    staleness_level: str = "group"
+    """trainer.staleness_level of the split run: group or token."""
+    admission: str = "pace"
+    """trainer.admission of the split run: pace or bound."""
+    colocated_trainer_tokens_per_s_per_gpu: float | None = None
+    """Colocated sync's trainer (it may offload, and recompute log-probs); None: `trainer_tokens_per_s_per_gpu`."""
     split_step: int = 8
     """Splits are searched in multiples of this many GPUs (a node)."""
     reference: Reference | None = None
@@ -156,28 +192,42 @@ class Profile:
     """What grows with the cluster: the weight broadcast to the servers, the trainer's gradient collectives."""
     sources: dict[str, str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        for key, allowed in (("update_mode", UPDATE_MODES), ("staleness_level", STALENESS_LEVELS), ("admission", ("pace", "bound"))):
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"profile {self.name}: {key} {getattr(self, key)!r} is not one of {allowed}")
+        if self.token_cost_slope_s < 0 or self.prefill_tokens_per_s < 0 or self.prompt_tokens < 0:
+            raise ValueError(f"profile {self.name}: token_cost_slope_s, prefill_tokens_per_s and prompt_tokens must be >= 0")
+
     def batch_groups(self, gpus: int) -> int:
         return max(1, round(self.groups * gpus / self.base_gpus))
 
     def costs(self, rollout_gpus: int, trainer_gpus: int, *, batch_gpus: int | None = None) -> Costs:
         """Costs of a split; `batch_gpus` (default: their sum) sets the batch under weak scaling.
-        A publish broadcasts to every server (`Scaling.publish_s`); every step all-reduces the
-        gradients over the trainer's ranks (`Scaling.collective_s`, as the step's overhead)."""
+        A publish broadcasts to every rollout GPU (`Scaling.publish_s`: each TP worker takes the
+        full weights); every step all-reduces the gradients over the trainer's ranks
+        (`Scaling.collective_s`, as the step's overhead)."""
         if rollout_gpus < self.gpus_per_server or trainer_gpus < 1:
             raise ValueError(f"split {rollout_gpus}:{trainer_gpus}: needs >= {self.gpus_per_server} rollout GPUs (gpus_per_server) and >= 1 trainer GPU")
         servers = rollout_gpus // self.gpus_per_server
         return Costs(servers=servers, max_concurrency=self.max_concurrency, token_cost_s=self.token_cost_s,
                      lengths=self.lengths, trainer_tokens_per_s=trainer_gpus * self.trainer_tokens_per_s_per_gpu,
                      groups=self.batch_groups(batch_gpus or rollout_gpus + trainer_gpus), group_size=self.group_size,
-                     publish_s=self.publish_s + self.scaling.publish_s(servers), step_overhead_s=self.scaling.collective_s(trainer_gpus))
+                     publish_s=self.publish_s + self.scaling.publish_s(servers * self.gpus_per_server),
+                     step_overhead_s=self.scaling.collective_s(trainer_gpus), token_cost_slope_s=self.token_cost_slope_s,
+                     prefill_token_cost_s=1.0 / self.prefill_tokens_per_s if self.prefill_tokens_per_s else 0.0,
+                     prompt_tokens=self.prompt_tokens)
 
     def colocated(self, gpus: int) -> Costs:
-        """Colocated sync: every GPU generates, then every GPU trains (the baseline of `speedup_vs_sync`).
-        Its weights move within each GPU (resharding, no broadcast over the network), so its publish
-        is the fixed part plus the switch; its training all-reduces over all `gpus` ranks."""
+        """Colocated sync: every GPU generates the batch of one published version (`publish_every`
+        trainer steps' groups, all at once), then every GPU trains it (the baseline of
+        `speedup_vs_sync`; one simulated step = one version). Its weights move within each GPU
+        (resharding, no broadcast over the network), so its publish is the fixed part plus the
+        switch; its training all-reduces over all `gpus` ranks, `publish_every` steps' worth."""
         c = self.costs(gpus, gpus, batch_gpus=gpus)
-        c.publish_s = self.publish_s + self.colocated_switch_s
-        return c
+        rate = self.colocated_trainer_tokens_per_s_per_gpu or self.trainer_tokens_per_s_per_gpu
+        return replace(c, groups=c.groups * self.publish_every, trainer_tokens_per_s=gpus * rate,
+                       step_overhead_s=self.publish_every * c.step_overhead_s, publish_s=self.publish_s + self.colocated_switch_s)
 
 
 def load_profile(name_or_path: str) -> Profile:

@@ -10,13 +10,21 @@ Job: replay what `asyncrl.controller.Pipeline` does on a `Costs` load, in simula
   seconds while `a` samples run there: each server has its own clock, which runs at
   `token_cost_s / token_cost_at(a)` of the rollout clock and is re-timed at every start and end on
   it (`token_cost_slope_s` 0: every server's clock is the rollout clock, as before).
-- queue: a finished group is queued with the version of its oldest token; the trainer takes B
-  groups oldest first, none newer than `takeable_version()` in order, dropping (counted, through
-  `drop_accepted`) the ones whose staleness at its step would exceed eta, as the memory metadata
-  store's `_take` does.
+- partial rollouts (`Schedule.update_mode`, as `rollout.update_mode`): a publish pauses every
+  server. `keep`: samples in flight continue under the new weights when it ends; `abort` (with
+  `rollout.partial_rollouts`): they are resubmitted with their tokens so far, and each server
+  first prefills them again (its clock stops for `Costs.prefill_token_cost_s` x the prompt and
+  response tokens it holds: a weight update drops the KV cache); `wait`: the publish waits until
+  every sample in flight has finished, no new one starting meanwhile. Either way a sample's tokens
+  carry the version that generated them (`versions.version_runs`).
+- queue: a finished group is queued under its oldest token's version (`trainer.staleness_level`
+  group) or its newest one's (token); the trainer takes B groups oldest first, none newer than
+  `takeable_version()` in order, dropping (counted, through `drop_accepted`) the ones whose
+  staleness at its step would exceed eta, as the memory metadata store's `_take` does; at token
+  level the tokens older than eta are counted as masked (they stay in the input and cost the same).
 - trainer: `took(B)`, trains `tokens / trainer_tokens_per_s + step_overhead_s`, publishes every k
-  steps (`publish_s`, every server paused: the cost model's `keep` pause freezes its clock), then
-  `set_version` and `step_done(busy, wait)`, in `_train_loop`'s order.
+  steps (`publish_s`, every server paused: its clock frozen), then `set_version` and
+  `step_done(busy, wait)`, in `_train_loop`'s order.
 - contention (`Costs.contention`, 1 = none): while the trainer trains and any server generates,
   both run at 1/contention of their speed (rollout and trainer sharing a host's CPUs, as the
   embedded demo does; separate GPUs share nothing and keep 1).
@@ -25,8 +33,9 @@ The manager is driven synchronously: none of its calls made here ever waits (the
 calls `acquire` when `can_start()` holds), so each coroutine runs to its end in one `send`. The
 manager reads `time.monotonic()` only for the pace's latencies and its idle seconds; `_SimPace`
 feeds the pace the simulated latency instead (same first-in-first-out match per version as the
-manager's), and idle ratios are measured here. What it does not model: prefill, KV-cache limits,
-event-loop lag of a loaded host; with a slope, `request_overhead_s` is stretched like the tokens.
+manager's), and idle ratios are measured here. What it does not model: a new request's own
+prefill, KV-cache limits, event-loop lag of a loaded host; with a slope, `request_overhead_s` is
+stretched like the tokens.
 """
 
 from __future__ import annotations
@@ -34,72 +43,16 @@ from __future__ import annotations
 import heapq
 import random
 from collections import Counter, deque
-from dataclasses import dataclass, field
 from typing import Any, Coroutine
 
 from asyncrl.admission import Pace
 from asyncrl.plan.costs import Costs
+from asyncrl.plan.schedule import MODES, STALENESS_LEVELS, UPDATE_MODES, Schedule, SimResult, TraceEvent
+from asyncrl.plan.versions import GroupVersions, version_runs
 from asyncrl.staleness import StalenessManager
 from transfer_queue.rules import staleness
 
-MODES = ("sync", "one_step_off", "fully_async")
-
-
-@dataclass
-class Schedule:
-    mode: str = "fully_async"
-    eta: int = 4
-    """trainer.max_staleness of fully_async (sync: 0, one_step_off: 1)."""
-    publish_every: int = 1
-    admission: str = "pace"
-    """trainer.admission of fully_async: `pace` or `bound`."""
-    slack: float = 0.25
-    steps: int = 20
-    """Measured trainer steps (after `warmup`)."""
-    warmup: int = 3
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"trainer.mode: {self.mode!r} is not one of {MODES}")
-        if self.admission not in ("pace", "bound"):
-            raise ValueError(f"trainer.admission: {self.admission!r} is not pace or bound")
-
-    def rule(self) -> tuple[int, int, bool]:
-        """(eta, publish_every, in_order), as `asyncrl.controller.mode_rule`."""
-        if self.mode == "sync":
-            return 0, 1, True
-        if self.mode == "one_step_off":
-            return 1, 1, True
-        return self.eta, self.publish_every, False
-
-
-@dataclass
-class TraceEvent:
-    """One call into the manager and the admission decisions right after it."""
-
-    t: float
-    op: str
-    """finish | drop | took | step_done | set_version | start (the run's first admissions)."""
-    args: tuple
-    admitted: int
-    can_start: bool
-    limit: int
-
-
-@dataclass
-class SimResult:
-    trained_tokens_per_s: float
-    generated_tokens_per_s: float
-    trainer_idle_ratio: float
-    rollout_idle_ratio: float
-    step_s: float
-    staleness_hist: dict[int, int]
-    staleness_mean: float
-    staleness_max: int
-    drops: int
-    dropped_fraction: float
-    trace: list[TraceEvent] = field(default_factory=list, repr=False)
-
+__all__ = ["MODES", "STALENESS_LEVELS", "UPDATE_MODES", "Schedule", "SimResult", "Simulator", "TraceEvent", "simulate"]
 
 def _now(coro: Coroutine[Any, Any, Any]) -> Any:
     """Run a manager coroutine that never waits; raise if it would."""
@@ -149,10 +102,19 @@ class Simulator:
         # anchor (own time at rollout time, rate); `heads` holds each server's next end on the rollout
         # clock (end, seq, stamp, server), an entry whose stamp is no longer the server's skipped.
         self.sheap: list[list[tuple[float, int, int, int]]] = [[] for _ in range(costs.servers)]
-        self.anchor = [(0.0, 0.0, 1.0)] * costs.servers  # (own time, rollout time, own seconds per rollout second)
+        # (own time, rollout time, own seconds per rollout second): own time stands still before the
+        # rollout time (an `abort` publish's prefill stalls the server until then)
+        self.anchor = [(0.0, 0.0, 1.0)] * costs.servers
         self.stamp, self.heads = [0] * costs.servers, []
         self.seq = 0
-        self.groups: dict[int, list] = {}  # gid -> [acquire version, samples left, tokens, min token version]
+        self.groups: dict[int, list] = {}  # gid -> [acquire version, samples left, tokens, GroupVersions]
+        self.started: dict[int, tuple[float, int]] = {}  # running sample seq -> (start on its server's clock, first version)
+        self.publishes: list[list[tuple[float, int]]] = [[] for _ in range(costs.servers)]  # per server: (own time, new version)
+        self.draining = False  # update_mode wait: a publish waits for the samples in flight; none starts
+        self.versions: dict[int, GroupVersions] = {}  # queued gid -> its tokens' versions
+        self.ages = [0.0, 0.0, 0.0]  # trained tokens, of them older than eta, sum of token ages
+        self.samples_trained = self.partial = self.max_span = 0
+        self.prefill_stall = [0.0, 0]  # seconds servers stood still prefilling again, server-publishes
         self.starts: dict[int, deque[float]] = {}
         self.queue: list[tuple[int, int, int, int]] = []  # (version, arrival, gid, tokens)
         self.step = 0
@@ -194,7 +156,7 @@ class Simulator:
             self.starts.setdefault(version, deque()).append(self.now)
             gid = self.seq
             self.seq += 1
-            self.groups[gid] = [version, self.c.group_size, 0, self.weights_version]
+            self.groups[gid] = [version, self.c.group_size, 0, GroupVersions()]
             for _ in range(self.c.group_size):
                 self._submit(gid)
             n += 1
@@ -225,27 +187,29 @@ class Simulator:
         return self.c.lengths.draw(random.Random((self.c.length_seed + srv) * 1_000_003 + self.requests[srv]))
 
     def _run_waiting(self, srv: int) -> None:
-        while self.waiting[srv] and self.active[srv] < self.c.max_concurrency:
+        while self.waiting[srv] and self.active[srv] < self.c.max_concurrency and not self.draining:
             gid, n = self.waiting[srv].popleft()
             self.active[srv] += 1
             self.generating += 1
-            g = self.groups[gid]
-            g[2] += n
-            g[3] = min(g[3], self.weights_version)
-            end = self._own_clock(srv, self._rclock()) + n * self.c.token_cost_s + self.c.request_overhead_s
+            self.groups[gid][2] += n
+            start = self._own_clock(srv, self._rclock())
+            end = start + n * self.c.token_cost_s + self.c.request_overhead_s
             self.seq += 1
+            self.started[self.seq] = (start, self.weights_version)
             heapq.heappush(self.sheap[srv], (end, self.seq, gid, n))
         self._retime(srv)
 
     def _own_clock(self, srv: int, rc: float) -> float:
-        return self.anchor[srv][0] + (rc - self.anchor[srv][1]) * self.anchor[srv][2]
+        own, at, rate = self.anchor[srv]
+        return own + max(0.0, rc - at) * rate
 
     def _retime(self, srv: int) -> None:
         """After a start or an end on `srv`: its clock's rate for its new active count (the anchor
-        folded at the old rate first; untouched without a slope), and its next end on the rollout clock."""
+        folded at the old rate first, a stall kept; untouched without a slope), and its next end on the rollout clock."""
         if self.c.token_cost_slope_s:
             rc = self._rclock()
-            self.anchor[srv] = (self._own_clock(srv, rc), rc, self.c.token_cost_s / self.c.token_cost_at(self.active[srv]))
+            at = max(rc, self.anchor[srv][1])
+            self.anchor[srv] = (self._own_clock(srv, rc), at, self.c.token_cost_s / self.c.token_cost_at(self.active[srv]))
         self.stamp[srv] += 1
         if self.sheap[srv]:
             (end, seq, _, _), (own, at, rate) = self.sheap[srv][0], self.anchor[srv]
@@ -256,21 +220,26 @@ class Simulator:
             heapq.heappop(self.heads)
         return self.heads[0] if self.heads else None
 
-    def _sample_done(self, srv: int, gid: int, n: int) -> None:
+    def _sample_done(self, srv: int, seq: int, gid: int, n: int) -> None:
         self.active[srv] -= 1
         self.generating -= 1
         self.inflight[srv] -= 1
         heapq.heappush(self.least, (self.inflight[srv], srv))
         self.running_samples -= 1
         self.completions.append((self.now, n))
-        self._run_waiting(srv)
+        start, first = self.started.pop(seq)
         g = self.groups[gid]
+        g[3].add(version_runs(start, n, self.c.token_cost_s, first, self.publishes[srv]))
+        if self.draining and not self.generating:
+            self._publish()
+        self._run_waiting(srv)
         g[1] -= 1
         if g[1]:
             self._admit("sample", ())
             return
         del self.groups[gid]
-        self.queue.append((g[3], gid, gid, g[2]))
+        self.versions[gid] = g[3]
+        self.queue.append((g[3].queue_version(self.s.staleness_level), gid, gid, g[2]))
         if self.pace is not None:
             self.pace.sim_latency_s = self.now - self.starts[g[0]].popleft()
         else:
@@ -297,6 +266,7 @@ class Simulator:
                 break
         for item in dropped:
             self.queue.remove(item)
+            del self.versions[item[2]]
         if dropped:
             _now(self.mgr.drop_accepted("stale", len(dropped)))
             self._admit("drop", (len(dropped),))
@@ -306,7 +276,13 @@ class Simulator:
             self.queue.remove(item)
         _now(self.mgr.took(len(picked)))
         self._admit("took", (len(picked),))
-        self.hist.update(self.step - item[0] for item in picked for _ in range(self.c.group_size))
+        for item in picked:
+            v = self.versions.pop(item[2])
+            self.hist[self.step - v.oldest] += self.c.group_size
+            self.ages = [a + b for a, b in zip(self.ages, v.ages(self.step, self.eta))]
+            self.samples_trained += self.c.group_size
+            self.partial += v.partial
+            self.max_span = max(self.max_span, v.max_span)
         tokens = sum(item[3] for item in picked)
         self.batch = (self.now - self.wait_since, self.now, tokens)
         self._work(tokens / self.c.trainer_tokens_per_s + self.c.step_overhead_s)
@@ -320,18 +296,55 @@ class Simulator:
             last = self.step == self.s.warmup + self.s.steps
             if self.step % self.k == 0 or last:
                 self.publishing, self.training = True, False
-                self.frozen_since = self.now
-                self.weights_version = self.step
-                self._work(self.c.publish_s)
+                if self.s.update_mode == "wait" and self.generating:
+                    self.draining = True  # the weights load once the last sample in flight ends
+                    self._work(float("inf"))
+                    return
+                self._publish()
                 return
         else:
             self.frozen_since = None
+            if self.s.update_mode == "abort":
+                self._prefill_again()
             _now(self.mgr.set_version(self.step))
             self._admit("set_version", (self.step,))
+            if self.s.update_mode == "wait":
+                for srv in range(self.c.servers):
+                    self._run_waiting(srv)  # held back while the servers drained
         _now(self.mgr.step_done(self.now - t_batch, wait_s))
         self._admit("step_done", (round(self.now - t_batch, 9), round(wait_s, 9)))
         self.busy, self.training, self.wait_since = False, False, self.now
         self._try_train()
+
+    def _publish(self) -> None:
+        """Pause every server (their clocks freeze) and load the new weights: `publish_s` of trainer work."""
+        self.draining = False
+        self.frozen_since = self.now
+        self.weights_version = self.step
+        rc = self._rclock()
+        for srv in range(self.c.servers):
+            self.publishes[srv].append((self._own_clock(srv, rc), self.step))
+        self._work(self.c.publish_s)
+
+    def _prefill_again(self) -> None:
+        """`abort`: every server prefills the prompts and tokens so far of the samples it was running
+        before it generates again (the update dropped their KV cache): its clock stands still that long."""
+        if not self.c.prefill_token_cost_s:
+            return
+        rc = self._rclock()
+        self.prefill_stall[1] += self.c.servers
+        for srv in range(self.c.servers):
+            if not self.sheap[srv]:
+                continue
+            own = self._own_clock(srv, rc)
+            context = 0.0
+            for _, seq, _, n in self.sheap[srv]:
+                start = self.started[seq][0]
+                context += self.c.prompt_tokens + min(float(n), max(0.0, (own - start) / self.c.token_cost_s))
+            at = max(rc, self.anchor[srv][1]) + context * self.c.prefill_token_cost_s
+            self.prefill_stall[0] += context * self.c.prefill_token_cost_s
+            self.anchor[srv] = (own, at, self.anchor[srv][2])
+            self._retime(srv)
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -348,9 +361,9 @@ class Simulator:
                 self._trainer_event()
             else:
                 srv = heapq.heappop(self.heads)[3]
-                _, _, gid, n = heapq.heappop(self.sheap[srv])
+                _, seq, gid, n = heapq.heappop(self.sheap[srv])
                 self._advance(t_roll)
-                self._sample_done(srv, gid, n)
+                self._sample_done(srv, seq, gid, n)
             self._set_rates()
         return self._measure()
 
@@ -369,7 +382,10 @@ class Simulator:
             trainer_idle_ratio=1 - busy / span, rollout_idle_ratio=1 - generated / (self.c.rollout_capacity * span),
             step_s=span / len(window), staleness_hist=dict(sorted(self.hist.items())),
             staleness_mean=sum(k * v for k, v in self.hist.items()) / n, staleness_max=max(self.hist),
-            drops=drops, dropped_fraction=drops / (drops + len(self.steps) * self.c.groups), trace=self.trace)
+            drops=drops, dropped_fraction=drops / (drops + len(self.steps) * self.c.groups),
+            stale_token_fraction=self.ages[1] / max(self.ages[0], 1.0), token_staleness_mean=self.ages[2] / max(self.ages[0], 1.0),
+            partial_fraction=self.partial / max(self.samples_trained, 1), max_partial_span=self.max_span,
+            prefill_s=self.prefill_stall[0] / max(self.prefill_stall[1], 1), trace=self.trace)
 
 
 def simulate(costs: Costs, schedule: Schedule, seeds: int = 3, seed: int = 0, max_groups: int | None = None) -> dict[str, Any]:
@@ -391,10 +407,16 @@ def simulate(costs: Costs, schedule: Schedule, seeds: int = 3, seed: int = 0, ma
         "trainer_idle_ratio": round(mean("trainer_idle_ratio"), 3),
         "rollout_idle_ratio": round(mean("rollout_idle_ratio"), 3),
         "step_s": round(mean("step_s"), 4),
+        "version_s": round(mean("step_s") * schedule.rule()[1], 4),
         "staleness_hist": {int(k): v for k, v in sorted(hist.items())},
         "staleness_mean": round(mean("staleness_mean"), 3),
         "staleness_max": max(r.staleness_max for r in runs),
         "drops": round(f * mean("drops"), 2),
         "dropped_fraction": round(mean("dropped_fraction"), 3),
+        "stale_token_fraction": round(mean("stale_token_fraction"), 3),
+        "token_staleness_mean": round(mean("token_staleness_mean"), 3),
+        "partial_fraction": round(mean("partial_fraction"), 3),
+        "max_partial_span": max(r.max_partial_span for r in runs),
+        "prefill_s": round(mean("prefill_s"), 3),
         "slice": f,
     }

@@ -22,7 +22,11 @@ def test_publish_follows_the_tree_and_the_ring_formulas():
     assert [tree.publish_s(n) for n in (1, 2, 3, 7, 8, 64)] == pytest.approx([0.5, 1.0, 1.0, 1.5, 2.0, 3.5])
     assert tree.publish_s(512) == pytest.approx(0.5 * math.ceil(math.log2(513)))
     ring = Scaling(weight_bytes=10 * GB, publish_gb_per_s=20.0, publish_topology="ring", publish_hop_latency_s=0.01)
-    assert ring.publish_s(10) == pytest.approx(1.0 + 0.1) and ring.publish_s(100) == pytest.approx(1.0 + 1.0)
+    # NCCL's pipelined ring: every link carries the weights once (0.5 s), each receiver adds its fill
+    assert ring.publish_s(10) == pytest.approx(0.5 + 0.1) and ring.publish_s(100) == pytest.approx(0.5 + 1.0)
+    t = ring.publish_terms(100)
+    assert t["transfer_s"] == pytest.approx(0.5) and t["fanout_s"] == pytest.approx(1.0) and "ring" in t["model"]
+    assert tree.publish_terms(8)["fanout_s"] == pytest.approx(1.5) and "tree" in tree.publish_terms(8)["model"]
     assert Scaling().publish_s(1000) == 0.0  # no weight_bytes: the profile's fixed publish_s only
     with pytest.raises(ValueError, match="scaling.publish_topology"):
         Scaling(publish_topology="star")
@@ -77,5 +81,46 @@ def test_projection_speedup_falls_with_size_once_the_broadcast_grows():
 @pytest.mark.timeout(10)
 def test_public_profile_scaling_grows_slowly_from_its_reference_split():
     s = load_profile("qwen2.5-math-7b-h800").scaling
-    assert 2.0 < s.publish_s(64) < s.publish_s(512) < 5.0  # tree: 7 hops of 0.38 s, then 10
-    assert 10.0 < s.collective_s(64) < s.collective_s(512) < 1.25 * s.collective_s(64)
+    # NCCL's ring: 15.23 GB over one 40 GB/s link once, plus 72 us of pipeline fill per rollout GPU
+    assert 0.38 < s.publish_s(64) < s.publish_s(512) < 0.45
+    assert 6.0 < s.collective_s(64) < s.collective_s(512) < 1.25 * s.collective_s(64)
+
+
+@pytest.mark.timeout(10)
+def test_longest_of_n_draws_grows_with_n_up_to_the_cap():
+    import random
+
+    from asyncrl.plan.scale import longest_tokens, straggler_terms
+
+    lengths = LongTail(short_tokens=600, long_fraction=0.025, long_factor=32.0)
+    rng = random.Random(0)
+    for n, trials in ((16, 5000), (256, 400)):  # n=16: a third of the trials hold a long sample (the mean's error ~2%)
+        mc = sum(max(lengths.draw(rng) for _ in range(n)) for _ in range(trials)) / trials
+        assert longest_tokens(lengths, n) == pytest.approx(mc, rel=0.05)  # exact vs Monte Carlo
+    grows = [longest_tokens(lengths, n) for n in (1, 16, 256, 4096, 65536)]
+    assert grows == sorted(grows) and grows[0] == pytest.approx(lengths.mean, rel=1e-6) and grows[-1] <= lengths.max
+    assert longest_tokens(LongTail(short_tokens=50, long_fraction=0.0, jitter=0.0), 1000) == pytest.approx(50)  # no spread: no straggler
+    t = straggler_terms(lengths, 8192, 2048, 0.01)
+    assert t["seconds"] == pytest.approx((longest_tokens(lengths, 8192) - longest_tokens(lengths, 2048)) * 0.01) and t["seconds"] > 0
+
+
+@pytest.mark.timeout(60)
+def test_projection_rows_carry_their_terms_and_the_limits_where_they_bite():
+    from asyncrl.plan.search import limits
+
+    p = small(weight_bytes=2 * GB, publish_gb_per_s=10.0, publish_topology="ring", publish_hop_latency_s=1e-3,
+              grad_bytes=4 * GB, collective_gb_per_s=10.0, collective_hop_latency_s=1e-3, collectives_per_sync=4)
+    rows = projection(p, [16, 64], steps=4, warmup=1)
+    for r in rows:
+        t = r["terms"]
+        assert t["publish_fanout"]["receivers"] == r["rollout_gpus"] and "ring" in t["publish_fanout"]["model"]
+        assert t["publish_fanout"]["fanout_s"] == pytest.approx(r["rollout_gpus"] * 1e-3)
+        assert t["all_reduce"]["ranks"] == r["trainer_gpus"] and t["all_reduce"]["seconds"] == pytest.approx(p.scaling.collective_s(r["trainer_gpus"]))
+        assert t["sync_all_reduce"]["ranks"] == r["gpus"] and "seconds" in t["straggler"]
+    assert rows[0]["weak_scaling_efficiency"] == 1.0 and 0 < rows[1]["weak_scaling_efficiency"] <= 1.0
+    lim = limits(p, rows[0], upto=1 << 16)
+    # the all-reduce's latency term, 4 x 2 x (n - 1) ms per step, first reaches 10% of the first row's step at a larger budget
+    assert lim["all_reduce_gpus"] is not None and lim["all_reduce_gpus"] > rows[0]["gpus"]
+    n = lim["all_reduce_gpus"] * rows[0]["trainer_gpus"] // rows[0]["gpus"]
+    assert p.scaling.collective_s(n) - p.scaling.collective_s(rows[0]["trainer_gpus"]) >= 0.1 * rows[0]["version_s"]
+    assert lim["sync_straggler_gpus"] is None  # equal lengths: the longest of N is the shortest

@@ -1,0 +1,88 @@
+"""What the simulator is told about a run's rules (`Schedule`) and what it answers (`SimResult`).
+
+Job: the typed records around `sim.Simulator`: the schedule of one run (mode, eta, publish
+cadence, admission, update mode, staleness level: the same keys as `trainer.*` / `rollout.*`),
+the trace of its admission decisions, and one simulated run's measurements. No behaviour.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MODES = ("sync", "one_step_off", "fully_async")
+UPDATE_MODES = ("keep", "abort", "wait")
+STALENESS_LEVELS = ("group", "token")
+
+
+@dataclass
+class Schedule:
+    mode: str = "fully_async"
+    eta: int = 4
+    """trainer.max_staleness of fully_async (sync: 0, one_step_off: 1)."""
+    publish_every: int = 1
+    admission: str = "pace"
+    """trainer.admission of fully_async: `pace` or `bound`."""
+    slack: float = 0.25
+    steps: int = 20
+    """Measured trainer steps (after `warmup`)."""
+    warmup: int = 3
+    update_mode: str = "keep"
+    """rollout.update_mode: how a publish treats samples in flight (keep, abort, wait: see `sim.py`)."""
+    staleness_level: str = "group"
+    """trainer.staleness_level: `group` (a group is as old as its oldest token) or `token`."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"trainer.mode: {self.mode!r} is not one of {MODES}")
+        if self.admission not in ("pace", "bound"):
+            raise ValueError(f"trainer.admission: {self.admission!r} is not pace or bound")
+        if self.update_mode not in UPDATE_MODES:
+            raise ValueError(f"rollout.update_mode: {self.update_mode!r} is not one of {UPDATE_MODES}")
+        if self.staleness_level not in STALENESS_LEVELS:
+            raise ValueError(f"trainer.staleness_level: {self.staleness_level!r} is not one of {STALENESS_LEVELS}")
+
+    def rule(self) -> tuple[int, int, bool]:
+        """(eta, publish_every, in_order), as `asyncrl.controller.mode_rule`."""
+        if self.mode == "sync":
+            return 0, 1, True
+        if self.mode == "one_step_off":
+            return 1, 1, True
+        return self.eta, self.publish_every, False
+
+
+@dataclass
+class TraceEvent:
+    """One call into the manager and the admission decisions right after it."""
+
+    t: float
+    op: str
+    """finish | drop | took | step_done | set_version | start (the run's first admissions)."""
+    args: tuple
+    admitted: int
+    can_start: bool
+    limit: int
+
+
+@dataclass
+class SimResult:
+    trained_tokens_per_s: float
+    generated_tokens_per_s: float
+    trainer_idle_ratio: float
+    rollout_idle_ratio: float
+    step_s: float
+    staleness_hist: dict[int, int]
+    staleness_mean: float
+    staleness_max: int
+    drops: int
+    dropped_fraction: float
+    stale_token_fraction: float = 0.0
+    """Trained tokens older than eta at their step (masked out of the loss at `staleness_level=token`)."""
+    token_staleness_mean: float = 0.0
+    """Mean over trained tokens of (step - the version that generated the token)."""
+    partial_fraction: float = 0.0
+    """Trained samples whose tokens came from more than one version."""
+    max_partial_span: int = 0
+    """Most versions one trained sample spanned (last - first)."""
+    prefill_s: float = 0.0
+    """`update_mode=abort`: mean seconds a server stood still per publish, prefilling what it was running."""
+    trace: list[TraceEvent] = field(default_factory=list, repr=False)
