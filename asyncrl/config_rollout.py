@@ -52,6 +52,7 @@ class AutoscaleConfig:
     enabled: bool = False
     """Off by default: the fleet keeps its size unless asked (`asyncrl scale`)."""
     min_servers: int = 1
+    """The fewest servers the autoscaler leaves in `main`."""
     max_servers: int = 0
     """0: four times `rollout.num_servers`."""
     interval_s: float = 10.0

@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 JOIN_GRACE_S = 2.0
 """`attach_weights`: after the first server joined, how long the others get before a slow one (hung?) is
 taken out of routing and joins in the background (a hung one then costs no publish `rollout.health_timeout_s`)."""
+PEER_TRIES = 3
+"""Hand-outs from a peer a joiner gets while publishes keep making the one it loaded stale (then: the next publish)."""
 RESTART_BACKOFF_S = 60.0
 """Longest wait between two tries to replace a server that failed `START_ATTEMPTS` times in a row while others serve."""
 HISTORY = 200
@@ -271,9 +273,12 @@ class FleetManager:
         parity = self.parity
         if parity is None or not servers or reference is None:  # no reference: a trainer without a model (benchmarks)
             return []
+        servers = [s for s in servers if self._member(s)]  # a server taken away meanwhile (`resize`) is not judged
         scores = await asyncio.gather(*(s.score(parity.ids) for s in servers), return_exceptions=True)
         failed = []
         for s, got in zip(servers, scores):
+            if not self._member(s):  # taken away while it scored (closed by a drain): no verdict
+                continue
             if isinstance(got, ServerDied):
                 self.router.take_out(s, got)
                 continue
@@ -331,8 +336,9 @@ class FleetManager:
                 raise
             await self.restart(server)  # re-sent and still wrong: a fresh server (whose own failure stops the run)
             return
-        except (RuntimeError, ServerDied):
-            await self.restart(server)
+        except (RuntimeError, ServerDied) as exc:  # it cannot load the version: dead (a publish found it gone) or broken
+            self.router.remove(server)
+            self._on_dead(server, exc if isinstance(exc, ServerDied) else ServerDied(f"{server_name(server)}: re-sync failed: {exc}"))
             return
         self.resyncs += 1
 
@@ -470,7 +476,12 @@ class FleetManager:
                 self.joins["trainer"] += 1
                 self._event("join", server, via="trainer", seconds=round(time.time() - t0, 3))
                 return
-            got = await self._from_peer(server)
+            for _ in range(PEER_TRIES):  # a publish that lands during a hand-out leaves the joiner a version behind: again
+                while self._membership.locked():  # a publish (or a sync) is on: hand out after it, at its version
+                    await asyncio.sleep(0.05)
+                got = await self._from_peer(server)
+                if got is None or got == self.version:
+                    break
             await self._join(server)  # the trainer's plane, for every publish from now on
             async with self._membership:
                 if got is not None and got == self.version and self._member(server):

@@ -2,10 +2,9 @@
 
 Embedded (servers in the controller's process) and Ray (each server an actor of its own): the fleet
 grows (the joiners take the current weights from a routed peer, not from the trainer), shrinks (the
-servers taken away drain), a malformed request is refused and counted, and on Ray a server SIGKILLed
-under the live run (a preemption while the fleet is at its size) is replaced and the run finishes every
-step with no sample trained twice. The trainer is the cost model (its step sleeps per token), so the run
-lasts long enough for the requests whatever the machine's load.
+servers taken away drain), a malformed request is refused and counted, a finished run is not asked, and
+every step is trained with no sample twice. The trainer is the cost model (its step sleeps per token), so
+the run lasts long enough for the requests whatever the machine's load.
 """
 
 from __future__ import annotations
@@ -111,35 +110,27 @@ def test_scale_an_embedded_run_up_and_down(tmp_path):
     assert gone.returncode == 1 and "not running" in gone.stderr
 
 
-def _server_pids() -> list[int]:
-    out = subprocess.run(["pgrep", "-f", "ray::ServerActor"], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
-
-
 @pytest.mark.timeout(600)
-def test_scale_a_ray_run_and_a_server_killed_under_it_is_replaced(tmp_path):
+def test_scale_a_ray_run_up_and_down(tmp_path):
+    """Each server an actor: the joiner's weights from its peer actor over the weight plane, the shrink a
+    drain. (A server SIGKILLed under a live Ray run: tests/deploy/test_follow_cluster.py, whose rollout node
+    is ended with its server, and `asyncrl bench chaos`/`elastic`.)"""
     pytest.importorskip("ray")
     (tmp_path / "shm").mkdir()
     proc, run, log = _start(tmp_path, "ray", "ray.enabled=true", "rollout.num_servers=1", "trainer.num_ranks=1",
                             f"queue.shm_dir={tmp_path}/shm", "rollout.health_interval_s=2", "rollout.health_timeout_s=10",
                             "ray.num_cpus=4")  # room for a second server (a local Ray has slots for the configured ones only)
     _wait(lambda: _step(run) >= 2, proc, log, "step 2")
-    before = set(_server_pids())
     up = _scale(run, "2")
     assert up.returncode == 0, up.stderr
     join = _wait(lambda: [e for e in _events(run) if e["kind"] == "join"], proc, log, "a join")
     assert join[0]["via"] == "peer" and join[0]["server"] == "main-1"
-    new = sorted(set(_server_pids()) - before)
-    assert new, "no new server process"
     step = _step(run)
-    os.kill(new[0], signal.SIGKILL)  # preempted while the fleet is at its size: replaced
-    _wait(lambda: [e for e in _events(run) if e["kind"] == "restart"], proc, log, "the replacement")
-    _wait(lambda: _step(run) >= step + 2, proc, log, "steps after the kill")
+    _wait(lambda: _step(run) >= step + 1, proc, log, "a step with two servers")
     down = _scale(run, "1")
     assert down.returncode == 0, down.stderr
     _finish(proc, log)
     kinds = [e["kind"] for e in _events(run)]
-    assert kinds.count("preempt") == 1 and kinds.count("drain") == 1
-    preempt = next(e for e in _events(run) if e["kind"] == "preempt")
-    assert preempt["replaced"] is True and preempt["server"] == "main-1"
+    assert kinds.count("join") == 1 and kinds.count("drain") == 1 and "preempt" not in kinds
+    assert json.loads((run / "summary.json").read_text())["fleet"]["size"] == {"main": 1}
     _trained_once(run)
