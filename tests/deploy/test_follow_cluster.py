@@ -58,7 +58,7 @@ def test_the_fleet_follows_rollout_nodes_that_join_and_vanish(tmp_path):
                "--", "--dashboard-port", str(free_port()), "--ray-client-server-port", str(free_port()))
         train = [tool("asyncrl"), "train", "configs/demo.yaml", f"trainer.total_steps={STEPS}", "trainer.prompts_per_step=4",
                  "rollout.group_size=4", "data.eval_size=4", "trainer.eval_every=1000", "trainer.save_every=0",
-                 "rollout.max_tokens=16", "trainer.engine=cost_model", "trainer.cost_model_token_s=0.008",
+                 "rollout.max_tokens=16", "trainer.engine=cost_model", "trainer.cost_model_token_s=0.005",
                  "ray.enabled=true", f"ray.address={address}", "rollout.num_servers=1", "rollout.ray_resources={rollout_node: 1}",
                  "rollout.follow_cluster=rollout_node", "rollout.health_interval_s=2", "rollout.health_timeout_s=10",
                  "logging.mlflow=false", "logging.progress=false", f"logging.run_root={tmp_path}/runs", "logging.run_name=follow",
