@@ -476,20 +476,24 @@ class FleetManager:
                 self.joins["trainer"] += 1
                 self._event("join", server, via="trainer", seconds=round(time.time() - t0, 3))
                 return
+            got = None
             for _ in range(PEER_TRIES):  # a publish that lands during a hand-out leaves the joiner a version behind: again
                 while self._membership.locked():  # a publish (or a sync) is on: hand out after it, at its version
                     await asyncio.sleep(0.05)
                 got = await self._from_peer(server)
-                if got is None or got == self.version:
+                if got is None:
                     break
-            await self._join(server)  # the trainer's plane, for every publish from now on
+                await self._join(server)  # the trainer's plane, for every publish from now on
+                async with self._membership:
+                    if got == self.version and self._member(server):
+                        _loaded(server, got)
+                        self.router.add(server, self._fleet_of(server).name)
+                        self.joins["peer"] += 1
+                        self._event("join", server, via="peer", version=got, seconds=round(time.time() - t0, 3))
+                        return
+            if self._joined.get(server) is not self._weights:
+                await self._join(server)
             async with self._membership:
-                if got is not None and got == self.version and self._member(server):
-                    _loaded(server, got)
-                    self.router.add(server, self._fleet_of(server).name)
-                    self.joins["peer"] += 1
-                    self._event("join", server, via="peer", version=got, seconds=round(time.time() - t0, 3))
-                    return
                 if self._member(server):
                     self._pending.append(server)
                     self._join_began[server] = t0
