@@ -8,7 +8,7 @@ train: setup
 	.venv/bin/asyncrl train $(ARGS)
 
 test: setup
-	.venv/bin/python -m pytest -q --durations=25
+	.venv/bin/python -m pytest -q -n 2 --durations=25
 
 test-vllm: setup
 	.venv/bin/python -m pytest -q -m vllm

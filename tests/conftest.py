@@ -30,3 +30,32 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_model_b(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Same architecture as `tiny_model`, other weights (seed 1): the 'new policy' of update tests."""
     return ensure_tiny_model(tmp_path_factory.mktemp("tiny_models_b"), TinyModelSpec(seed=1))
+
+
+
+HEAVY = (
+    "tests/deploy/test_follow_cluster.py", "tests/deploy/test_two_node_ray.py", "tests/faults/test_live_faults.py",
+    "tests/faults/test_trainer_restart.py", "tests/integration/fleet/", "tests/integration/test_chaos_quick.py",
+    "tests/integration/test_first_hour.py", "tests/integration/test_ray_pipeline.py", "tests/integration/test_resume_reattach.py",
+    "tests/integration/test_resume_redis.py", "tests/integration/test_scale_live.py", "tests/integration/trainer/test_actor.py",
+)
+"""Tests that run a Ray cluster or a whole multi-process run with faults: under `pytest -n 2` (`make test`)
+they run one after another on one worker, never two at once on this 2-core host."""
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`make test` runs two pytest-xdist workers. Each test file is one unit of work (its module fixtures run
+    once) and the `HEAVY` files are one unit together, handed out first (the longest)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class HeavyApart(LoadScopeScheduling):
+        def __init__(self, config: pytest.Config, log=None) -> None:
+            super().__init__(config, log)
+            config.option.loadscopereorder = False  # collection order: `tests/deploy/test_follow_cluster.py`, heavy, is first
+
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "heavy" if path.startswith(HEAVY) else path
+
+    return HeavyApart(config, log)
