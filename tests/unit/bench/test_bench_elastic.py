@@ -56,6 +56,8 @@ def test_a_grow_that_takes_its_time_shows_in_seconds_to_size_and_to_new_rate():
     assert phases[1]["seconds_to_size"] == 8.0
     assert phases[1]["trained_tokens_per_s"] == 400.0  # from 29 s: the ramp is not in the steady rate
     assert phases[1]["seconds_to_new_rate"] == 7.5  # [27.5, 32.5]: 0.5 s at 100, 4.5 s at 400 = 370 >= 360
+    assert phases[1]["seconds_to_new_rate_after_start"] == 1.5  # the same window, from the processes up at 26 s
+    assert phases[0]["seconds_to_new_rate_after_start"] is None
     assert seconds_to_size(events, 20.0, 5) is None
 
 
@@ -101,11 +103,12 @@ def test_event_counts_say_what_the_fleet_recorded():
 
 
 def test_targets():
-    phases = [{"seconds_to_new_rate": 40.0}] + [{"seconds_to_new_rate": s} for s in (6.0, 0.0, 9.5)]
+    phases = [{"seconds_to_new_rate": 40.0}] + [{"seconds_to_new_rate": s, "seconds_to_new_rate_after_start": u}
+                                                 for s, u in ((6.0, 2.0), (0.0, None), (9.5, 3.0))]  # 4 -> 8 -> 2 -> 6
     res = {"phases": phases, "publish_s_during_join": 0.1, "publish_s_without": 0.05, "lost": 0, "trained_twice": 0}
     t = targets(res)
     assert all(v["met"] for v in t.values())  # 0.1 <= 1.1 * 0.05 + 0.05; the first phase (the run's start) is not a change
-    res.update(publish_s_during_join=0.2, lost=None, phases=phases[:-1] + [{"seconds_to_new_rate": None}])
+    res.update(publish_s_during_join=0.2, lost=None, phases=phases[:-1] + [{"seconds_to_new_rate": None, "seconds_to_new_rate_after_start": 12.0}])
     t = targets(res)
     assert not any(v["met"] for v in t.values() if v is not t["trained_twice"]) and t["trained_twice"]["met"]
     assert targets({**res, "publish_s_during_join": None})["join_publish"]["met"] is None
