@@ -392,6 +392,9 @@ class Pipeline(PipelineCheckpoint):
             want = self.autoscaler.decide(window, time.time())
             fleets.autoscale = {**self.autoscaler.last, **split_from_rates(
                 window, generated=self.rollouter.generated_tokens - gen0, trained=self.trained_tokens - trained0)}
+            with (self.run_dir / "autoscale.jsonl").open("a") as f:  # one line per window: `asyncrl bench elastic --autoscale`
+                f.write(json.dumps({"time": round(t0, 3), "step": self.step, "seconds": round(window.seconds, 3),
+                                    **fleets.autoscale, "decided": want}) + "\n")
             if want is not None:
                 print(f"asyncrl: autoscale: {self.autoscaler.last['bottleneck']} is the bottleneck "
                       f"(trainer idle {window.trainer_idle:.2f}, server slots idle {window.rollout_idle:.2f}): "
