@@ -71,7 +71,8 @@ class RemoteServer(RolloutServer):
         keep its stats and the handles of its running samples' snapshots (written by this very call)."""
         from asyncrl.rollout.host_spec import decode_handles
 
-        self._stats, snaps = await self._call("progress")
+        stats, snaps = await self._call("progress")
+        self._keep(stats)
         self.snapshots = decode_handles(snaps)
 
     async def ready(self) -> "RemoteServer":
@@ -180,10 +181,16 @@ class RemoteServer(RolloutServer):
         """Fetch the actor's stats (a dead actor reads as unhealthy instead of raising)."""
         if not self._dead:
             try:
-                self._stats = await self._call("stats")
+                self._keep(await self._call("stats"))
             except ServerDied:  # deliberate: stats report the death, the router acts on it
                 pass
         return self.stats()
+
+    def _keep(self, got: ServerStats) -> None:
+        """Stats the actor answered. Its version never goes back: a probe that left before a publish and
+        answers after it carries the version before, while `loaded` has already recorded the new one (a
+        joiner then found no peer at the current version and waited for the next publish)."""
+        self._stats = dataclasses.replace(got, version=max(got.version, self._stats.version))
 
     def stats(self) -> ServerStats:
         return dataclasses.replace(self._stats, in_flight=self._in_flight, healthy=self._stats.healthy and not self._dead)

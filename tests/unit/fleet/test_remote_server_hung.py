@@ -85,3 +85,46 @@ def test_a_hung_server_on_this_node_is_sigkilled_not_left_to_ray_kill(monkeypatc
         for p in (actor, other):
             p.kill()
             p.wait()
+
+
+def test_a_probe_answered_after_a_publish_does_not_take_the_version_back():
+    """The probe left before the publish and answers after it: the version it carries is the one before.
+    The proxy kept it, so for a moment a server at the current version read as one behind, and a joiner
+    found no peer to take its weights from (tests/deploy/test_follow_cluster.py, under load)."""
+    from asyncrl.rollout.base import ServerStats
+
+    class _Answers:
+        def __init__(self) -> None:
+            self.gate = asyncio.Event()
+
+        def __getattr__(self, name: str):
+            gate = self.gate
+
+            class V:
+                @staticmethod
+                def remote(*args):
+                    async def answer():
+                        await gate.wait()
+                        stats = ServerStats(version=3, in_flight=0, paused=False, generated_tokens=0, tokens_per_s=0.0)
+                        return (stats, b"\x80") if name == "progress" else stats
+                    return answer()
+            return V()
+
+    handle = _Answers()
+    server = RemoteServer(handle, "main-0", control_timeout_s=5.0)
+
+    async def go() -> None:
+        for verb in (server.probe, server.refresh):
+            task = asyncio.ensure_future(verb())
+            await asyncio.sleep(0.01)
+            server.loaded(4)  # the publish completed while the answer was on its way
+            handle.gate.set()
+            await task
+            assert server.version == 4
+            handle.gate.clear()
+        server.loaded(5)
+        handle.gate.set()
+        await server.refresh()
+        assert server.version == 5
+
+    asyncio.run(go())
