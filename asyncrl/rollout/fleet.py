@@ -437,8 +437,13 @@ class FleetManager:
             elif servers < before:
                 replacing = lambda s: (name, fleet.index_of(s)) in self._restarts_of  # noqa: E731
                 dead = [s for s in fleet.servers if replacing(s)]  # dead, being replaced: the cheapest to give up
-                order = dead + sorted((s for s in fleet.servers if s not in self._returning and not replacing(s)),
-                                      key=lambda s: (s in self.router.servers, -fleet.index_of(s)))
+                # then those coming back (joining, or re-synced after a missed publish: a node that vanished
+                # is often one of them), which serve nothing now; then the rest, the unrouted and newest first.
+                # (Leaving the ones coming back out drained the one healthy server of a run whose other
+                # node had just gone, and the fleet was left with none.)
+                returning = [s for s in fleet.servers if s in self._returning and not replacing(s) and s not in self.router.servers]
+                order = dead + returning + sorted((s for s in fleet.servers if not replacing(s) and not any(s is r for r in returning)),
+                                                  key=lambda s: (s in self.router.servers, -fleet.index_of(s)))
                 victims = order[: before - servers]
                 for v in victims:
                     task = self._restarts_of.pop((name, fleet.index_of(v)), None)
