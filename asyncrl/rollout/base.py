@@ -82,6 +82,12 @@ class GenerateOutput:
     """`stop`, `length` or `abort`."""
 
 
+# Why a peer's hand-out of its weights to a joining server (`ServerHost.send_offered`) did not count
+# because a publish reached that peer meanwhile: the joiner asks again after that publish.
+PEER_WAS_LOADING = "this server was loading weights"
+PEER_LOADED_MEANWHILE = "this server loaded new weights meanwhile"
+
+
 @dataclass
 class ServerStats:
     version: int

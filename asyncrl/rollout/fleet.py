@@ -20,7 +20,7 @@ import time
 from typing import Any, Awaitable, Protocol, TypeVar
 
 from asyncrl.config import RolloutConfig
-from asyncrl.rollout.base import PauseMode, RolloutServer
+from asyncrl.rollout.base import PEER_LOADED_MEANWHILE, PEER_WAS_LOADING, PauseMode, RolloutServer
 from asyncrl.rollout.backends import build_server  # noqa: F401  re-exported
 from asyncrl.rollout.fleet_build import START_ATTEMPTS, Fleet, build_fleet, fleet_configs  # noqa: F401  re-exported
 from asyncrl.rollout.parity import ParityCheck, WeightParityError
@@ -49,6 +49,7 @@ JOIN_GRACE_S = 2.0
 """`attach_weights`: after the first server joined, how long the others get before a slow one (hung?) is
 taken out of routing and joins in the background (a hung one then costs no publish `rollout.health_timeout_s`)."""
 PEER_TRIES = 3
+OVERLAPPED = (PEER_WAS_LOADING, PEER_LOADED_MEANWHILE)  # a publish reached the peer during its hand-out: again
 """Hand-outs from a peer a joiner gets while publishes keep making the one it loaded stale (then: the next publish)."""
 RESTART_BACKOFF_S = 60.0
 """Longest wait between two tries to replace a server that failed `START_ATTEMPTS` times in a row while others serve."""
@@ -481,12 +482,14 @@ class FleetManager:
                 self.joins["trainer"] += 1
                 self._event("join", server, via="trainer", seconds=round(time.time() - t0, 3))
                 return
-            got = None
+            got: int | str = "no routed peer"
             for _ in range(PEER_TRIES):  # a publish that lands during a hand-out leaves the joiner a version behind: again
                 while self._membership.locked():  # a publish (or a sync) is on: hand out after it, at its version
                     await asyncio.sleep(0.05)
                 got = await self._from_peer(server)
-                if got is None:
+                if isinstance(got, str):
+                    if got in OVERLAPPED:  # a publish reached the peer during the hand-out: again, after it
+                        continue
                     break
                 await self._join(server)  # the trainer's plane, for every publish from now on
                 async with self._membership:
@@ -502,24 +505,27 @@ class FleetManager:
                 if self._member(server):
                     self._pending.append(server)
                     self._join_began[server] = t0
-                    self._event("join_pending", server, why="no peer" if got is None else f"peer gave version {got}, now {self.version}")
+                    self._event("join_pending", server, why=f"no peer: {got}" if isinstance(got, str) else f"peer gave version {got}, now {self.version}")
         except ServerDied as exc:  # died while joining: a preemption like any other
             self.joins["failed"] += 1
             self.router.take_out(server, exc) if server in self.router.servers else self._on_dead(server, exc)
 
-    async def _from_peer(self, server: RolloutServer) -> int | None:
+    async def _from_peer(self, server: RolloutServer) -> int | str:
         """Have a routed server that holds the current version send its weights to `server` over the
-        weight plane (`ServerHost.offer_weights`); the version `server` loaded, or None when no peer
-        could (none can export its weights, or each one tried failed)."""
+        weight plane (`ServerHost.offer_weights`); the version `server` loaded, or why no peer could
+        (none holds the version or can export its weights, or each one tried failed: the last one's
+        reason, one of `OVERLAPPED` when a publish reached it during the hand-out)."""
         name = server_name(server)
         peers = [s for s in self.router.servers if s.version == self.version and hasattr(s, "offer_weights")]
         peers.sort(key=lambda s: s.stats().in_flight)
+        why = f"no routed server holds version {self.version}" if not peers else "no peer can export its weights"
         for peer in peers[:2]:
             try:
                 endpoint = await peer.offer_weights(self._weights_cfg, name)
             except ServerDied as exc:  # the peer died: the router's
                 if peer in self.router.servers:
                     self.router.take_out(peer, exc)
+                why = f"peer {server_name(peer)} died"
                 continue
             if endpoint is None:
                 continue
@@ -530,11 +536,15 @@ class FleetManager:
             except ServerDied as exc:
                 if peer in self.router.servers:
                     self.router.take_out(peer, exc)
+                why = f"peer {server_name(peer)} died"
                 continue
             if out.get("loaded"):
                 return int(out["version"])
-            log.info("join of %s: peer %s could not give it its weights (%s)", name, server_name(peer), out.get("why"))
-        return None
+            why = str(out.get("why") or "not loaded")
+            log.info("join of %s: peer %s could not give it its weights (%s)", name, server_name(peer), why)
+            if why in OVERLAPPED:  # the other peer holds the same version and takes the same publish
+                break
+        return why
 
     async def _leave(self, fleet: Fleet, server: RolloutServer, index: int, timeout_s: float) -> None:
         """Drain a server taken out of its fleet: no new requests; the ones in flight get `timeout_s` (a

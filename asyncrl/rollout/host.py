@@ -44,7 +44,8 @@ import numpy as np
 
 from agents.base import AgentLoop
 from asyncrl.rollout.sample import Sample
-from asyncrl.rollout.base import GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats
+from asyncrl.rollout.base import (PEER_LOADED_MEANWHILE, PEER_WAS_LOADING, GenerateOutput, PauseMode, RolloutServer,
+                                  SamplingParams, ServerStats)
 from asyncrl.rollout.inflight import SampleClient, SavedSample, decode_saved, encode_saved
 from asyncrl.rollout.router import Router
 from asyncrl.trajectory_queue import trajectory_sample
@@ -248,10 +249,10 @@ class ServerHost(RolloutServer):
             epoch, version = self._loads, self.version
             named = self.server.export_weights()
             if epoch % 2 or named is None:
-                return {"version": version, "loaded": False, "why": "this server was loading weights"}
+                return {"version": version, "loaded": False, "why": PEER_WAS_LOADING}
             out = await asyncio.to_thread(sender.publish, named, version, [receiver_id])
             if self._loads != epoch:
-                return {"version": version, "loaded": False, "why": "this server loaded new weights meanwhile"}
+                return {"version": version, "loaded": False, "why": PEER_LOADED_MEANWHILE}
             if receiver_id not in out.completed:
                 return {"version": version, "loaded": False, "why": str(out.evicted.get(receiver_id, "not loaded"))}
             return {"version": version, "loaded": True, "why": "", "bytes": out.bytes, "seconds": out.seconds}

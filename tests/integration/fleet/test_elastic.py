@@ -11,7 +11,7 @@ import asyncio
 
 import torch
 
-from asyncrl.rollout.base import SamplingParams
+from asyncrl.rollout.base import PEER_LOADED_MEANWHILE, SamplingParams
 from asyncrl.rollout.cost_model import CostModelServer, LongTail
 from asyncrl.rollout.fleet import Fleet, FleetManager
 from asyncrl.rollout.host import ServerHost
@@ -130,12 +130,56 @@ def test_a_joiner_no_peer_can_serve_is_routed_by_the_next_publish():
         await manager.resize("main", 2)
         await settle(manager)
         assert len(manager.router.servers) == 1  # not routed: it holds no weights of the current version
+        assert [e["why"] for e in manager.events if e["kind"] == "join_pending"] == ["no peer: no peer can export its weights"]
         assert source.sent_to == []  # and the trainer was not asked for a sync
         engine.state = state(1)
         await manager.publish(1)
         assert source.sent_to == ["main-0", "main-1"]
         assert len(manager.router.servers) == 2 and manager.joins["publish"] == 1
         assert all(s.version == 1 for s in manager.router.servers)
+        await manager.close()
+
+    asyncio.run(go())
+
+
+def test_a_hand_out_a_publish_overlapped_is_tried_again_after_it():
+    """A publish reached the peer while it handed its weights out (on a busy machine, with steps a
+    fraction of a second apart): the hand-out does not count, and the joiner asks again once that
+    publish is done, instead of waiting for the next one."""
+    async def go():
+        handle, engine, cfg = weight_source(state(0))
+        manager = FleetManager(Router(), restart_dead=False)
+
+        class Busy(ServerHost):
+            overlapped = 0
+
+            async def send_offered(self, receiver_id, timeout_s):
+                if Busy.overlapped == 0:  # the trainer publishes during the first hand-out
+                    Busy.overlapped += 1
+                    self._close_offer(receiver_id)
+                    engine.state = state(2)
+                    await manager.publish(2)
+                    return {"version": 1, "loaded": False, "why": PEER_LOADED_MEANWHILE}
+                return await super().send_offered(receiver_id, timeout_s)
+
+        peer = Busy(CostModelServer(token_cost_s=0.002, max_concurrency=4, lengths=LongTail(short_tokens=20, long_fraction=0.0), seed=0),
+                    name="main-0", agent=None, eval_agent=None, plane=None)
+
+        async def make(i: int) -> ServerHost:
+            return host(i)
+
+        await manager.add_fleet(Fleet("main", [peer], make=make))
+        await manager.attach_weights(Counting(handle), cfg)
+        engine.state = state(1)
+        await manager.publish(1)
+        await manager.resize("main", 2)
+        await settle(manager)
+        assert Busy.overlapped == 1
+        assert manager.joins["peer"] == 1 and manager.joins["publish"] == 0, manager.events
+        assert [e["kind"] for e in manager.events if e["server"] == "main-1"] == ["start", "join"]
+        joiner = next(s for s in manager.router.servers if s is not peer)
+        want = dict(state(2))
+        assert joiner.version == 2 and all(torch.equal(held(joiner)[k], want[k]) for k in want)
         await manager.close()
 
     asyncio.run(go())
