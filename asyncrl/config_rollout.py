@@ -138,6 +138,8 @@ class RolloutConfig:
     the rollout keys it changes (e.g. `{name: big, num_servers: 4, tensor_parallel_size: 2}`)."""
     max_failovers: int = 2
     """Times one request may move to another server after the server it ran on died."""
+    group_affinity: bool = True
+    """The samples of one group go to one server (the least loaded when the group starts; where it dies or drains, the group's samples move on together): they share their prompt's prefix cache, and a hung or dying server holds up only its own groups, not a member of every group in flight. False: each sample to the least loaded server."""
     restart_dead_servers: bool = True
     """A server found dead is restarted, given the current weights, then takes requests again."""
     health_timeout_s: float = 60.0

@@ -118,6 +118,7 @@ class Pipeline(PipelineCheckpoint):
             discard=self.queue.discard, group_size=self.n, max_running_samples=cfg.rollout.max_running_samples,
             filter_groups=cfg.algorithm.filter_groups, filter_groups_max_batches=cfg.algorithm.filter_groups_max_batches,
             shaping=OverlongShaping.from_config(cfg), lengths=self.lengths, on_resumed=self._resumed_sample,
+            on_group_end=(lambda gid: self.parts.router.end_session(gid)) if cfg.rollout.group_affinity else None,
         )
         self.autoscaler = None
         """`rollout.autoscale.enabled`: the rule that sizes the `main` fleet (`asyncrl/rollout/autoscale.py`)."""
@@ -174,7 +175,8 @@ class Pipeline(PipelineCheckpoint):
     async def _run_sample(self, sample: Any, resume: Any = None) -> SampleMeta:
         """One sample on the server the router picks (`resume`: continued from a checkpoint); a server
         that dies under it hands it on with its last snapshot (`run_moving`), counted in `failover`."""
-        record, fate = await run_moving(self.parts.router, sample, resume, free=self.parts.storage.free)
+        session = sample.group_id if self.cfg.rollout.group_affinity else None
+        record, fate = await run_moving(self.parts.router, sample, resume, free=self.parts.storage.free, session_id=session)
         if fate is not None:
             used = int(record.meta.get("meta", {}).get("resumed_tokens", 0))
             self.failover[fate] += 1

@@ -149,12 +149,13 @@ async def reinstate(state: AsyncState, *, rollouter: Any, queue: Any) -> Counter
 
 
 async def run_moving(router: Any, sample: Any, resume: SavedSample | None = None,
-                     free: Callable[[list[Any]], None] | None = None) -> tuple[Any, str | None]:
+                     free: Callable[[list[Any]], None] | None = None, session_id: str | None = None) -> tuple[Any, str | None]:
     """Run `sample` on the server `router` picks (`resume`: its state at a checkpoint). When that server
     dies under it, the router moves it to another, which continues from the dead server's last snapshot
     of it (`RemoteServer.snapshots`, collected by the health probe) where there is one, else as it began.
     Returns (its queue record, None if it never moved, else `continued` (saved tokens used) or `redone`);
-    the dead servers' snapshots of it are then freed with `free` (their hosts cannot).
+    the dead servers' snapshots of it are then freed with `free` (their hosts cannot). `session_id`:
+    the router's session (its group's id under `rollout.group_affinity`): where that session runs.
 
     Trace: s0 generates 300 tokens of u; the probe collects s0's snapshot (280 tokens); s0 is killed ->
     the router moves u to s1 -> s1's host reads the snapshot, continues from token 280 -> `continued`."""
@@ -167,7 +168,7 @@ async def run_moving(router: Any, sample: Any, resume: SavedSample | None = None
             return host.run_sample(sample, None, snap)
         return host.run_sample(sample) if resume is None else host.run_sample(sample, resume)
 
-    record = await router.call(on)
+    record = await router.call(on, session_id)
     if len(tried) == 1:
         return record, None
     spent = [h for s in tried[:-1] if (h := getattr(s, "snapshots", {}).pop(sample.uid, None)) is not None]

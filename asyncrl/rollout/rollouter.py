@@ -86,12 +86,15 @@ class Rollouter:
         shaping: OverlongShaping | None = None,
         lengths: Any = None,
         on_resumed: Callable[[str, Any], None] | None = None,
+        on_group_end: Callable[[str], None] | None = None,
     ) -> None:
         """`filter_groups_max_batches`: filtered groups in a row that stop the run, in batches of
-        `staleness.batch_groups` groups (0: no limit). `shaping`: applied to every queued record."""
+        `staleness.batch_groups` groups (0: no limit). `shaping`: applied to every queued record.
+        `on_group_end(group_id)`: once no sample of the group runs any more (the router forgets its session)."""
         if filter_groups and group_size < 2:
             raise ValueError(f"algorithm.filter_groups needs rollout.group_size >= 2 (a group of one always has equal rewards), got {group_size}")
         self.run_sample, self.prompts = run_sample, prompts
+        self.on_group_end = on_group_end
         self.staleness, self.sink, self.discard, self.group_size = staleness, sink, discard, group_size
         self.max_running_samples, self.filter_groups = max_running_samples, filter_groups
         self.filter_groups_max_batches, self.shaping = filter_groups_max_batches, shaping
@@ -210,6 +213,8 @@ class Rollouter:
             await self._finish(g, group, new=[g.done[s.index_in_group] for s in todo])
         finally:
             self._groups.pop(g.group_id, None)
+            if self.on_group_end is not None:
+                self.on_group_end(g.group_id)
 
     async def _finish(self, g: RunningGroup, group: list[Any], new: list[Any]) -> None:
         version = g.version
