@@ -34,6 +34,14 @@ class WeightsConfig:
     """Seconds a receiver may take to acknowledge a bucket (or join a group) before the
     sender evicts it from the update in progress."""
 
+    straggler_s: float = 2.0
+    """A receiver still silent this long after half of an update's receivers acknowledged a step
+    of it (its Begin, a bucket, its load), and at least 3x as long as they took, is evicted from
+    the update as a `straggler` (a fleet takes it out of routing and brings it up to date in the
+    background): one hung or overloaded server does not hold every publish, and the trainer, for
+    `timeout_s`. 0: off (every receiver gets the whole `timeout_s`). A collective backend (gloo,
+    nccl) cannot leave a member out of a broadcast in flight: there it applies to the acks only."""
+
     host: str = "127.0.0.1"
     """Address the sender binds its control socket, the gloo/nccl TCP store and its gloo pair
     listener to (never every interface); receivers' gloo listeners bind the local address that
@@ -92,6 +100,8 @@ class WeightsConfig:
             raise ValueError(f"weights.bucket_size_mb must be > 0, got {self.bucket_size_mb}")
         if not self.timeout_s > 0:
             raise ValueError(f"weights.timeout_s must be > 0, got {self.timeout_s}")
+        if not self.straggler_s >= 0:
+            raise ValueError(f"weights.straggler_s must be >= 0 (0: off), got {self.straggler_s}")
         for key in ("port", "store_port"):
             value = getattr(self, key)
             if not 0 <= value < 65536:

@@ -100,7 +100,7 @@ class Membership:
     def evict(self, receiver_id: str, reason: str = "") -> None:
         state = self.receivers[receiver_id]
         state.alive = False
-        state.suspect = state.suspect or reason == "timeout"
+        state.suspect = state.suspect or reason in ("timeout", "straggler")
 
     def is_suspect(self, receiver_id: str) -> bool:
         state = self.receivers.get(receiver_id)

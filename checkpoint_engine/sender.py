@@ -40,7 +40,12 @@ at two such looks in a row (its process is gone, so is its TCP connection) is ev
 `disconnected`, not after `timeout_s`. A receiver restarted under the same id holds it again
 through its new connection (ZMQ_ROUTER_HANDOVER); its Join before the update's first bucket
 is sent the update's `Begin` (the new process takes part), a later one evicts the old member
-(`rejoined`). A connected receiver that does not answer is still given the whole `timeout_s`.
+(`rejoined`). A connected receiver that does not answer (a hung process) is evicted as a
+`straggler` once half of the members answered that step and `straggler_s` passed (at least
+`STRAGGLER_FACTOR` times what they took), else after `timeout_s`:
+
+    publish v=7 {r0, r1, r2}: r0, r1 ack bucket 0 after 0.04 s; r2 silent (hung)
+    -> r2 evicted at 2.0 s (straggler_s), not 30 s (timeout_s); the update goes on with {r0, r1}
 """
 
 from __future__ import annotations
@@ -66,6 +71,8 @@ READY = -1
 GROUP = -2
 LOADED = -3
 LIVENESS_S = 0.5
+STRAGGLER_FACTOR = 3.0
+"""A straggler's grace is at least this many times what half of the members took to answer (`straggler_s`)."""
 """Seconds between two looks at whether the members an update waits on are still connected."""
 
 
@@ -212,11 +219,18 @@ class Sender:
         silent or refusing members are evicted from `members` in place."""
         acked: set[str] = set()
         regroup: set[str] = set()
-        deadline = time.monotonic() + timeout_s
-        look = time.monotonic() + LIVENESS_S
+        start = time.monotonic()
+        deadline = start + timeout_s
+        look = start + LIVENESS_S
         unreachable: set[str] = set()  # not connected at the last look
+        late, armed = "timeout", self.config.straggler_s > 0
         while len(acked | regroup) < len(members):
             now = time.monotonic()
+            if armed and len(members) >= 2 and len(acked | regroup) * 2 >= len(members):  # half answered: the rest get a grace
+                armed = False
+                grace = max(self.config.straggler_s, STRAGGLER_FACTOR * (now - start))
+                if now + grace < deadline:
+                    deadline, late = now + grace, "straggler"
             if now >= look:
                 look = now + LIVENESS_S
                 for rid in [r for r in members if r not in acked and r not in regroup]:
@@ -247,7 +261,7 @@ class Sender:
                 else:
                     self._evict(rid, msg.reason, members, outcome)
         for rid in [r for r in members if r not in acked and r not in regroup]:
-            self._evict(rid, "timeout", members, outcome)
+            self._evict(rid, late, members, outcome)
         return acked, regroup
 
     def _evict(self, rid: str, reason: str, members: list[str], outcome: UpdateOutcome,

@@ -171,3 +171,72 @@ def test_a_sync_for_a_restarted_receiver_waits_for_its_connection_not_the_dead_o
         sender.close()
         if fresh is not None:
             fresh.close()
+
+
+def _slow_serve(rx: Receiver, got: list, stop: threading.Event, delay_s: float) -> threading.Thread:
+    """A receiver whose engine takes `delay_s` before it reads each update (busy, not hung)."""
+    def run() -> None:
+        while not stop.is_set():
+            time.sleep(delay_s)
+            try:
+                update = rx.next_update(timeout_s=0.1)
+            except TimeoutError:
+                continue
+            got.append((update.version, {n: t.clone() for n, t in update}))
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.timeout(60)
+def test_a_hung_receiver_is_evicted_as_a_straggler_not_after_timeout_s_and_a_slow_one_is_not():
+    """`weights.straggler_s`: a connected receiver that never answers (a hung server) holds a publish
+    `straggler_s` once the others answered, not `timeout_s`; one that is slower but answers is kept."""
+    cfg = WeightsConfig(backend="local", bucket_size_mb=0.01, timeout_s=20.0, straggler_s=0.5)
+    sender = Sender(cfg)
+    stop = threading.Event()
+    got: dict[str, list] = {"a": [], "b": [], "slow": []}
+    rxs = {rid: Receiver(cfg, rid, endpoint=sender.endpoint) for rid in ("a", "b", "slow", "hung")}
+    _serve(rxs["a"], got["a"], stop)
+    _serve(rxs["b"], got["b"], stop)
+    _slow_serve(rxs["slow"], got["slow"], stop, 0.15)  # within the grace: kept
+    assert sender.wait_for_ids(list(rxs), timeout_s=10) == []
+    try:
+        out = sender.publish(_state(1).items(), version=1)
+        assert sorted(out.completed) == ["a", "b", "slow"] and out.evicted == {"hung": "straggler"}
+        assert out.seconds < 0.25 * cfg.timeout_s  # the grace, not the timeout
+        assert sender.stats()["suspect"] == ["hung"]  # a rejoin must answer a probe first
+        out = sender.publish(_state(2).items(), version=2)
+        assert sorted(out.completed) == ["a", "b", "slow"] and out.evicted == {}
+        deadline = time.monotonic() + 5
+        while len(got["slow"]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [v for v, _ in got["slow"]] == [1, 2]
+    finally:
+        stop.set()
+        time.sleep(0.3)
+        sender.close()
+        for rx in rxs.values():
+            rx.close()
+
+
+@pytest.mark.timeout(60)
+def test_straggler_s_0_gives_a_silent_receiver_the_whole_timeout():
+    cfg = WeightsConfig(backend="local", bucket_size_mb=0.01, timeout_s=1.5, straggler_s=0.0)
+    sender = Sender(cfg)
+    stop = threading.Event()
+    got: list = []
+    rxs = {rid: Receiver(cfg, rid, endpoint=sender.endpoint) for rid in ("a", "b", "hung")}
+    _serve(rxs["a"], got, stop)
+    _serve(rxs["b"], [], stop)
+    assert sender.wait_for_ids(list(rxs), timeout_s=10) == []
+    try:
+        out = sender.publish(_state(1).items(), version=1)
+        assert sorted(out.completed) == ["a", "b"] and out.evicted == {"hung": "timeout"}
+        assert out.seconds >= cfg.timeout_s
+    finally:
+        stop.set()
+        time.sleep(0.3)
+        sender.close()
+        for rx in rxs.values():
+            rx.close()
