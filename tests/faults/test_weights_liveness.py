@@ -21,9 +21,11 @@ def _state(v: int) -> dict[str, torch.Tensor]:
     return {f"w{i}": torch.full((32, 32), float(v * 10 + i)) for i in range(4)}
 
 
-def _serve(rx: Receiver, got: list, stop: threading.Event) -> threading.Thread:
+def _serve(rx: Receiver, got: list, stop: threading.Event, delay_s: float = 0.0) -> threading.Thread:
+    """Read every update `rx` is sent; `delay_s` before each read: an engine that is busy, not hung."""
     def run() -> None:
         while not stop.is_set():
+            time.sleep(delay_s)
             try:
                 update = rx.next_update(timeout_s=0.1)
             except TimeoutError:
@@ -173,20 +175,6 @@ def test_a_sync_for_a_restarted_receiver_waits_for_its_connection_not_the_dead_o
             fresh.close()
 
 
-def _slow_serve(rx: Receiver, got: list, stop: threading.Event, delay_s: float) -> threading.Thread:
-    """A receiver whose engine takes `delay_s` before it reads each update (busy, not hung)."""
-    def run() -> None:
-        while not stop.is_set():
-            time.sleep(delay_s)
-            try:
-                update = rx.next_update(timeout_s=0.1)
-            except TimeoutError:
-                continue
-            got.append((update.version, {n: t.clone() for n, t in update}))
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    return t
-
 
 @pytest.mark.timeout(60)
 def test_a_hung_receiver_is_evicted_as_a_straggler_not_after_timeout_s_and_a_slow_one_is_not():
@@ -199,7 +187,7 @@ def test_a_hung_receiver_is_evicted_as_a_straggler_not_after_timeout_s_and_a_slo
     rxs = {rid: Receiver(cfg, rid, endpoint=sender.endpoint) for rid in ("a", "b", "slow", "hung")}
     _serve(rxs["a"], got["a"], stop)
     _serve(rxs["b"], got["b"], stop)
-    _slow_serve(rxs["slow"], got["slow"], stop, 0.15)  # within the grace: kept
+    _serve(rxs["slow"], got["slow"], stop, 0.15)  # within the grace: kept
     assert sender.wait_for_ids(list(rxs), timeout_s=10) == []
     try:
         out = sender.publish(_state(1).items(), version=1)
