@@ -15,6 +15,8 @@ the run (the descendants of that head and of the `asyncrl train` process, by the
   group (the cluster lives on), then `asyncrl train ... resume=true`;
 - the reward (`flaky_digits`): 5% of calls raise, 5% hang past `agent.reward_timeout_s`.
 Then the same run without faults (`wall_s_no_faults`, the plain reward; `--no-baseline` skips it).
+The demo model and tokenizer the two runs share are built before either is timed (the first run would
+otherwise build them within its wall time: charged to the run with faults alone).
 
 Accounting, from the Redis queue's counters and the run's audit (`trained_uids.jsonl`, one line
 per trained step; a step trained again after a restart replaces the later ones: the lineage of the
@@ -243,6 +245,14 @@ def _run_once(tmp: Path, redis_url: str, address: str, env: dict[str, str], clus
     }
 
 
+def _build_model(cache_dir: Path) -> None:
+    """The demo model under the runs' `model.cache_dir` (`_cmd`), as `asyncrl train` would build it."""
+    from asyncrl.config import load
+    from asyncrl.data.tiny_model import ensure_tiny_model
+
+    ensure_tiny_model(cache_dir, load(Path(__file__).resolve().parents[2] / "configs" / "demo.yaml").model.tiny)
+
+
 def run(steps: int, server_every: float, seed: int, baseline: bool = True, max_tokens: int = MAX_TOKENS) -> dict[str, Any]:
     """The run with faults, then (`baseline`) the same run without them, for the wall-time ratio."""
     from asyncrl.bench.redis_tools import redis_server as _redis_server
@@ -251,6 +261,7 @@ def run(steps: int, server_every: float, seed: int, baseline: bool = True, max_t
     (tmp / "shm").mkdir()
     redis, url = _redis_server(str(tmp))
     try:
+        _build_model(tmp / "models")
         chaos = run_once(tmp, url, steps, True, server_every, seed, max_tokens)
         calm = run_once(tmp, url, steps, False, server_every, seed, max_tokens) if baseline else None
     finally:

@@ -61,6 +61,10 @@ def build_tokenizer():
 
 def build_tiny_model(path: str | os.PathLike, spec: TinyModelConfig | None = None) -> Path:
     import torch
+
+    from asyncrl.hf_imports import skip_unused_backends
+
+    skip_unused_backends()
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     spec = spec or TinyModelConfig()

@@ -68,6 +68,9 @@ class TorchRolloutServer(RolloutServer):
         threads: int = 0,
         prefix_cache_size: int = 64,
     ) -> None:
+        from asyncrl.hf_imports import skip_unused_backends
+
+        skip_unused_backends()
         from transformers import AutoModelForCausalLM
 
         if dtype not in DTYPES:

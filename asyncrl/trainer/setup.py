@@ -145,6 +145,10 @@ def load_sharded_model(path: str, device: torch.device, dtype: torch.dtype, trai
         return AdaptersDisabled(adapters_of)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from asyncrl.hf_imports import skip_unused_backends
+
+    skip_unused_backends()
     import transformers
 
     kwargs = {"num_labels": 1} if auto_class == "AutoModelForTokenClassification" else {}  # the critic's value head
