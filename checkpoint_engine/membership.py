@@ -40,6 +40,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+DISCONNECTED = "disconnected"
+"""The eviction reason of a member no connection held at two liveness looks in a row (its process is
+likely gone): what a caller probes before sending it anything again."""
+
 
 @dataclass
 class ReceiverState:
@@ -60,7 +64,7 @@ class UpdateOutcome:
     completed: list[str] = field(default_factory=list)
     """Receivers that now hold `version`."""
     evicted: dict[str, str] = field(default_factory=dict)
-    """Receiver id -> reason (`timeout`, `checksum`, ...)."""
+    """Receiver id -> reason (`timeout`, `checksum`, `DISCONNECTED`, ...)."""
     seconds: float = 0.0
     bytes: int = 0
     """State-dict bytes sent (once; each receiver got all of them)."""

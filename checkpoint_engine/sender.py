@@ -63,7 +63,7 @@ from checkpoint_engine.backends.base import pack_device
 from checkpoint_engine.buckets import BucketPacker
 from checkpoint_engine.config import WeightsConfig
 from checkpoint_engine.control import SenderSocket
-from checkpoint_engine.membership import Membership, UpdateOutcome
+from checkpoint_engine.membership import DISCONNECTED, Membership, UpdateOutcome
 from checkpoint_engine.wire import Abort, Ack, Begin, Bucket, BucketMeta, End, Group, Join, Nack, Pong, Probe
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
@@ -237,7 +237,7 @@ class Sender:
                     if self._connected(rid):
                         unreachable.discard(rid)
                     elif rid in unreachable:  # gone at two looks: its process died
-                        self._evict(rid, "disconnected", members, outcome)
+                        self._evict(rid, DISCONNECTED, members, outcome)
                     else:
                         unreachable.add(rid)
                 continue

@@ -7,6 +7,8 @@ import asyncio
 
 import pytest
 
+from checkpoint_engine.membership import DISCONNECTED
+
 from asyncrl.rollout.base import SamplingParams
 from asyncrl.rollout.fleet import Fleet, FleetManager
 from asyncrl.rollout.partial import segment_seed
@@ -212,6 +214,72 @@ def test_publish_reaches_routed_servers_only_and_a_missed_one_is_resynced_or_res
         await manager.wait_restarts()  # s1: re-sync fails (dead) -> restarted, synced, routed
         assert s0.v == 2 and made[0].v == 2 and manager.router.servers == [s0, made[0]]
         assert s2.v == 0 and manager.evicted == {"s1": "timeout"}
+
+    asyncio.run(go())
+
+
+class Plane(ScriptedServer):
+    """A server on the weight plane: it joins it and answers the health probe."""
+
+    def __init__(self, name: str, **kw) -> None:
+        super().__init__(name, **kw)
+        self.joins = 0
+
+    async def join_weights(self, cfg, endpoints, pause_mode="keep") -> None:
+        self._alive()
+        self.joins += 1
+
+    async def probe(self) -> None:
+        self._alive()
+
+
+class LostConnections(Weights):
+    """A publish finds the connection of `lost` gone (`disconnected`); a sync to a dead server waits
+    for its connection, as the trainer's does (`weights.timeout_s`), counted in `waited`."""
+
+    def __init__(self, manager: FleetManager, lost: set[str]) -> None:
+        super().__init__(manager)
+        self.lost, self.waited = lost, []
+
+    async def publish(self, version, receivers, probe=None):
+        out = await super().publish(version, [r for r in receivers if r not in self.lost])
+        out["evicted"].update({r: DISCONNECTED for r in receivers if r in self.lost})
+        self.lost = set()
+        return out
+
+    async def sync(self, receivers, resend=False, probe=None):
+        dead = [s.name for s in self.manager.servers if s.name in receivers and s.dead]
+        self.waited += dead
+        out = await super().sync(receivers, resend, probe)
+        out["evicted"].update({r: "not joined" for r in dead})
+        return out
+
+
+@pytest.mark.parametrize("dead", [True, False])
+def test_a_server_the_weight_plane_lost_is_probed_first_dead_restarted_live_joined_again(dead):
+    async def go():
+        made = []
+
+        async def respawn(i: int) -> Plane:
+            made.append(Plane(f"s{i}", hold=False))
+            return made[-1]
+
+        s0, s1 = Plane("s0", hold=False), Plane("s1", hold=False)
+        manager = FleetManager(Router())
+        await manager.add_fleet(Fleet("main", [s0, s1], respawn))
+        weights = LostConnections(manager, lost={"s1"})
+        await manager.attach_weights(weights, cfg=None)
+        assert s1.joins == 1
+        s1.dead = dead  # its process died (the plane saw its connection go), or only the connection did
+        await manager.publish(3)
+        await manager.wait_restarts()
+        assert manager.evicted == {"s1": DISCONNECTED}
+        assert weights.waited == []  # nothing was sent to the dead one: the trainer never waited for it
+        if dead:
+            assert [s.name for s in made] == ["s1"] and manager.router.servers == [s0, made[0]] and made[0].v == 3
+        else:
+            assert made == [] and s1.joins == 2 and s1.v == 3 and s1 in manager.router.servers
+        assert weights.calls[-1] == ("sync", 3, ["s1"])
 
     asyncio.run(go())
 
