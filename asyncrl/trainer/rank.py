@@ -28,6 +28,12 @@ from typing import Any, Iterator
 from asyncrl.trainer.plan import BatchPlan, load_shard
 from transfer_queue import StoragePlane
 
+SYNC_JOIN_S = 3.0
+"""How long a `sync` waits for its receivers' connection and Join (at most `weights.timeout_s`). The fleet
+makes a server join the weight plane before it asks for its sync, so both arrive within milliseconds; one
+not there by then died meanwhile (a server killed as it started). It is reported not loaded and its
+restart goes on, where waiting `timeout_s` held the trainer as long: its verbs run one at a time."""
+
 
 def build_engine(model_path: str, *, trainer: Any, **kw: Any) -> Any:
     """The engine named by `trainer.engine`: `fsdp` (`TrainerEngine`) or `cost_model`."""
@@ -146,7 +152,7 @@ class TrainerRank:
             if self.sender is None:
                 return None
             # a restarted server's process: its connection, then its Join (until then the dead one's entry stands for it)
-            missing = self.sender.wait_for_ids(receivers, self.sender.config.timeout_s, connected=True)
+            missing = self.sender.wait_for_ids(receivers, min(self.sender.config.timeout_s, SYNC_JOIN_S), connected=True)
             out = self.sender.sync(params, receivers=receivers, resend=resend)
             if out is None:  # nobody behind: the live ones among them already hold it
                 m = self.sender.membership

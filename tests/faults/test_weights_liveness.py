@@ -228,3 +228,42 @@ def test_straggler_s_0_gives_a_silent_receiver_the_whole_timeout():
         sender.close()
         for rx in rxs.values():
             rx.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_sync_to_a_server_that_died_since_it_joined_holds_the_trainer_seconds_not_the_timeout():
+    """The fleet re-syncs a server (or syncs a restarted one) right after it joined: if its process dies in
+    between, the trainer's sync waits `SYNC_JOIN_S` for its connection, not `weights.timeout_s` (20 s here),
+    and reports it not loaded; a live receiver of the same sync is brought current all the same."""
+    from asyncrl.trainer.rank import SYNC_JOIN_S, TrainerRank
+    from tests.integration.fleet.weights import StateEngine
+
+    cfg = WeightsConfig(backend="local", timeout_s=20.0)
+    engine = StateEngine(list(_state(1).items()))
+    rank = TrainerRank(engine, plane=None, weights=cfg)
+    stop, got = threading.Event(), []
+    live = Receiver(cfg, "live", endpoint=rank.endpoint)
+    gone = Receiver(cfg, "gone", endpoint=rank.endpoint)
+    threads = [_serve(live, got, stop), _serve(gone, [], stop)]
+    try:
+        out = rank.publish(1, ["live", "gone"])
+        assert sorted(out["completed"]) == ["gone", "live"]
+        stop.set()
+        for t in threads:
+            t.join()
+        gone.close()  # its process died after it joined
+        stop.clear()
+        threads = [_serve(live, got, stop)]
+        engine.state = list(_state(2).items())
+        t0 = time.monotonic()
+        out = rank.sync(["live", "gone"], resend=True)
+        took = time.monotonic() - t0
+        assert out["completed"] == ["live"] and "gone" in out["evicted"]
+        assert took < SYNC_JOIN_S + 5.0 < cfg.timeout_s
+        assert got[-1][0] == 1 and torch.equal(got[-1][1]["w0"], _state(2)["w0"])  # the current weights, resent
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        live.close()
+        rank.close()
