@@ -128,6 +128,17 @@ def test_drain_finishes_requests_and_takes_no_new_ones():
     asyncio.run(go())
 
 
+def respawner(make):
+    """(the servers a fleet started so far, its `respawn`: `make(index)` for each)."""
+    made = []
+
+    async def respawn(i: int):
+        made.append(make(i))
+        return made[-1]
+
+    return made, respawn
+
+
 class Weights:
     """Stands in for the trainer's weight plane: a publish 'loads' the version into every named
     server that is alive (`update_weights`); a dead one is left out and reported evicted."""
@@ -161,11 +172,7 @@ class Weights:
 
 def test_manager_restarts_dead_server_at_current_version():
     async def go():
-        made = []
-
-        async def respawn(i: int) -> ScriptedServer:
-            made.append(ScriptedServer(f"s{i}", hold=False))
-            return made[-1]
+        made, respawn = respawner(lambda i: ScriptedServer(f"s{i}", hold=False))
 
         s0, s1 = ScriptedServer("s0"), ScriptedServer("s1", hold=False)
         manager = FleetManager(Router())
@@ -196,11 +203,7 @@ def test_manager_restarts_dead_server_at_current_version():
 
 def test_publish_reaches_routed_servers_only_and_a_missed_one_is_resynced_or_restarted():
     async def go():
-        made = []
-
-        async def respawn(i: int) -> ScriptedServer:
-            made.append(ScriptedServer(f"s{i}", hold=False))
-            return made[-1]
+        made, respawn = respawner(lambda i: ScriptedServer(f"s{i}", hold=False))
 
         s0, s1, s2 = ScriptedServer("s0"), ScriptedServer("s1"), ScriptedServer("s2")
         manager = FleetManager(Router())
@@ -258,11 +261,7 @@ class LostConnections(Weights):
 @pytest.mark.parametrize("dead", [True, False])
 def test_a_server_the_weight_plane_lost_is_probed_first_dead_restarted_live_joined_again(dead):
     async def go():
-        made = []
-
-        async def respawn(i: int) -> Plane:
-            made.append(Plane(f"s{i}", hold=False))
-            return made[-1]
+        made, respawn = respawner(lambda i: Plane(f"s{i}", hold=False))
 
         s0, s1 = Plane("s0", hold=False), Plane("s1", hold=False)
         manager = FleetManager(Router())
@@ -298,11 +297,7 @@ def test_a_trainer_that_dies_during_a_restarts_sync_is_the_trainers_death_not_th
             raise TrainerDied("trainer rank 0 died during sync: ActorDiedError")
 
     async def go():
-        made = []
-
-        async def respawn(i: int) -> ScriptedServer:
-            made.append(ScriptedServer(f"s{i}", hold=False))
-            return made[-1]
+        made, respawn = respawner(lambda i: ScriptedServer(f"s{i}", hold=False))
 
         s0, s1 = ScriptedServer("s0", hold=False), ScriptedServer("s1", hold=False)
         manager = FleetManager(Router())
@@ -422,11 +417,7 @@ def test_a_restart_in_flight_when_the_trainer_dies_finishes_with_the_next_traine
             self.endpoints.append(list(endpoints))
 
     async def go():
-        made = []
-
-        async def respawn(i: int) -> ScriptedServer:
-            made.append(Joining(f"s{i}-new"))
-            return made[-1]
+        made, respawn = respawner(lambda i: Joining(f"s{i}-new"))
 
         s0, s1 = Joining("s0"), Joining("s1")
         manager = FleetManager(Router())
