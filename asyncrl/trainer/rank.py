@@ -28,11 +28,12 @@ from typing import Any, Iterator
 from asyncrl.trainer.plan import BatchPlan, load_shard
 from transfer_queue import StoragePlane
 
-SYNC_JOIN_S = 3.0
+SYNC_JOIN_S = 5.0
 """How long a `sync` waits for its receivers' connection and Join (at most `weights.timeout_s`). The fleet
-makes a server join the weight plane before it asks for its sync, so both arrive within milliseconds; one
-not there by then died meanwhile (a server killed as it started). It is reported not loaded and its
-restart goes on, where waiting `timeout_s` held the trainer as long: its verbs run one at a time."""
+makes a server join the weight plane before it asks for its sync, so both arrive within milliseconds (1-2 s
+seen on a loaded 2-core host); one not there by then died meanwhile (a server killed as it started). It is
+reported not loaded and its restart goes on, where waiting `timeout_s` held the trainer as long: its verbs
+run one at a time."""
 
 
 def build_engine(model_path: str, *, trainer: Any, **kw: Any) -> Any:
