@@ -6,9 +6,11 @@ checkpoints), for `--steps` steps, on a Ray cluster of its own (a head on 127.0.
 controller, `asyncrl/bench/cluster.py`, as on a real cluster) with `ray.detached=true`: the actors
 outlive a controller that dies and its resume takes them back. The injector touches only processes of
 the run (the descendants of that head and of the `asyncrl train` process, by their Ray process titles):
-- a random rollout server (`ray::ServerActor...`) every `--server-every` seconds: SIGKILL, except the
-  second time, when one is hung instead (SIGSTOP: alive, connected, silent; the fleet's health probe
-  must find it, kill it and start another);
+- a random rollout server (`ray::ServerActor...`) every `--server-every` seconds, among the servers whose
+  process has run that long (a replacement just started is spared: on a loaded host a start can outlast
+  the interval, and killing every replacement before it serves ends the run):
+  SIGKILL, except the second time, when one is hung instead (SIGSTOP: alive, connected, silent; the
+  fleet's health probe must find it, kill it and start another);
 - one trainer rank (`ray::TrainerRankShell...`) once, after the first checkpoint: SIGKILL
   (`asyncrl train` restarts the run's processes from that checkpoint);
 - the controller once, after a later checkpoint: SIGKILL to the whole `asyncrl train` process
@@ -106,6 +108,15 @@ def _descendants(pid: int, title: str) -> list[Any]:
     return out
 
 
+def _age_s(proc: Any) -> float:
+    import psutil
+
+    try:
+        return time.time() - proc.create_time()
+    except psutil.Error:
+        return 0.0
+
+
 def _checkpoints(run: Path) -> list[int]:
     return sorted(int(p.parent.name.split("_")[1]) for p in (run / "checkpoints").glob("step_*/state.json"))
 
@@ -146,7 +157,7 @@ def _segment(cmd: list[str], run: Path, steps: int, faults: dict[str, int], *, k
                 faults["controller"] += 1
                 return proc.returncode, "killed"
             if time.time() - last_server >= server_every:
-                servers = _descendants(cluster, "ray::ServerActor")
+                servers = [p for p in _descendants(cluster, "ray::ServerActor") if _age_s(p) >= server_every]
                 if servers:
                     hang = faults["server"] == 1 and faults["server_hung"] == 0
                     rng.choice(servers).send_signal(signal.SIGSTOP if hang else signal.SIGKILL)

@@ -13,3 +13,27 @@ def test_a_step_trained_again_replaces_it_and_every_later_step_of_the_earlier_at
 def test_no_restart_keeps_every_line():
     lines = [{"step": s, "uids": []} for s in range(1, 6)]
     assert lineage(lines) == lines
+
+
+def test_server_faults_spare_servers_younger_than_the_interval():
+    import subprocess
+    import sys
+
+    import psutil
+
+    from asyncrl.bench.chaos import _age_s
+
+    fresh = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert _age_s(psutil.Process(fresh.pid)) < 10 < _age_s(psutil.Process(1))  # a server still starting; an old one
+    finally:
+        fresh.kill()
+        fresh.wait()
+    assert _age_s(_Gone()) == 0.0  # a process gone meanwhile is never picked
+
+
+class _Gone:
+    def create_time(self) -> float:
+        import psutil
+
+        raise psutil.NoSuchProcess(0)
