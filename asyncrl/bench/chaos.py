@@ -258,10 +258,11 @@ def _run_once(tmp: Path, redis_url: str, address: str, env: dict[str, str], clus
 
 def _build_model(cache_dir: Path) -> None:
     """The demo model under the runs' `model.cache_dir` (`_cmd`), as `asyncrl train` would build it."""
+    from asyncrl.bench.cluster import REPO
     from asyncrl.config import load
     from asyncrl.data.tiny_model import ensure_tiny_model
 
-    ensure_tiny_model(cache_dir, load(Path(__file__).resolve().parents[2] / "configs" / "demo.yaml").model.tiny)
+    ensure_tiny_model(cache_dir, load(REPO / "configs" / "demo.yaml").model.tiny)
 
 
 def run(steps: int, server_every: float, seed: int, baseline: bool = True, max_tokens: int = MAX_TOKENS) -> dict[str, Any]:
