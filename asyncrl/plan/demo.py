@@ -151,12 +151,13 @@ def train(mode: str, seed: int, root: Path, steps: int = STEPS, timeout_s: float
 
 
 def schedule_of(run_dir: Path) -> Schedule:
-    """The run's schedule from its resolved `config.yaml` (mode, eta, publish_every, admission)."""
+    """The run's schedule from its resolved `config.yaml` (mode, eta, publish_every, admission, group affinity)."""
     import yaml
 
-    t = yaml.safe_load((run_dir / "config.yaml").read_text())["trainer"]
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    t = cfg["trainer"]
     return Schedule(mode=t["mode"], eta=t["max_staleness"], publish_every=t["publish_every"], admission=t["admission"],
-                    steps=t["total_steps"] - WARMUP - 1, warmup=WARMUP)
+                    steps=t["total_steps"] - WARMUP - 1, warmup=WARMUP, group_affinity=cfg["rollout"]["group_affinity"])
 
 
 def calibration(root: Path, steps: int = STEPS, seed: int = 1, overlap_run: bool = True,

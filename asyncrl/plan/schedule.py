@@ -30,6 +30,8 @@ class Schedule:
     """rollout.update_mode: how a publish treats samples in flight (keep, abort, wait: see `sim.py`)."""
     staleness_level: str = "group"
     """trainer.staleness_level: `group` (a group is as old as its oldest token) or `token`."""
+    group_affinity: bool = True
+    """rollout.group_affinity: every sample of a group runs on the server its first sample was sent to."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

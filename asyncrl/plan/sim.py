@@ -6,7 +6,8 @@ Job: replay what `asyncrl.controller.Pipeline` does on a `Costs` load, in simula
 - rollouter: starts a group while fewer samples run than the fleet's slots
   (`rollout.max_running_samples` = servers x max_concurrency) *and* `StalenessManager.can_start()`;
   then `acquire()` (the real one). A sample goes to the server with the fewest requests in flight
-  and, once it holds one of that server's slots, generates a token every `Costs.token_cost_at(a)`
+  (with `Schedule.group_affinity`, as `rollout.group_affinity`: the group's first sample does, and
+  the rest of the group follows it to that server) and, once it holds one of that server's slots, generates a token every `Costs.token_cost_at(a)`
   seconds while `a` samples run there: each server has its own clock, which runs at
   `token_cost_s / token_cost_at(a)` of the rollout clock and is re-timed at every start and end on
   it (`token_cost_slope_s` 0: every server's clock is the rollout clock, as before).
@@ -96,6 +97,7 @@ class Simulator:
         self.least: list[tuple[int, int]] = [(0, i) for i in range(costs.servers)]  # (in flight, server), lazy: stale entries skipped
         self.active = [0] * costs.servers
         self.waiting: list[deque] = [deque() for _ in range(costs.servers)]
+        self.group_server: dict[int, int] = {}  # `group_affinity`: a running group's server
         self.requests = [0] * costs.servers
         self.requests[0] = costs.requests_before  # the step-0 evaluation's request used up server 0's first draw
         # Per server: its running samples (end on its own clock, seq, group, tokens) and its clock's
@@ -165,7 +167,11 @@ class Simulator:
 
     def _submit(self, gid: int) -> None:
         self.running_samples += 1
-        srv = self._least_inflight()
+        srv = self.group_server.get(gid)
+        if srv is None:
+            srv = self._least_inflight()
+            if self.s.group_affinity:
+                self.group_server[gid] = srv
         self.inflight[srv] += 1
         heapq.heappush(self.least, (self.inflight[srv], srv))
         self.waiting[srv].append((gid, self._draw(srv)))
@@ -238,6 +244,7 @@ class Simulator:
             self._admit("sample", ())
             return
         del self.groups[gid]
+        self.group_server.pop(gid, None)
         self.versions[gid] = g[3]
         self.queue.append((g[3].queue_version(self.s.staleness_level), gid, gid, g[2]))
         if self.pace is not None:

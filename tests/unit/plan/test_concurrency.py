@@ -16,7 +16,8 @@ FIXED = LongTail(short_tokens=10, long_fraction=0.0, jitter=0.0)
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("case, tokens_per_s, step_s, events, t_sum", [
-    # numbers of the simulator before per-server clocks existed (one global rollout clock), same seed
+    # numbers of the simulator before per-server clocks existed (one global rollout clock), same seed,
+    # which routed every sample alone (no `group_affinity`)
     ("contention", 4926.8417502151715, 0.403021875, 393, 864.6333214285713),
     ("bench", 4831.237870221924, 0.2962749999999999, 240, 356.3799999999999),
 ])
@@ -27,7 +28,7 @@ def test_slope_zero_reproduces_the_single_clock_simulator(case, tokens_per_s, st
     else:
         c = Costs(servers=4, max_concurrency=4, token_cost_s=0.002, lengths=LongTail(short_tokens=30, long_fraction=0.2),
                   trainer_tokens_per_s=5000, groups=4, group_size=4, publish_s=0.01, length_seed=0, requests_before=1)
-    r = Simulator(c, Schedule(mode="fully_async", steps=8, warmup=2), seed=1, record=True).run()
+    r = Simulator(c, Schedule(mode="fully_async", steps=8, warmup=2, group_affinity=False), seed=1, record=True).run()
     assert (r.trained_tokens_per_s, r.step_s, len(r.trace)) == (tokens_per_s, step_s, events)
     assert sum(e.t for e in r.trace) == t_sum
 

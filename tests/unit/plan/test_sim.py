@@ -93,3 +93,26 @@ def test_split_search_finds_the_balanced_split():
     found = best_split(prof, 64, steps=10, warmup=3, coarse=16)
     assert found["best"]["rollout_gpus"] == 16, [(r["rollout_gpus"], r["trained_tokens_per_s"]) for r in found["candidates"]]
     assert found["best"]["ratio_to_bound"] > 0.9
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("affinity", [True, False])
+def test_group_affinity_runs_a_group_on_the_server_its_first_sample_went_to(affinity):
+    """`rollout.group_affinity` (the default): the router sends every sample of a group where its first
+    went, the least loaded server then; without it each sample goes to the least loaded server on its own."""
+    where: dict[int, set[int]] = {}
+
+    class Watched(Simulator):
+        def _run_waiting(self, srv: int) -> None:
+            for gid, _ in self.waiting[srv]:
+                where.setdefault(gid, set()).add(srv)
+            super()._run_waiting(srv)
+
+    Watched(costs(0.7), Schedule(mode="one_step_off", steps=6, warmup=1, group_affinity=affinity), seed=1).run()
+    assert len(where) > 20
+    spread = [len(s) for s in where.values()]
+    if affinity:
+        assert set(spread) == {1}
+        assert {srv for s in where.values() for srv in s} == {0, 1}  # groups still spread over the servers
+    else:
+        assert max(spread) == 2  # 8 samples of a group over 2 servers
