@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from asyncrl.plan.demo import calibrate, measure, read_metrics
+from asyncrl.plan.demo import calibrate, mean_costs, measure, read_metrics
 from asyncrl.plan.sim import Schedule, simulate
 
 
@@ -40,6 +40,17 @@ def test_calibrate_recovers_the_components_and_predicts_the_run(tmp_path):
     fa = simulate(c.costs(), Schedule(mode="fully_async", eta=4, steps=8, warmup=3), seeds=1)
     assert fa["trained_tokens_per_s"] > 1.2 * p["trained_tokens_per_s"]
     assert fa["trained_tokens_per_s"] <= 1.01 * 256 / (0.256 + 0.005)
+
+
+@pytest.mark.timeout(30)
+def test_calibration_runs_are_averaged_component_by_component():
+    """A slow calibration run (every part 1.5x) moves the costs half as far when averaged with a normal one."""
+    normal = calibrate(sync_rows(12, wait=0.06, train_per_token=0.001, publish=0.02, other=0.004), groups=8, group_size=8, warmup=3)
+    slow = calibrate(sync_rows(12, wait=0.09, train_per_token=0.0015, publish=0.03, other=0.006), groups=8, group_size=8, warmup=3)
+    c = mean_costs([normal, slow])
+    assert c.token_cost_s == pytest.approx(0.01875) and c.trainer_s_per_token == pytest.approx(0.00125)
+    assert c.publish_s == pytest.approx(0.025) and c.step_overhead_s == pytest.approx(0.005, abs=1e-6)
+    assert (c.response_tokens, c.groups, c.group_size) == (4, 8, 8)
 
 
 @pytest.mark.timeout(30)
