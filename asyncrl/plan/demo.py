@@ -1,12 +1,12 @@
 """Predictions against real demo runs: the `demo_run` cases of `asyncrl plan --validate`.
 
 Job: run the embedded demo (`asyncrl train`: tiny model, torch engine, real trainer, on this
-host's CPUs) as subprocesses. *Calibration* runs: `sync` ones (seeds 1 and 3, averaged) measure the
+host's CPUs) as subprocesses. *Calibration* runs (seeds 1 and 3, averaged): `sync` ones measure the
 components per step alone (seconds per generated token of a request at the batch's concurrency,
 trainer seconds per trained token, publish seconds, the controller's other per-step seconds) from
-their `metrics.jsonl`; one in `one_step_off` (seed 1), where generation overlaps training on the same two
+their `metrics.jsonl`; those in `one_step_off`, where generation overlaps training on the same two
 cores (and the same GIL: the engine is a thread of the trainer's process), fits the contention
-factor (`Costs.contention`) that makes the simulator reproduce its trained tokens/s. Then
+factor (`Costs.contention`) that makes the simulator reproduce their trained tokens/s. Then
 *validation* runs (seed 2, each mode asked for) are predicted from those costs alone and compared
 on trained tokens/s over their steady-state steps; their numbers never feed the costs. It knows
 the metric names the controller logs (`time/train_s`, `time/wait_rollout_s`, `weights/publish_s`,
@@ -40,9 +40,10 @@ STEPS = 32
 OVERRIDES = ("trainer.eval_every=1000", "trainer.save_every=0", "logging.mlflow=false",
              "logging.progress=false", "trainer.prompts_per_step=8", "rollout.group_size=8", "data.eval_size=8", "trainer.threads=1")
 """The demo's small batch (8 groups of 8 four-token responses) so a run takes seconds."""
-SYNC_RUNS = 2
-"""`sync` calibration runs (seeds 1, 3, ...) whose components are averaged: one run's mean moved by
-up to 25% from one run to the next here (a few steps 3x slower), and the validated runs never see it."""
+CAL_RUNS = 2
+"""Calibration runs per mode (seeds 1, 3, ...), averaged: one run's mean moved by up to 25% from one
+run to the next here (a few steps 3x slower), and the validated runs never see it."""
+CAL_SEEDS = tuple(1 + 2 * i for i in range(CAL_RUNS))
 ENGINE_BATCH = 512
 """`rollout.max_batch_size`'s default: the torch engine decodes up to this many requests at once
 (and `rollout.max_running_samples` 0 puts no fleet cap on admission)."""
@@ -170,15 +171,15 @@ def schedule_of(run_dir: Path) -> Schedule:
                     steps=t["total_steps"] - WARMUP - 1, warmup=WARMUP, group_affinity=cfg["rollout"]["group_affinity"])
 
 
-def calibration(root: Path, steps: int = STEPS, seed: int = 1, overlap_run: bool = True,
+def calibration(root: Path, steps: int = STEPS, seeds: tuple[int, ...] = CAL_SEEDS, overlap_run: bool = True,
                 concurrency: bool = True) -> tuple[DemoCosts, dict[str, Any]]:
-    """The costs of the calibration runs: `sync` (components alone), the engine sweep (the slope
-    with concurrency; `concurrency=False`: none), then `one_step_off` (the contention, fitted with
-    the slope in place); `overlap_run=False`: no one_step_off run, contention 1."""
+    """The costs of the calibration runs (one per seed and mode, averaged): `sync` (components alone),
+    the engine sweep (the slope with concurrency; `concurrency=False`: none), then `one_step_off` (the
+    contention, fitted with the slope in place to their mean throughput); `overlap_run=False`: no
+    one_step_off run, contention 1."""
     from asyncrl.plan.engine_sweep import run_sweep
 
-    cal = mean_costs([calibrate(read_metrics(train("sync", s, root, steps)), groups=8, group_size=8)
-                      for s in range(seed, seed + 2 * SYNC_RUNS, 2)])
+    cal = mean_costs([calibrate(read_metrics(train("sync", s, root, steps)), groups=8, group_size=8) for s in seeds])
     seen: dict[str, Any] = {}
     if concurrency:
         points = run_sweep()
@@ -186,24 +187,24 @@ def calibration(root: Path, steps: int = STEPS, seed: int = 1, overlap_run: bool
         seen["engine_sweep_s_per_token"] = {c: round(v, 6) for c, v in points.items()}
     if not overlap_run:
         return cal, seen
-    run = train("one_step_off", seed, root, steps)
-    over = measure(read_metrics(run))
-    k = fit_contention(cal, schedule_of(run), over["trained_tokens_per_s"])
-    return replace(cal, contention=k), {**seen, "one_step_off_tokens_per_s": round(over["trained_tokens_per_s"], 1)}
+    runs = [train("one_step_off", s, root, steps) for s in seeds]
+    over = statistics.fmean(measure(read_metrics(run))["trained_tokens_per_s"] for run in runs)
+    k = fit_contention(cal, schedule_of(runs[0]), over)
+    return replace(cal, contention=k), {**seen, "one_step_off_tokens_per_s": round(over, 1)}
 
 
 def demo_cases(modes: tuple[str, ...] = ("sync", "one_step_off", "fully_async"), root: Path | None = None,
-               steps: int = STEPS, overlap_run: bool = True, concurrency: bool = True) -> list[dict[str, Any]]:
-    """Calibrate once (`calibration`, seeds 1 and 3), then predict each mode's run (seed 2) from it, the
+               steps: int = STEPS, overlap_run: bool = True, concurrency: bool = True,
+               seeds: tuple[int, ...] = CAL_SEEDS) -> list[dict[str, Any]]:
+    """Calibrate once (`calibration`, `seeds`: 1 and 3), then predict each mode's run (seed 2) from it, the
     runs back to back so they see about the same load of a shared host (`load_avg` in the detail)."""
     import os
 
 
     with tempfile.TemporaryDirectory(prefix="asyncrl-plan-demo-") as tmp:
         base = root or Path(tmp)
-        cal, seen = calibration(base / "calibration", steps, overlap_run=overlap_run, concurrency=concurrency)
-        seeds = ", ".join(str(1 + 2 * i) for i in range(SYNC_RUNS))
-        label = (f"sync runs of seeds {seeds} + a one_step_off run of seed 1" if overlap_run else f"sync runs of seeds {seeds}") \
+        cal, seen = calibration(base / "calibration", steps, seeds, overlap_run=overlap_run, concurrency=concurrency)
+        label = f"{'sync + one_step_off' if overlap_run else 'sync'} runs of seeds {', '.join(map(str, seeds))}" \
             + (" + an engine sweep" if concurrency else "")
         out = []
         for mode in modes:

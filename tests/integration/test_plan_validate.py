@@ -30,7 +30,8 @@ def test_validate_prints_every_case_with_its_error(capsys):
 def test_a_real_demo_run_is_predicted_from_a_separate_calibration_run(tmp_path):
     from asyncrl.plan.demo import DEMO_TARGET, WARMUP, demo_cases
 
-    (row,) = demo_cases(("fully_async",), root=tmp_path, steps=WARMUP + 5, overlap_run=False, concurrency=False)
+    (row,) = demo_cases(("fully_async",), root=tmp_path, steps=WARMUP + 5, overlap_run=False, concurrency=False,
+                        seeds=(1,))
     assert row["kind"] == "demo_run" and row["target"] == DEMO_TARGET and row["measured"] > 0 and row["predicted"] > 0
     assert (tmp_path / "calibration" / "sync-seed1" / "metrics.jsonl").is_file()  # the calibration is its own run
     assert (tmp_path / "validation" / "fully_async-seed2" / "metrics.jsonl").is_file()
