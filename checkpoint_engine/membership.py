@@ -43,6 +43,13 @@ from dataclasses import dataclass, field
 DISCONNECTED = "disconnected"
 """The eviction reason of a member no connection held at two liveness looks in a row (its process is
 likely gone): what a caller probes before sending it anything again."""
+TIMEOUT = "timeout"
+"""The eviction reason of a member that did not answer a step within `timeout_s`."""
+STRAGGLER = "straggler"
+"""The eviction reason of a member still silent `straggler_s` after half of the others answered."""
+SILENT = (DISCONNECTED, TIMEOUT, STRAGGLER)
+"""Reasons that say nothing was heard from the member: it may be dead or hung, so a caller asks its
+process (a health probe) before a sync that would wait for it."""
 
 
 @dataclass
@@ -104,7 +111,7 @@ class Membership:
     def evict(self, receiver_id: str, reason: str = "") -> None:
         state = self.receivers[receiver_id]
         state.alive = False
-        state.suspect = state.suspect or reason in ("timeout", "straggler")
+        state.suspect = state.suspect or reason in (TIMEOUT, STRAGGLER)
 
     def is_suspect(self, receiver_id: str) -> bool:
         state = self.receivers.get(receiver_id)

@@ -63,7 +63,7 @@ from checkpoint_engine.backends.base import pack_device
 from checkpoint_engine.buckets import BucketPacker
 from checkpoint_engine.config import WeightsConfig
 from checkpoint_engine.control import SenderSocket
-from checkpoint_engine.membership import DISCONNECTED, Membership, UpdateOutcome
+from checkpoint_engine.membership import DISCONNECTED, STRAGGLER, TIMEOUT, Membership, UpdateOutcome
 from checkpoint_engine.wire import Abort, Ack, Begin, Bucket, BucketMeta, End, Group, Join, Nack, Pong, Probe
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
@@ -223,14 +223,14 @@ class Sender:
         deadline = start + timeout_s
         look = start + LIVENESS_S
         unreachable: set[str] = set()  # not connected at the last look
-        late, armed = "timeout", self.config.straggler_s > 0
+        late, armed = TIMEOUT, self.config.straggler_s > 0
         while len(acked | regroup) < len(members):
             now = time.monotonic()
             if armed and len(members) >= 2 and len(acked | regroup) * 2 >= len(members):  # half answered: the rest get a grace
                 armed = False
                 grace = max(self.config.straggler_s, STRAGGLER_FACTOR * (now - start))
                 if now + grace < deadline:
-                    deadline, late = now + grace, "straggler"
+                    deadline, late = now + grace, STRAGGLER
             if now >= look:
                 look = now + LIVENESS_S
                 for rid in [r for r in members if r not in acked and r not in regroup]:

@@ -19,7 +19,7 @@ import logging
 import time
 from typing import Any, Awaitable, Protocol, TypeVar
 
-from checkpoint_engine.membership import DISCONNECTED
+from checkpoint_engine.membership import DISCONNECTED, SILENT
 
 from asyncrl.config import RolloutConfig
 from asyncrl.rollout.base import PEER_LOADED_MEANWHILE, PEER_WAS_LOADING, PauseMode, RolloutServer
@@ -266,7 +266,7 @@ class FleetManager:
         self.evicted[server_name(server)] = why
         log.warning("server %s out of routing (%s): re-syncing it", server_name(server), why)
         self.router.remove(server)
-        self._background(self._counted(server, self._recover(server, gone=why == DISCONNECTED)))
+        self._background(self._counted(server, self._recover(server, gone=why == DISCONNECTED, silent=why in SILENT)))
 
     async def _parity(self, servers: list[RolloutServer], version: int, reference: list[float] | None
                       ) -> list[tuple[RolloutServer, str]]:
@@ -321,15 +321,16 @@ class FleetManager:
         for _, verdict in await self._parity([server], self.version, out.get("probe")):  # a re-sync is always checked
             raise WeightParityError(verdict)
 
-    async def _recover(self, server: RolloutServer, gone: bool = False) -> None:
+    async def _recover(self, server: RolloutServer, gone: bool = False, silent: bool = False) -> None:
         """A live server missed a publish or failed its parity check (or is not joined to the current
         source: it joins outside the lock, so a hung one holds up no publish): re-sync it and route it
-        again; restart it if that fails. `gone`: the weight plane found no connection of it (evicted as
-        `disconnected`): its process is probed first, so a dead one is restarted at once instead of
-        re-synced (the trainer would wait `weights.timeout_s` for its connection, holding every step
-        meanwhile), and a live one joins anew (its receiver lost the connection)."""
+        again; restart it if that fails. `silent`: the weight plane heard nothing from it (evicted as
+        `disconnected`, `timeout` or `straggler`): its process is probed first (`rollout.health_timeout_s`,
+        outside the trainer), so a dead or hung one is restarted at once instead of re-synced (the sync
+        would hold the trainer, and every step behind it, while it waits for the receiver's connection);
+        `gone` (`disconnected`): a live one joins anew (its receiver lost the connection)."""
         try:
-            if gone and hasattr(server, "probe"):
+            if (gone or silent) and hasattr(server, "probe"):
                 await server.probe()  # ServerDied: restarted below
             if gone or self._joined.get(server) is not self._weights:
                 await self._join(server)

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from checkpoint_engine.membership import DISCONNECTED
+from checkpoint_engine.membership import DISCONNECTED, STRAGGLER, TIMEOUT
 
 from asyncrl.rollout.base import SamplingParams
 from asyncrl.rollout.fleet import Fleet, FleetManager
@@ -237,16 +237,16 @@ class Plane(ScriptedServer):
 
 
 class LostConnections(Weights):
-    """A publish finds the connection of `lost` gone (`disconnected`); a sync to a dead server waits
-    for its connection, as the trainer's does (`weights.timeout_s`), counted in `waited`."""
+    """A publish hears nothing from `lost` (evicted as `reason`: `disconnected` by default); a sync to a
+    dead server waits for its connection, as the trainer's does (`SYNC_JOIN_S`), counted in `waited`."""
 
-    def __init__(self, manager: FleetManager, lost: set[str]) -> None:
+    def __init__(self, manager: FleetManager, lost: set[str], reason: str = DISCONNECTED) -> None:
         super().__init__(manager)
-        self.lost, self.waited = lost, []
+        self.lost, self.waited, self.reason = lost, [], reason
 
     async def publish(self, version, receivers, probe=None):
         out = await super().publish(version, [r for r in receivers if r not in self.lost])
-        out["evicted"].update({r: DISCONNECTED for r in receivers if r in self.lost})
+        out["evicted"].update({r: self.reason for r in receivers if r in self.lost})
         self.lost = set()
         return out
 
@@ -279,6 +279,34 @@ def test_a_server_the_weight_plane_lost_is_probed_first_dead_restarted_live_join
         else:
             assert made == [] and s1.joins == 2 and s1.v == 3 and s1 in manager.router.servers
         assert weights.calls[-1] == ("sync", 3, ["s1"])
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("reason", [STRAGGLER, TIMEOUT])
+@pytest.mark.parametrize("dead", [True, False])
+def test_a_server_the_weight_plane_did_not_hear_is_probed_before_its_sync(reason, dead):
+    """The chaos run found it: a hung server was evicted from a publish as a straggler, and its re-sync
+    held the trainer (and the next step behind it) 5 s waiting for a receiver that would never join
+    again. Now a silent one is probed first: dead (or hung: the probe times out) -> restarted without a
+    sync; alive -> re-synced as before (no new join: its connection held)."""
+    async def go():
+        made, respawn = respawner(lambda i: Plane(f"s{i}", hold=False))
+        s0, s1 = Plane("s0", hold=False), Plane("s1", hold=False)
+        manager = FleetManager(Router())
+        await manager.add_fleet(Fleet("main", [s0, s1], respawn))
+        weights = LostConnections(manager, lost={"s1"}, reason=reason)
+        await manager.attach_weights(weights, cfg=None)
+        s1.dead = dead
+        await manager.publish(3)
+        await manager.wait_restarts()
+        assert manager.evicted == {"s1": reason} and weights.waited == []
+        if dead:
+            assert [s.name for s in made] == ["s1"] and manager.router.servers == [s0, made[0]] and made[0].v == 3
+            assert ("sync", 3, ["s1"]) not in weights.calls[:-1]  # only the replacement's sync
+        else:
+            assert made == [] and s1.joins == 1 and s1.v == 3 and s1 in manager.router.servers
+            assert weights.calls[-1] == ("sync", 3, ["s1"])
 
     asyncio.run(go())
 
