@@ -33,7 +33,7 @@ class PipelineCheckpoint:
         # the queued groups (in-process queue) and every group in flight, continued on resume; from
         # here to write_state no await: the counters below describe exactly what it holds
         # with Ray the records' arrays are in the actors' planes: the controller does not read them
-        work = await capture(self.parts.fleets.servers, self.rollouter, self.queue, keep_arrays=not self.cfg.ray.enabled)
+        work = await capture(self.parts.fleets.answering(), self.rollouter, self.queue, keep_arrays=not self.cfg.ray.enabled)
         state = self.staleness.state_dict()
         write_async_state(ckpt, work)
         write_state(

@@ -17,6 +17,7 @@ import asyncio
 import itertools
 import logging
 import time
+import weakref
 from typing import Any, Awaitable, Protocol, TypeVar
 
 from checkpoint_engine.membership import DISCONNECTED, SILENT
@@ -121,6 +122,9 @@ class FleetManager:
         self.last_publish_s = 0.0
         self.evicted: dict[str, str] = {}
         """Servers left out of a publish, and why (cumulative)."""
+        self._silent: weakref.WeakSet[RolloutServer] = weakref.WeakSet()
+        """Servers not worth asking anything (`answering`): dead or hung ones being replaced, and those the
+        weight plane heard nothing from until their probe answers."""
         self.parity: ParityCheck | None = None
         """The weight-parity rule (`attach_weights`); None: no probe."""
         self.targets: dict[str, int] = {}
@@ -175,6 +179,11 @@ class FleetManager:
     def servers(self) -> list[RolloutServer]:
         """Every server of every fleet (routed or not)."""
         return [s for f in self.fleets.values() for s in f.servers]
+
+    def answering(self) -> list[RolloutServer]:
+        """`servers` less those known dead or hung, or silent on the weight plane and not yet probed: what a
+        checkpoint asks for its partial samples (a hung one would hold it `rollout.health_timeout_s`)."""
+        return [s for s in self.servers if s not in self._silent]
 
     def _check(self) -> None:
         if isinstance(self._error, (WeightParityError, TrainerDied)):  # a deliberate stop; the trainer's death restarts the run
@@ -264,6 +273,8 @@ class FleetManager:
         """A routed server that does not serve the current version: out of routing, re-synced in the
         background (`resend`: it acknowledged the version, but serves other weights)."""
         self.evicted[server_name(server)] = why
+        if why in SILENT:
+            self._silent.add(server)
         log.warning("server %s out of routing (%s): re-syncing it", server_name(server), why)
         self.router.remove(server)
         self._background(self._counted(server, self._recover(server, gone=why == DISCONNECTED, silent=why in SILENT)))
@@ -332,6 +343,7 @@ class FleetManager:
         try:
             if (gone or silent) and hasattr(server, "probe"):
                 await server.probe()  # ServerDied: restarted below
+            self._silent.discard(server)  # it answers
             if gone or self._joined.get(server) is not self._weights:
                 await self._join(server)
             async with self._membership:
@@ -580,6 +592,7 @@ class FleetManager:
         await fleet.close_one(server, index)
 
     def _on_dead(self, server: RolloutServer, cause: ServerDied) -> None:
+        self._silent.add(server)
         if server in self._draining:  # taken away by a shrink and died while it drained: a preempted spot node
             self._event("preempt", server, fleet=self._draining[server], cause=str(cause)[:200], replaced=False)
             return

@@ -306,7 +306,36 @@ def test_a_server_the_weight_plane_did_not_hear_is_probed_before_its_sync(reason
             assert ("sync", 3, ["s1"]) not in weights.calls[:-1]  # only the replacement's sync
         else:
             assert made == [] and s1.joins == 1 and s1.v == 3 and s1 in manager.router.servers
-            assert weights.calls[-1] == ("sync", 3, ["s1"])
+            assert weights.calls[-1] == ("sync", 3, ["s1"]) and manager.answering() == [s0, s1]
+
+    asyncio.run(go())
+
+
+def test_a_checkpoint_does_not_ask_a_server_that_is_silent_until_its_probe_answers():
+    """The chaos run found it: a checkpoint just after a hung server's eviction asked every server for its
+    partial samples and waited `rollout.health_timeout_s` for the hung one, the trainer's loop with it."""
+    class Hung(Plane):
+        def __init__(self, name: str, **kw) -> None:
+            super().__init__(name, **kw)
+            self.release = asyncio.Event()
+
+        async def probe(self) -> None:
+            await self.release.wait()  # no answer until the probe's timeout, which says: hung
+            raise ServerDied(f"{self.name} is hung")
+
+    async def go():
+        made, respawn = respawner(lambda i: Plane(f"s{i}", hold=False))
+        s0, s1 = Plane("s0", hold=False), Hung("s1", hold=False)
+        manager = FleetManager(Router())
+        await manager.add_fleet(Fleet("main", [s0, s1], respawn))
+        await manager.attach_weights(LostConnections(manager, lost={"s1"}, reason=STRAGGLER), cfg=None)
+        assert manager.answering() == [s0, s1]
+        await manager.publish(3)
+        await asyncio.sleep(0.05)
+        assert manager.answering() == [s0]  # evicted as silent, its probe pending
+        s1.release.set()
+        await manager.wait_restarts()
+        assert manager.servers == [s0, made[0]] and manager.answering() == [s0, made[0]]
 
     asyncio.run(go())
 
