@@ -6,11 +6,12 @@ checkpoints), for `--steps` steps, on a Ray cluster of its own (a head on 127.0.
 controller, `asyncrl/bench/cluster.py`, as on a real cluster) with `ray.detached=true`: the actors
 outlive a controller that dies and its resume takes them back. The injector touches only processes of
 the run (the descendants of that head and of the `asyncrl train` process, by their Ray process titles):
-- a random rollout server (`ray::ServerActor...`) every `--server-every` seconds, among the servers whose
-  process has run that long (a replacement just started is spared: on a loaded host a start can outlast
-  the interval, and killing every replacement before it serves ends the run):
-  SIGKILL, except the second time, when one is hung instead (SIGSTOP: alive, connected, silent; the
-  fleet's health probe must find it, kill it and start another);
+- a random rollout server (`ray::ServerActor...`) every `--server-every` seconds of the run (the interval
+  goes on across the controller's resume), among the servers whose process has run that long (a
+  replacement just started is spared: on a loaded host a start can outlast the interval, and killing
+  every replacement before it serves ends the run): the first one is hung (SIGSTOP: alive, connected,
+  silent; the fleet must find it, by its health probe or the weight plane's silence, kill it and start
+  another), every later one SIGKILLed;
 - one trainer rank (`ray::TrainerRankShell...`) once, after the first checkpoint: SIGKILL
   (`asyncrl train` restarts the run's processes from that checkpoint);
 - the controller once, after a later checkpoint: SIGKILL to the whole `asyncrl train` process
@@ -122,12 +123,14 @@ def _checkpoints(run: Path) -> list[int]:
 
 
 def _segment(cmd: list[str], run: Path, steps: int, faults: dict[str, int], *, kill_trainer: bool, kill_controller_after: int | None,
-             server_every: float, rng: random.Random, log: Any, timeout_s: float, cluster: int, env: dict[str, str]) -> tuple[int, str]:
+             server_every: float, rng: random.Random, log: Any, timeout_s: float, cluster: int, env: dict[str, str],
+             clock: dict[str, float]) -> tuple[int, str]:
     """Run one `asyncrl train` process, injecting faults (the trainer rank once, and the controller
     once, counted in `faults` across segments) into its actors, which run under the Ray head `cluster`
-    (its process group leader's pid); returns (exit code, 'killed' or 'exited')."""
+    (its process group leader's pid); returns (exit code, 'killed' or 'exited'). `clock["server"]`: when
+    the last server fault was due, kept across segments (a resume does not restart the interval)."""
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    t0 = last_server = time.time()
+    t0 = time.time()
     ended_at = None  # when the last step's checkpoint appeared: the process should exit soon after
     try:
         while proc.poll() is None:
@@ -156,13 +159,13 @@ def _segment(cmd: list[str], run: Path, steps: int, faults: dict[str, int], *, k
                 proc.wait()
                 faults["controller"] += 1
                 return proc.returncode, "killed"
-            if time.time() - last_server >= server_every:
+            if time.time() - clock["server"] >= server_every:
                 servers = [p for p in _descendants(cluster, "ray::ServerActor") if _age_s(p) >= server_every]
                 if servers:
-                    hang = faults["server"] == 1 and faults["server_hung"] == 0
+                    hang = faults["server_hung"] == 0
                     rng.choice(servers).send_signal(signal.SIGSTOP if hang else signal.SIGKILL)
                     faults["server_hung" if hang else "server"] += 1
-                last_server = time.time()
+                clock["server"] = time.time()
         return proc.returncode, "exited"
     finally:
         if proc.poll() is None:
@@ -203,6 +206,7 @@ def _run_once(tmp: Path, redis_url: str, address: str, env: dict[str, str], clus
     faults = {"server": 0, "server_hung": 0, "trainer_rank": 0, "controller": 0, "reward": 0}
     rng = random.Random(seed)
     t0 = time.time()
+    clock = {"server": t0}
     segments = []
     with open(tmp / f"{name}.log", "ab") as log:
         how, code = "", 0
@@ -212,7 +216,7 @@ def _run_once(tmp: Path, redis_url: str, address: str, env: dict[str, str], clus
                                  run, steps, faults,
                                  kill_trainer=faults_on, kill_controller_after=steps // 2 if faults_on else None,
                                  server_every=server_every if faults_on else 1e9, rng=rng, log=log, timeout_s=1800,
-                                 cluster=cluster, env=env)
+                                 cluster=cluster, env=env, clock=clock)
             segments.append(how)
     wall = time.time() - t0
     summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}

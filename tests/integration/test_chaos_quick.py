@@ -1,8 +1,8 @@
 """`asyncrl bench chaos --quick` as a test: recovery that a refactor breaks cannot land.
 
 A real fully_async run on a Ray cluster of its own (2 trainer ranks, 2 servers, real processes; the
-actors outlive the controller, `ray.detached`) with a real redis-server queue, while the bench's injector SIGKILLs a rollout server every 10 s (the second
-time it hangs one with SIGSTOP instead), one trainer rank once, and the whole controller once
+actors outlive the controller, `ray.detached`) with a real redis-server queue, while the bench's injector hangs a
+rollout server with SIGSTOP, then SIGKILLs one every 10 s of the run (across the resume), one trainer rank once, and the whole controller once
 (then resumes it with `resume=true`), with a reward that raises or hangs 5% of the time each. The
 run must finish every step with no trajectory lost and none trained twice, its queue's counts
 adding up. The run without faults (the wall-time ratio) is the bench's, not the test's.
