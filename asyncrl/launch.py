@@ -114,10 +114,12 @@ def detached_names(cfg: Config) -> Any:
 
 
 def take_back(cfg: Config) -> Any:
-    """A resumed detached run: its trainer ranks and servers where all of them still run (a controller
-    that died left them), as a `TrainerGroup`; the servers are taken back as their fleets spawn. The
-    run's secret is theirs (the planes they hold use it). Where any of them is gone, whatever is left
-    is ended and None returned: the run starts its actors anew, as without `ray.detached`."""
+    """A resumed detached run: its trainer ranks where all of them still run (a controller that died left
+    them), as a `TrainerGroup`, with its fleets' placement groups; the servers are taken back as their
+    fleets spawn, and one that is gone or does not answer (killed or hung while the controller was
+    down, or still being replaced) is started anew in its bundle. The run's secret is theirs (the planes
+    they hold use it). Where a rank or a placement group is gone, whatever is left is ended and None
+    returned: the run starts its actors anew, as without `ray.detached`."""
     import ray
 
     from asyncrl.rollout.server_actor import find_placement, find_server
@@ -127,12 +129,14 @@ def take_back(cfg: Config) -> Any:
     ranks, placement, whole = TrainerGroup.find(names, cfg.trainer.num_ranks)
     fleets = {name: ([find_server(names, name, i) for i in range(c.num_servers)], find_placement(names.fleet_placement(name)))
               for name, c in _named_fleets(cfg.rollout)}
-    whole = whole and all(pg is not None and all(h is not None for h in hs) for hs, pg in fleets.values())
+    whole = whole and all(pg is not None for _, pg in fleets.values())
     if whole:
         group = TrainerGroup.attach(ranks, placement, cfg.ray.orphan_timeout_s)
         cfg.queue.secret = cfg.weights.secret = group.secret()
-        print(f"asyncrl: took back the run's {len(ranks)} trainer ranks and "
-              f"{sum(len(hs) for hs, _ in fleets.values())} servers (ray.detached)", flush=True)
+        found = sum(h is not None for hs, _ in fleets.values() for h in hs)
+        gone = sum(len(hs) for hs, _ in fleets.values()) - found
+        print(f"asyncrl: took back the run's {len(ranks)} trainer ranks and {found} servers (ray.detached)"
+              + (f"; {gone} server{'s' if gone > 1 else ''} gone, started anew" if gone else ""), flush=True)
         return group
     for handle in ranks + [h for hs, _ in fleets.values() for h in hs if h is not None]:
         ray.kill(handle, no_restart=True)

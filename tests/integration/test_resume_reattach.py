@@ -1,6 +1,7 @@
 """`ray.detached`: a controller killed on a Ray cluster leaves its actors serving; `resume=true` takes
-them back (no actor is started anew, the run finishes every step), and a controller that never comes
-back costs its actors only `ray.orphan_timeout_s`: then they end themselves and their placement groups.
+them back (no actor is started anew, the run finishes every step; a server gone meanwhile is started
+anew, alone), and a controller that never comes back costs its actors only `ray.orphan_timeout_s`: then
+they end themselves and their placement groups.
 
 Real: a Ray head of its own on 127.0.0.1 (`asyncrl/bench/cluster.py`, started by
 deploy/ray/start_cluster.sh, in its own process group), `asyncrl train` in a subprocess (2 FSDP2 ranks,
@@ -85,7 +86,27 @@ def test_a_killed_controllers_actors_are_taken_back_or_end_themselves(tmp_path):
         assert sorted((a["class"], a["pid"]) for a in after["actors"]) == sorted((a["class"], a["pid"]) for a in before["actors"])
         assert {a["state"] for a in after["actors"]} == {"DEAD"} and {p["state"] for p in after["placement_groups"]} == {"REMOVED"}
 
-        # 2. killed, never resumed: its actors end themselves after ray.orphan_timeout_s
+        # 2. killed, and a server killed too while no controller ran: the ranks and the other server are
+        # taken back, the dead server alone is started anew in its bundle (the chaos run found the whole
+        # run started anew when a resume met a server the fleet was replacing)
+        run = tmp_path / "runs" / "partial"
+        cmd = _cmd(tmp_path, address, "partial", "ray.orphan_timeout_s=120")
+        _kill_after_first_checkpoint(cmd, run, env, tmp_path / "partial.log")
+        run_id = (run / "queue_run_id").read_text().strip()
+        before = _gcs(address, env, run_id)
+        servers = sorted(a["pid"] for a in before["actors"] if a["class"] == "ServerActor" and a["state"] == "ALIVE")
+        os.kill(servers[0], signal.SIGKILL)
+        done = subprocess.run(cmd + ["resume=true"], env=env, capture_output=True, text=True, timeout=400)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert "took back the run's 2 trainer ranks and 1 servers (ray.detached); 1 server gone, started anew" in done.stdout
+        assert json.loads((run / "summary.json").read_text())["steps"] == 12
+        after = _gcs(address, env, run_id)
+        ranks = lambda state: sorted(a["pid"] for a in state["actors"] if a["class"] == "TrainerRankShell")
+        assert ranks(after) == ranks(before)  # the same rank processes trained to the end
+        started = sorted(a["pid"] for a in after["actors"] if a["class"] == "ServerActor")
+        assert servers[1] in started and len(started) == 3, after  # the live one kept, one new for the dead one
+
+        # 3. killed, never resumed: its actors end themselves after ray.orphan_timeout_s
         run = tmp_path / "runs" / "orphan"
         _kill_after_first_checkpoint(_cmd(tmp_path, address, "orphan", "ray.orphan_timeout_s=10"), run, env, tmp_path / "orphan.log")
         run_id = (run / "queue_run_id").read_text().strip()
