@@ -7,10 +7,11 @@ Job: replay what `asyncrl.controller.Pipeline` does on a `Costs` load, in simula
   (`rollout.max_running_samples` = servers x max_concurrency) *and* `StalenessManager.can_start()`;
   then `acquire()` (the real one). A sample goes to the server with the fewest requests in flight
   (with `Schedule.group_affinity`, as `rollout.group_affinity`: the group's first sample does, and
-  the rest of the group follows it to that server) and, once it holds one of that server's slots, generates a token every `Costs.token_cost_at(a)`
-  seconds while `a` samples run there: each server has its own clock, which runs at
-  `token_cost_s / token_cost_at(a)` of the rollout clock and is re-timed at every start and end on
-  it (`token_cost_slope_s` 0: every server's clock is the rollout clock, as before).
+  the rest of the group follows it to that server) and, once it holds one of that server's slots,
+  generates a token every `Costs.token_cost_at(a)` seconds while `a` samples run there: each server
+  has its own clock, which runs at `token_cost_s / token_cost_at(a)` of the rollout clock and is
+  re-timed at every start and end on it (`token_cost_slope_s` 0: every server's clock is the rollout
+  clock, as before).
 - partial rollouts (`Schedule.update_mode`, as `rollout.update_mode`): a publish pauses every
   server. `keep`: samples in flight continue under the new weights when it ends; `abort` (with
   `rollout.partial_rollouts`): they are resubmitted with their tokens so far, and each server

@@ -277,7 +277,7 @@ class FleetManager:
             self._silent.add(server)
         log.warning("server %s out of routing (%s): re-syncing it", server_name(server), why)
         self.router.remove(server)
-        self._background(self._counted(server, self._recover(server, gone=why == DISCONNECTED, silent=why in SILENT)))
+        self._background(self._counted(server, self._recover(server, why)))
 
     async def _parity(self, servers: list[RolloutServer], version: int, reference: list[float] | None
                       ) -> list[tuple[RolloutServer, str]]:
@@ -332,19 +332,19 @@ class FleetManager:
         for _, verdict in await self._parity([server], self.version, out.get("probe")):  # a re-sync is always checked
             raise WeightParityError(verdict)
 
-    async def _recover(self, server: RolloutServer, gone: bool = False, silent: bool = False) -> None:
-        """A live server missed a publish or failed its parity check (or is not joined to the current
-        source: it joins outside the lock, so a hung one holds up no publish): re-sync it and route it
-        again; restart it if that fails. `silent`: the weight plane heard nothing from it (evicted as
-        `disconnected`, `timeout` or `straggler`): its process is probed first (`rollout.health_timeout_s`,
-        outside the trainer), so a dead or hung one is restarted at once instead of re-synced (the sync
-        would hold the trainer, and every step behind it, while it waits for the receiver's connection);
-        `gone` (`disconnected`): a live one joins anew (its receiver lost the connection)."""
+    async def _recover(self, server: RolloutServer, why: str = "") -> None:
+        """A live server missed a publish (evicted for `why`) or failed its parity check (or is not joined
+        to the current source: it joins outside the lock, so a hung one holds up no publish): re-sync it
+        and route it again; restart it if that fails. Evicted for silence (`SILENT`: `disconnected`,
+        `timeout`, `straggler`): its process is probed first (`rollout.health_timeout_s`, outside the
+        trainer), so a dead or hung one is restarted at once instead of re-synced (the sync would hold the
+        trainer, and every step behind it, while it waits for the receiver's connection); a live
+        `disconnected` one joins anew (its receiver lost the connection)."""
         try:
-            if (gone or silent) and hasattr(server, "probe"):
+            if why in SILENT and hasattr(server, "probe"):
                 await server.probe()  # ServerDied: restarted below
             self._silent.discard(server)  # it answers
-            if gone or self._joined.get(server) is not self._weights:
+            if why == DISCONNECTED or self._joined.get(server) is not self._weights:
                 await self._join(server)
             async with self._membership:
                 await self._bring_current(server)
