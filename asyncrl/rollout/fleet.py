@@ -26,6 +26,7 @@ from asyncrl.config import RolloutConfig
 from asyncrl.rollout.base import PEER_LOADED_MEANWHILE, PEER_WAS_LOADING, PauseMode, RolloutServer
 from asyncrl.rollout.backends import build_server  # noqa: F401  re-exported
 from asyncrl.rollout.fleet_build import START_ATTEMPTS, Fleet, build_fleet, fleet_configs  # noqa: F401  re-exported
+from asyncrl.rollout.fleet_log import FleetLog
 from asyncrl.rollout.parity import ParityCheck, WeightParityError
 from asyncrl.rollout.router import Router, ServerDied
 from asyncrl.trainer.handle import TrainerDied
@@ -56,8 +57,6 @@ OVERLAPPED = (PEER_WAS_LOADING, PEER_LOADED_MEANWHILE)  # a publish reached the 
 """Hand-outs from a peer a joiner gets while publishes keep making the one it loaded stale (then: the next publish)."""
 RESTART_BACKOFF_S = 60.0
 """Longest wait between two tries to replace a server that failed `START_ATTEMPTS` times in a row while others serve."""
-HISTORY = 200
-"""Changes of a fleet's size kept for `asyncrl status` (metrics.jsonl has every one)."""
 EVENTS_SHOWN = 10
 """A fleet's latest joins, drains, preemptions and restarts shown by `asyncrl status`."""
 SERVER_WAIT_S = 600.0
@@ -131,15 +130,9 @@ class FleetManager:
         """Each fleet's size as last asked (`resize`); a server that dies while its fleet is above it is not replaced."""
         self._pending: list[RolloutServer] = []
         """Joiners no peer could give the current weights: the next publish includes them, then they are routed."""
-        self.events: list[dict[str, Any]] = []
-        """Joins, drains, preemptions and restarts, oldest first (`take_events` hands them to the run's log)."""
-        self._events_taken = 0
-        self.events_total: list[str] = []
-        """The kind of every event so far (the `events` window drops the oldest)."""
-        self.history: dict[str, list[tuple[float, int]]] = {}
-        """Per fleet: (time, routed servers) at each change of that number (the last `HISTORY` changes)."""
-        self.joins: dict[str, int] = {"peer": 0, "publish": 0, "trainer": 0, "failed": 0}
-        """Servers routed after `resize` grew their fleet, by where their first weights came from."""
+        self.changes = FleetLog()
+        """Joins, drains, preemptions and restarts; sizes over time; joins by source (`events`, `history`, `joins`)."""
+        self.events, self.history, self.joins = self.changes.events, self.changes.history, self.changes.joins
         self._resizing = asyncio.Lock()
         self._restarts_of: dict[tuple[str, int], asyncio.Task] = {}
         """Dead servers being replaced, and the task that does it (a shrink cancels it: `resize`)."""
@@ -392,36 +385,15 @@ class FleetManager:
     def _event(self, kind: str, server: RolloutServer | None = None, fleet: str = "", **detail: Any) -> None:
         if server is not None and self._member(server):
             fleet = self._fleet_of(server).name
-        size = self.size()
-        self.events_total.append(kind)
-        self.events.append({"time": round(time.time(), 3), "kind": kind, "server": server_name(server) if server is not None else "",
-                            "fleet": fleet, "size": size, **detail})
-        self._note_sizes(size)
-        if len(self.events) > 1000:  # the run's log keeps them all (`take_events`); this is a window
-            del self.events[:500]
-            self._events_taken = max(0, self._events_taken - 500)
-
-    def _note_sizes(self, size: dict[str, int]) -> None:
-        for name, n in size.items():
-            h = self.history.setdefault(name, [])
-            if not h or h[-1][1] != n:
-                h.append((round(time.time(), 3), n))
-                del h[:-HISTORY]
+        self.changes.record(kind, server_name(server) if server is not None else "", fleet, self.size(), **detail)
 
     def metrics(self) -> dict[str, float]:
-        """`fleet/*` for the run's step log: routed servers per fleet and the changes so far, by kind."""
-        counts: dict[str, int] = {}
-        for e in self.events_total:
-            counts[e] = counts.get(e, 0) + 1
-        return {**{f"fleet/size_{name}": float(n) for name, n in self.size().items()},
-                **{f"fleet/{kind}s": float(counts.get(kind, 0)) for kind in ("join", "drain", "preempt", "restart")},
-                **{f"fleet/joins_{via}": float(n) for via, n in self.joins.items()}}
+        """`fleet/*` for the run's step log (`FleetLog.metrics`)."""
+        return self.changes.metrics(self.size())
 
     def take_events(self) -> list[dict[str, Any]]:
         """Events since the last call (the controller logs them to metrics.jsonl)."""
-        out = self.events[self._events_taken:]
-        self._events_taken = len(self.events)
-        return out
+        return self.changes.take()
 
     def size(self) -> dict[str, int]:
         """Routed servers per fleet (what serves requests now)."""
@@ -735,7 +707,7 @@ class FleetManager:
                              "routed": s in self.router.servers, "in_flight": st.in_flight, "version": st.version,
                              "paused": st.paused, "tokens_per_s": st.tokens_per_s, "generated_tokens": st.generated_tokens,
                              "parity_max_abs": parity[1] if parity else None, "parity_version": parity[0] if parity else None})
-            self._note_sizes(self.size())
+            self.changes.note_sizes(self.size())
             fleets[name] = {
                 "servers": rows, "healthy": sum(r["healthy"] for r in rows),
                 "in_flight": sum(r["in_flight"] for r in rows), "tokens_per_s": sum(r["tokens_per_s"] for r in rows),
