@@ -118,19 +118,29 @@ def take_back(cfg: Config) -> Any:
     them), as a `TrainerGroup`, with its fleets' placement groups; the servers are taken back as their
     fleets spawn, and one that is gone or does not answer (killed or hung while the controller was
     down, or still being replaced) is started anew in its bundle. The run's secret is theirs (the planes
-    they hold use it). Where a rank or a placement group is gone, whatever is left is ended and None
-    returned: the run starts its actors anew, as without `ray.detached`."""
+    they hold use it). Where a rank or a placement group is gone, or a rank does not answer, whatever is
+    left is ended and None returned (the log line says why): the run starts its actors anew, as without
+    `ray.detached`."""
     import ray
 
     from asyncrl.rollout.server_actor import find_placement, find_server
     from asyncrl.trainer.actor import TrainerGroup
 
     names = detached_names(cfg)
-    ranks, placement, whole = TrainerGroup.find(names, cfg.trainer.num_ranks)
+    n = cfg.trainer.num_ranks
+    ranks, placement, answered = TrainerGroup.find(names, n)
     fleets = {name: ([find_server(names, name, i) for i in range(c.num_servers)], find_placement(names.fleet_placement(name)))
               for name, c in _named_fleets(cfg.rollout)}
-    whole = whole and all(pg is not None for _, pg in fleets.values())
-    if whole:
+    lost = [name for name, (_, pg) in fleets.items() if pg is None]
+    if placement is None:
+        why = "the trainer's placement group is gone"
+    elif len(ranks) < n:
+        why = f"{n - len(ranks)} of {n} trainer ranks are gone"
+    elif not answered:
+        why = "a trainer rank did not answer (held in a collective its peer never joined, by a verb sent as the controller died?)"
+    elif lost:
+        why = f"the placement group of fleet {lost[0]!r} is gone"
+    else:
         group = TrainerGroup.attach(ranks, placement, cfg.ray.orphan_timeout_s)
         cfg.queue.secret = cfg.weights.secret = group.secret()
         found = sum(h is not None for hs, _ in fleets.values() for h in hs)
@@ -138,6 +148,7 @@ def take_back(cfg: Config) -> Any:
         print(f"asyncrl: took back the run's {len(ranks)} trainer ranks and {found} servers (ray.detached)"
               + (f"; {gone} server{'s' if gone > 1 else ''} gone, started anew" if gone else ""), flush=True)
         return group
+    print(f"asyncrl: the run's actors are not taken back ({why}): starting them anew (ray.detached)", flush=True)
     for handle in ranks + [h for hs, _ in fleets.values() for h in hs if h is not None]:
         ray.kill(handle, no_restart=True)
     for pg in [placement] + [pg for _, pg in fleets.values()]:
