@@ -425,14 +425,15 @@ class Sender:
             self._form_group(uid, members, outcome)
 
     def stats(self) -> dict[str, object]:
-        """Versions and membership (`newcomers`: live receivers an unnamed publish leaves for `sync()`),
+        """Versions and membership (`newcomers`: live receivers an unnamed publish leaves for `sync()`;
+        `probing`: suspects that joined again and were sent a probe they have not answered),
         plus what was refused: `malformed` (frames dropped, by reason:
         parts, identity, oversized, msgpack, kind, fields, direction, member, update, index, probe),
         `stale` and, with a secret, `auth` (`refused` client keys, `handshake_failed`)."""
         return {"version": self.membership.version, "live": self.membership.live(),
                 "behind": self.membership.behind(), "newcomers": self.membership.newcomers(),
                 "evicted": self.membership.evicted(),
-                "suspect": self.membership.suspects(), "stale": self.stale, **self._ctl.stats()}
+                "suspect": self.membership.suspects(), "probing": sorted(self._probes), "stale": self.stale, **self._ctl.stats()}
 
     def close(self) -> None:
         for rid in self.membership.live():
