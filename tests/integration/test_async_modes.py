@@ -98,10 +98,12 @@ def test_sync_mode_trains_on_policy(tmp_path):
     assert summary["staleness_hist"] == {"0": 3 * 16}
 
 
-def _cost_model_run(tmp_path, mode, steps, in_order=None):
+def _cost_model_run(tmp_path, mode, steps, in_order=None, monkeypatch=None):
     """`mode` on the cost-model fleet of `asyncrl bench pipeline --quick` (long tail: groups
-    finish out of start order); per-step metrics and the summary."""
+    finish out of start order); per-step metrics, the summary and, per trained batch, the versions
+    its groups were admitted at (each group's admission recorded through `monkeypatch`)."""
     from asyncrl.bench.pipeline import QUICK, Load, build_parts
+    from asyncrl.rollout.rollouter import Rollouter
 
     ld = Load(**QUICK)
     cfg = load(None, [
@@ -110,16 +112,44 @@ def _cost_model_run(tmp_path, mode, steps, in_order=None):
         f"rollout.max_running_samples={ld.servers * ld.max_concurrency}", "queue.storage=local", "weights.backend=local",
         "logging.mlflow=false", "logging.progress=false",
     ])
-    return _run_pipeline(cfg, lambda: build_parts(ld, seed=0), tmp_path / f"{mode}-{in_order}", in_order)
+    admitted: dict[str, int] = {}
+    batches: list[list[int]] = []
+    new_group = Rollouter._new_group
+
+    def record_admission(self, prompt, version):
+        g = new_group(self, prompt, version)
+        admitted[g.group_id] = version
+        return g
+
+    monkeypatch.setattr(Rollouter, "_new_group", record_admission)
+
+    def make_parts():
+        parts = build_parts(ld, seed=0)
+        plan = parts.make_plan
+
+        def recording_plan(groups):
+            batches.append(sorted(admitted[g[0].group_id] for g in groups))
+            return plan(groups)
+
+        parts.make_plan = recording_plan
+        return parts
+
+    summary, metrics = _run_pipeline(cfg, make_parts, tmp_path / f"{mode}-{in_order}", in_order)
+    return summary, metrics, batches
 
 
 @pytest.mark.timeout(120)
-def test_one_step_off_is_exactly_one_version_old_when_groups_finish_out_of_order(tmp_path):
-    summary, steps = _cost_model_run(tmp_path, "one_step_off", steps=8)
+def test_one_step_off_is_exactly_one_version_old_when_groups_finish_out_of_order(tmp_path, monkeypatch):
+    summary, steps, batches = _cost_model_run(tmp_path, "one_step_off", steps=8, monkeypatch=monkeypatch)
+    assert len(batches) == 8 and batches[0] == [0] * 4
+    # in order: step s trains the groups admitted at version s - 1, never a younger one
+    for s, admitted in enumerate(batches[1:], start=1):
+        assert admitted == [s - 1] * 4, (s, batches)
+    # a sample's tokens are never older than its group's admission (staleness <= 1); one that waited
+    # for a server slot until after the next publish has only newer tokens (staleness 0: seen under load)
     assert steps[0]["staleness/max"] == 0
-    for s in steps[1:]:
-        assert s["staleness/mean"] == 1 and s["staleness/max"] == 1, s
+    assert all(s["staleness/max"] == 1 for s in steps[1:]), steps
     assert summary["drops"] == {}
     # the load is out of order: taking the oldest *ready* groups trains some younger or drops some
-    summary, steps = _cost_model_run(tmp_path, "one_step_off", steps=8, in_order=False)
-    assert summary["drops"] or any(s["staleness/mean"] != 1 for s in steps[1:]), (summary, steps)
+    summary, steps, batches = _cost_model_run(tmp_path, "one_step_off", steps=8, in_order=False, monkeypatch=monkeypatch)
+    assert summary["drops"] or any(a != [s - 1] * 4 for s, a in enumerate(batches[1:], start=1)), (summary, batches)
