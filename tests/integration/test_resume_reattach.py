@@ -78,7 +78,7 @@ def test_a_killed_controllers_actors_are_taken_back_or_end_themselves(tmp_path):
         assert sorted(a["class"] for a in before["actors"] if a["state"] == "ALIVE") == ["ServerActor"] * 2 + ["TrainerRankShell"] * 2
         done = subprocess.run(cmd + ["resume=true"], env=env, capture_output=True, text=True, timeout=400)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        assert "took back the run's 2 trainer ranks and 2 servers (ray.detached)" in done.stdout
+        assert "took back the run's 2 trainer ranks and 2 servers (ray.detached)" in done.stdout, done.stdout[-3000:]
         summary = json.loads((run / "summary.json").read_text())
         assert summary["steps"] == 12 and summary["resumed"], summary
         after = _gcs(address, env, run_id)
@@ -98,7 +98,8 @@ def test_a_killed_controllers_actors_are_taken_back_or_end_themselves(tmp_path):
         os.kill(servers[0], signal.SIGKILL)
         done = subprocess.run(cmd + ["resume=true"], env=env, capture_output=True, text=True, timeout=400)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        assert "took back the run's 2 trainer ranks and 1 servers (ray.detached); 1 server gone, started anew" in done.stdout
+        assert "took back the run's 2 trainer ranks and 1 servers (ray.detached); 1 server gone, started anew" in done.stdout, \
+            done.stdout[-3000:]
         assert json.loads((run / "summary.json").read_text())["steps"] == 12
         after = _gcs(address, env, run_id)
         ranks = lambda state: sorted(a["pid"] for a in state["actors"] if a["class"] == "TrainerRankShell")
