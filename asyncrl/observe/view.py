@@ -21,6 +21,16 @@ _STYLE = {"running": "green", "starting": "cyan", "finished": "blue", "failed": 
           "interrupted": "yellow"}
 
 
+def _change(event: dict[str, Any]) -> str:
+    """One fleet change for the status view: kind, server, how it joined, where a start's seconds went."""
+    out = f"{event['kind']} {event['server']}".strip() + (f" ({event['via']})" if event.get("via") else "")
+    split = event.get("startup")
+    if split:
+        parts = ", ".join(f"{k[:-2]} {split[k]:.1f}" for k in ("placement_s", "queued_s", "imports_s", "build_s") if k in split)
+        out += f" (up in {split.get('total_s', 0.0) + split.get('placement_s', 0.0):.1f} s: {parts})"
+    return out
+
+
 def _hist(h: dict[str, int]) -> str:
     if not h:
         return "-"
@@ -89,8 +99,7 @@ def render(snap: dict[str, Any], now: float | None = None) -> Group:
         t = _table("fleet size and changes", "fleet", "size/target", "size over time", "latest changes")
         for name, f in changes:
             sizes = " -> ".join(f"{n} ({now - at:.0f} s ago)" for at, n in f.get("history", [])[-5:])
-            latest = "; ".join(f"{e['kind']} {e['server']}".strip() + (f" ({e['via']})" if e.get("via") else "")
-                               for e in f.get("events", [])[-4:])
+            latest = "; ".join(_change(e) for e in f.get("events", [])[-4:])
             t.add_row(name, f"{f.get('size', '-')}/{f.get('target', '-')}", sizes, latest or "-")
         parts.append(t)
         for name, f in changes:

@@ -419,10 +419,11 @@ class FleetManager:
             before = len(fleet.servers)
             self.targets[name] = servers
             if servers > before:
-                new, errors = await fleet.grow(servers - before)
-                for s in new:
-                    self._event("start", s)
+                def up(s: RolloutServer) -> None:  # each joins as soon as it is up, not when the last one is
+                    self._event("start", s, **_startup(s))
                     self._background(self._counted(s, self._enter(s)))
+
+                new, errors = await fleet.grow(servers - before, on_up=up)
                 for e in errors:
                     self._event("start_failed", None, fleet=name, error=repr(e)[:200])
                 out = {"fleet": name, "from": before, "to": len(fleet.servers), "started": [server_name(s) for s in new],
@@ -664,7 +665,7 @@ class FleetManager:
                 if fresh is not None:
                     self._returning.discard(fresh)
             self.restarts += 1
-            self._event("restart", fresh)
+            self._event("restart", fresh, **_startup(fresh))
             return fresh
         raise AssertionError("unreachable")
 
@@ -725,6 +726,13 @@ class FleetManager:
         await asyncio.gather(*list(self._tasks), return_exceptions=True)
         await asyncio.gather(*(f.close() for f in self.fleets.values()))
         self.fleets.clear()
+
+
+def _startup(server: RolloutServer) -> dict[str, Any]:
+    """A started server's `startup` split (`remote_server.startup_split`) for its fleet event; none for
+    a server in this process."""
+    split = getattr(server, "startup", None)
+    return {"startup": split} if split else {}
 
 
 def _loaded(server: RolloutServer, version: int) -> None:

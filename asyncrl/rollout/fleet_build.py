@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from typing import Any, Awaitable, Callable
 
 from asyncrl.config import RolloutConfig
@@ -77,9 +78,10 @@ class Fleet:
     def index_of(self, server: RolloutServer) -> int:
         return self.indices[next(k for k, s in enumerate(self.servers) if s is server)]
 
-    async def grow(self, k: int) -> tuple[list[RolloutServer], list[BaseException]]:
-        """Start `k` more servers (at the lowest free indices), each added to `servers` as it is up;
-        returns (the new servers, the errors of those that could not be started)."""
+    async def grow(self, k: int, on_up: Callable[[RolloutServer], None] | None = None
+                   ) -> tuple[list[RolloutServer], list[BaseException]]:
+        """Start `k` more servers (at the lowest free indices), each added to `servers` and told to
+        `on_up` as it is up; returns (the new servers, the errors of those that could not be started)."""
         if self._make is None:
             raise RuntimeError(f"fleet {self.name}: this fleet cannot start more servers")
         free, taken, n = [], set(self.indices), 0
@@ -87,17 +89,24 @@ class Fleet:
             if n not in taken:
                 free.append(n)
             n += 1
-        started = await asyncio.gather(*(self._make(i) for i in free), return_exceptions=True)
-        new, errors = [], []
-        for i, got in zip(free, started):
-            if isinstance(got, BaseException):
-                errors.append(got)
+        new: list[RolloutServer] = []
+        errors: list[BaseException] = []
+
+        async def one(i: int) -> None:
+            try:
+                got = await self._make(i)
+            except Exception as exc:  # deliberate: reported to the caller, the others go on
+                errors.append(exc)
                 if self._release_one is not None:
                     self._release_one(i)
-            else:
-                self.servers.append(got)
-                self.indices.append(i)
-                new.append(got)
+                return
+            self.servers.append(got)
+            self.indices.append(i)
+            new.append(got)
+            if on_up is not None:
+                on_up(got)
+
+        await asyncio.gather(*(one(i) for i in free))
         return new, errors
 
     def detach(self, server: RolloutServer) -> int:
@@ -172,10 +181,14 @@ class Fleet:
             """A server at index i: in its bundle of the fleet's group while i < `num_servers` (a slot a
             shrink freed), else in a one-bundle group of its own (placed where Ray finds room: a node
             that just joined the cluster), removed with it."""
+            t0 = time.monotonic()
             if i >= cfg.num_servers and i not in own:
                 own[i] = sa.make_placement(cfg, 1, name=_own_placement_name(detached, name, i))
                 await sa.wait_placed(own[i], placement_timeout_s)
-            return await respawn(i)
+            placed_s = time.monotonic() - t0
+            server = await respawn(i)
+            server.startup = {"placement_s": round(placed_s, 3), **getattr(server, "startup", {})}
+            return server
 
         def release_one(i: int) -> None:
             if i in own:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from typing import Any, Iterable
 
 import ray
@@ -19,6 +20,19 @@ from ray.exceptions import RayActorError
 from asyncrl.rollout.base import GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats
 from asyncrl.rollout.router import ServerDied
 
+
+
+def startup_split(asked: float, times: dict[str, float], now: float) -> dict[str, float]:
+    """A server's start in seconds, from the actor's wall times (`ServerActor.start`): `queued_s` (the
+    request to its process: Ray placing it and starting a worker; 0 when a worker Ray had started before
+    took it), `imports_s` (that process up to the actor body: the interpreter, Ray's worker, the
+    modules), `build_s` (the engine and its host: the model loaded), `total_s` (the request to ready,
+    as the controller saw it). Same-host clocks; across hosts the first two carry the clocks' skew."""
+    process = max(times.get("process_at") or asked, asked)
+    init = max(times.get("init_at", process), process)
+    built = max(times.get("built_at", now), init)
+    return {"queued_s": round(process - asked, 3), "imports_s": round(init - process, 3),
+            "build_s": round(built - init, 3), "total_s": round(now - asked, 3)}
 
 class RemoteServer(RolloutServer):
     """Client-side proxy of a `ServerActor`. `stats()` and `version` are synchronous in the
@@ -39,6 +53,10 @@ class RemoteServer(RolloutServer):
         self._pid: int | None = None
         self._node = ""
         """The actor's process and node (`ready`)."""
+        self._made_at = time.time()
+        """Wall time of this proxy, i.e. of the actor's creation (`spawn_server`)."""
+        self.startup: dict[str, float] = {}
+        """Where the start's seconds went (`startup_split`), once `ready`."""
         self.record_bytes = 0
         """Bytes of the queue records this proxy received from the actor (`run_sample` replies)."""
         self.snapshots: dict[str, Any] = {}
@@ -76,9 +94,10 @@ class RemoteServer(RolloutServer):
         self.snapshots = decode_handles(snaps)
 
     async def ready(self) -> "RemoteServer":
-        """Wait until the engine is built (model loaded)."""
-        version, self._pid, self._node = await self._call("start")
+        """Wait until the engine is built (model loaded); `startup` then splits the wait."""
+        version, self._pid, self._node, times = await self._call("start")
         self._stats = dataclasses.replace(self._stats, version=version)
+        self.startup = startup_split(self._made_at, times, time.time())
         return self
 
     async def reattach(self, wipe_plane: bool) -> "RemoteServer":

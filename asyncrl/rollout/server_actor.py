@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import time
 from typing import Any, Iterator
 
 import ray
@@ -49,6 +50,8 @@ class ServerActor:
 
     def __init__(self, cfg: dict[str, Any], model_path: str, dtype: str, seed: int, index: int,
                  name: str = "", spec: dict[str, Any] | None = None, detached: dict[str, Any] | None = None) -> None:
+        self._times = {"init_at": time.time(), "process_at": _process_started()}
+        """Wall times of this process's start, this body's construction and the engine's build (`start`)."""
         cfg = dict(cfg, cost_model=CostModelConfig(**cfg["cost_model"]))
         self._args = (RolloutConfig(**cfg), model_path, dtype, seed, index)
         self.name, self.spec = name or f"server-{index}", spec
@@ -64,16 +67,17 @@ class ServerActor:
             d = Detached(**detached)
             self.watch = OrphanWatch(d.orphan_timeout_s, lambda: _orphaned(self, d.placement))
 
-    async def start(self) -> tuple[int, int, str]:
+    async def start(self) -> tuple[int, int, str, dict[str, float]]:
         """Build the engine on the actor's event loop (vLLM's AsyncLLM wants one), once (a second call
         waits for the first); returns its version, this process's pid and node address (what lets the
-        driver kill a hung one at once)."""
+        driver kill a hung one at once), and the wall times of its start-up (`process_at`, `init_at`,
+        `built_at`: what `RemoteServer.startup` splits a start's seconds by)."""
         if self._built is None:
             self._built = asyncio.ensure_future(self._build())
         await asyncio.shield(self._built)
         import os
 
-        return self.server.version, os.getpid(), ray.util.get_node_ip_address()
+        return self.server.version, os.getpid(), ray.util.get_node_ip_address(), dict(self._times)
 
     async def _build(self) -> None:
         cfg, model_path, dtype, seed, index = self._args
@@ -87,6 +91,7 @@ class ServerActor:
             from asyncrl.rollout.host import ServerHost
 
             self.host = ServerHost(self.server, name=self.name, agent=None, eval_agent=None, plane=None)
+        self._times["built_at"] = time.time()
 
     async def run_sample(self, sample: bytes, resume: bytes | None = None, resume_from: bytes | None = None) -> bytes:
         """`resume`: the sample's saved state at a checkpoint (`inflight.SavedSample`, msgpack);
@@ -272,3 +277,13 @@ def find_server(names: DetachedNames, fleet: str, index: int) -> Any:
 def kill(server: RemoteServer) -> None:
     """Kill the actor at once (tests of failover; the fleet's `remove` drains instead)."""
     ray.kill(server.handle, no_restart=True)
+
+
+def _process_started() -> float:
+    """Wall time this process was created (0.0 where the OS does not say)."""
+    import psutil
+
+    try:
+        return psutil.Process().create_time()
+    except psutil.Error:  # deliberate: the split then counts the imports as queueing
+        return 0.0

@@ -132,5 +132,10 @@ def test_scale_a_ray_run_up_and_down(tmp_path):
     _finish(proc, log)
     kinds = [e["kind"] for e in _events(run)]
     assert kinds.count("join") == 1 and kinds.count("drain") == 1 and "preempt" not in kinds
+    # the joiner's start, split: its own placement group, Ray starting its process, the imports, the build
+    split = next(e for e in _events(run) if e["kind"] == "start")["startup"]
+    assert set(split) == {"placement_s", "queued_s", "imports_s", "build_s", "total_s"}, split
+    assert min(split.values()) >= 0 and split["imports_s"] > 0.1 and split["build_s"] > 0, split
+    assert split["queued_s"] + split["imports_s"] + split["build_s"] <= split["total_s"] + 0.05, split
     assert json.loads((run / "summary.json").read_text())["fleet"]["size"] == {"main": 1}
     _trained_once(run)
