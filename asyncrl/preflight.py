@@ -18,10 +18,10 @@ from asyncrl.config_checks import ConfigError, check, check_gpu_layout, fleets_o
 
 def load_tokenizer(path: str) -> Any:
     """The tokenizer of the HF folder `path`; one that cannot be read is a `ConfigError` naming `model.path`."""
-    from transformers import AutoTokenizer
+    from asyncrl.hf_imports import auto_tokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(path)
+        return auto_tokenizer(path)
     except Exception as e:  # a clear translation for the user: transformers raises many kinds here
         why = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ConfigError(f"model.path: cannot read the tokenizer in {path!r} ({type(e).__name__}: {why[:300]})") from None

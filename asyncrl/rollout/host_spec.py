@@ -127,14 +127,13 @@ def tokenizer_codec(tokenizer: Any) -> tuple[Callable[[str], list[int]], Callabl
 
 def build_host(server: Any, name: str, spec: dict[str, Any] | HostSpec, model_path: str) -> tuple[Any, Any]:
     """(ServerHost, its data plane) for `server` in this process."""
-    from transformers import AutoTokenizer
-
+    from asyncrl.hf_imports import auto_tokenizer
     from asyncrl.rollout.base import SamplingParams
     from asyncrl.rollout.host import ServerHost
     from transfer_queue import TransferQueueConfig, make_storage
 
     s = spec if isinstance(spec, HostSpec) else HostSpec(**spec)
-    tok = AutoTokenizer.from_pretrained(model_path)
+    tok = auto_tokenizer(model_path)
     encode, decode = tokenizer_codec(tok)
     agent = make_agent(s.agent, s.reward, encode, decode, SamplingParams(**s.sampling), tokenizer=tok)
     eval_agent = make_agent(s.agent, s.reward, encode, decode, SamplingParams(**s.eval_sampling), tokenizer=tok)

@@ -33,9 +33,9 @@ def load_tokenizer(model_path: str | os.PathLike) -> Any | None:
     """The HF tokenizer saved in `model_path`, or None when the folder has no tokenizer files."""
     if not any((Path(model_path) / name).exists() for name in TOKENIZER_FILES):
         return None
-    from transformers import AutoTokenizer
+    from asyncrl.hf_imports import auto_tokenizer
 
-    return AutoTokenizer.from_pretrained(str(model_path))
+    return auto_tokenizer(model_path)
 
 
 def _ids(value: Any) -> set[int]:

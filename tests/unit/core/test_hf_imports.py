@@ -38,6 +38,27 @@ def test_a_model_loads_without_transformers_importing_sklearn_or_scipy(tmp_path)
     assert got["roc_curve"] is False  # transformers saw scikit-learn as absent when it loaded its generation code
 
 
+TOKENIZER_ONLY = """
+import json, sys
+from asyncrl.data.tiny_model import ensure_tiny_model
+from asyncrl.rollout.torch_sampling import load_tokenizer
+tok = load_tokenizer(ensure_tiny_model(sys.argv[1]))
+print(json.dumps({"loaded": sorted(m for m in ("sklearn", "scipy") if m in sys.modules), "ids": tok("1 + 2")["input_ids"]}))
+"""
+
+
+def test_a_tokenizer_alone_loads_without_them(tmp_path):
+    """What a cost-model server (a tokenizer, no model) and the controller load: transformers' tokenizer
+    classes import its model classes' modules too."""
+    from asyncrl.data.tiny_model import ensure_tiny_model
+
+    ensure_tiny_model(tmp_path / "models")  # built here: the check's process only loads it
+    out = subprocess.run([sys.executable, "-c", TOKENIZER_ONLY, str(tmp_path / "models")], capture_output=True, text=True,
+                         timeout=300, check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["loaded"] == [] and len(got["ids"]) > 0
+
+
 def test_the_environment_keeps_transformers_backends(tmp_path):
     got = _run(tmp_path, ASYNCRL_TRANSFORMERS_BACKENDS="1")
     assert got["roc_curve"] is True
