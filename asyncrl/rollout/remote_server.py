@@ -21,7 +21,6 @@ from asyncrl.rollout.base import GenerateOutput, PauseMode, RolloutServer, Sampl
 from asyncrl.rollout.router import ServerDied
 
 
-
 def startup_split(asked: float, times: dict[str, float], now: float) -> dict[str, float]:
     """A server's start in seconds, from the actor's wall times (`ServerActor.start`): `queued_s` (the
     request to its process: Ray placing it and starting a worker; 0 when a worker Ray had started before
@@ -33,6 +32,7 @@ def startup_split(asked: float, times: dict[str, float], now: float) -> dict[str
     built = max(times.get("built_at", now), init)
     return {"queued_s": round(process - asked, 3), "imports_s": round(init - process, 3),
             "build_s": round(built - init, 3), "total_s": round(now - asked, 3)}
+
 
 class RemoteServer(RolloutServer):
     """Client-side proxy of a `ServerActor`. `stats()` and `version` are synchronous in the
