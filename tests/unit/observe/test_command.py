@@ -101,12 +101,15 @@ def test_an_elastic_fleet_shows_its_size_over_time_and_its_changes(tmp_path):
     snap["liveness"] = judge(snap)
     now = time.time()
     snap["fleets"]["default"].update(size=2, target=2, history=[[now - 90, 4], [now - 60, 8], [now - 5, 2]],
-                                     events=[{"time": now - 60, "kind": "join", "server": "main-7", "via": "peer"},
+                                     events=[{"time": now - 61, "kind": "start", "server": "main-7",
+                                              "startup": {"placement_s": 0.1, "queued_s": 0.0, "imports_s": 3.6, "build_s": 5.2, "total_s": 8.9}},
+                                             {"time": now - 60, "kind": "join", "server": "main-7", "via": "peer"},
                                              {"time": now - 5, "kind": "preempt", "server": "main-3"}])
-    c = Console(width=160, record=True, file=open(os.devnull, "w"))
+    c = Console(width=240, record=True, file=open(os.devnull, "w"))
     c.print(render(snap))
     text = c.export_text()
-    for word in ("fleet size and changes", "2/2", "4 (90 s ago) -> 8 (60 s ago) -> 2 (5 s ago)", "join main-7 (peer)", "preempt main-3"):
+    for word in ("fleet size and changes", "2/2", "4 (90 s ago) -> 8 (60 s ago) -> 2 (5 s ago)", "join main-7 (peer)", "preempt main-3",
+                 "start main-7 (up in 9.0 s: placement 0.1, queued 0.0, imports 3.6, build 5.2)"):
         assert word in text, word
     prom = prometheus.render(snap)
     assert 'asyncrl_fleet_size{fleet="default"} 2.0' in prom and 'asyncrl_fleet_target{fleet="default"} 2.0' in prom
