@@ -9,6 +9,7 @@ size over time, and the joins by where their first weights came from. No behavio
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any
 
 HISTORY = 200
@@ -22,15 +23,15 @@ class FleetLog:
         self.events: list[dict[str, Any]] = []
         """Joins, drains, preemptions and restarts, oldest first (`take` hands them to the run's log)."""
         self._taken = 0
-        self.kinds: list[str] = []
-        """The kind of every event so far (the `events` window drops the oldest)."""
+        self.counts: Counter[str] = Counter()
+        """Events so far by kind (the `events` window drops the oldest)."""
         self.history: dict[str, list[tuple[float, int]]] = {}
         """Per fleet: (time, routed servers) at each change of that number (the last `HISTORY` changes)."""
         self.joins: dict[str, int] = {"peer": 0, "publish": 0, "trainer": 0, "failed": 0}
         """Servers routed after a grow, by where their first weights came from."""
 
     def record(self, kind: str, server: str, fleet: str, size: dict[str, int], **detail: Any) -> None:
-        self.kinds.append(kind)
+        self.counts[kind] += 1
         self.events.append({"time": round(time.time(), 3), "kind": kind, "server": server, "fleet": fleet, "size": size, **detail})
         self.note_sizes(size)
         if len(self.events) > WINDOW:
@@ -46,11 +47,8 @@ class FleetLog:
 
     def metrics(self, size: dict[str, int]) -> dict[str, float]:
         """`fleet/*` for the run's step log: routed servers per fleet (`size`) and the changes so far, by kind."""
-        counts: dict[str, int] = {}
-        for e in self.kinds:
-            counts[e] = counts.get(e, 0) + 1
         return {**{f"fleet/size_{name}": float(n) for name, n in size.items()},
-                **{f"fleet/{kind}s": float(counts.get(kind, 0)) for kind in ("join", "drain", "preempt", "restart")},
+                **{f"fleet/{kind}s": float(self.counts[kind]) for kind in ("join", "drain", "preempt", "restart")},
                 **{f"fleet/joins_{via}": float(n) for via, n in self.joins.items()}}
 
     def take(self) -> list[dict[str, Any]]:
