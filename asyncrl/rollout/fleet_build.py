@@ -65,11 +65,14 @@ class Fleet:
                  respawn: Callable[[int], Awaitable[RolloutServer]] | None = None,
                  release: Callable[[], None] | None = None,
                  make: Callable[[int], Awaitable[RolloutServer]] | None = None,
-                 release_one: Callable[[int], None] | None = None) -> None:
+                 release_one: Callable[[int], None] | None = None, indices: list[int] | None = None) -> None:
         self.name = name
         self.servers = list(servers)
-        self.indices = list(range(len(self.servers)))
+        self.indices = list(indices) if indices is not None else list(range(len(self.servers)))
         """The index each server was started at (its name, seed and bundle), parallel to `servers`."""
+        self.missing = 0
+        """Servers of the fleet's `num_servers` it was built without (a resume took back the ones still running
+        and starts the rest while the run goes on: `FleetManager.spawn`)."""
         self._respawn = respawn
         self._release = release
         self._make = make
@@ -130,7 +133,9 @@ class Fleet:
         """`cfg.num_servers` Ray actors in one placement group (one bundle each), models loaded;
         with `spec` (a `HostSpec` dict) each runs whole samples and joins the weight plane. `detached`
         (`orphan.DetachedNames`, `ray.detached`): the group and the actors are named after the run and
-        outlive this process; where they already run (a controller that died), they are taken back."""
+        outlive this process; where they already run (a controller that died), they are taken back. A resume that
+        took at least one back returns with those (`missing`: how many it lacks; `FleetManager.spawn` starts them
+        while the run goes on); one that found none starts them all and returns when they are up."""
         from asyncrl.orphan import Detached
         from asyncrl.rollout import server_actor as sa
 
@@ -165,17 +170,15 @@ class Fleet:
                         raise
             raise AssertionError("unreachable")
 
-        async def take_back_or_spawn(i: int) -> RolloutServer:
-            """A detached run's server where it still runs (its work given up, its plane emptied when the
-            queue died with the controller), else a fresh one."""
-            handle = sa.find_server(detached, name, i) if detached is not None else None
-            if handle is not None:
-                server = sa.RemoteServer(handle, f"{name}-{i}", control_timeout_s=cfg.health_timeout_s)
-                try:
-                    return await server.reattach(wipe_plane=(spec or {}).get("queue", {}).get("metadata", "memory") == "memory")
-                except ServerDied:
-                    await server.close()
-            return await respawn(i)
+        async def take_back(i: int, handle: Any) -> RolloutServer | None:
+            """A detached run's server that still runs (its work given up, its plane emptied when the queue
+            died with the controller); None if it died or does not answer."""
+            server = sa.RemoteServer(handle, f"{name}-{i}", control_timeout_s=cfg.health_timeout_s)
+            try:
+                return await server.reattach(wipe_plane=(spec or {}).get("queue", {}).get("metadata", "memory") == "memory")
+            except ServerDied:
+                await server.close()
+                return None
 
         async def make(i: int) -> RolloutServer:
             """A server at index i: in its bundle of the fleet's group while i < `num_servers` (a slot a
@@ -199,7 +202,14 @@ class Fleet:
             for i in list(own):
                 release_one(i)
 
-        servers = await asyncio.gather(*(take_back_or_spawn(i) for i in range(cfg.num_servers)))
+        found = [(i, h) for i in range(cfg.num_servers) if detached is not None and (h := sa.find_server(detached, name, i)) is not None]
+        kept = await asyncio.gather(*(take_back(i, h) for i, h in found))
+        back = [(i, s) for (i, _), s in zip(found, kept) if s is not None]
+        if back:  # a resume that took servers back: it goes on with them; the others start meanwhile (FleetManager.spawn)
+            fleet = cls(name, [s for _, s in back], respawn, release, make=make, release_one=release_one, indices=[i for i, _ in back])
+            fleet.missing = cfg.num_servers - len(back)
+            return fleet
+        servers = await asyncio.gather(*(respawn(i) for i in range(cfg.num_servers)))
         return cls(name, list(servers), respawn, release, make=make, release_one=release_one)
 
     async def restart(self, server: RolloutServer) -> RolloutServer:

@@ -44,3 +44,52 @@ def test_startup_split_adds_up_and_counts_a_prestarted_worker_from_the_request()
     assert split == {"queued_s": 0.0, "imports_s": 0.5, "build_s": 0.5, "total_s": 1.5}
     # an OS that does not say when the process started (0.0)
     assert startup_split(100.0, {"process_at": 0.0, "init_at": 102.0, "built_at": 103.0}, 103.0)["imports_s"] == 2.0
+
+
+def test_a_resume_goes_on_with_the_servers_it_took_back_and_starts_the_gone_ones_meanwhile(monkeypatch):
+    """A resumed detached run whose server 0 died while no controller ran: `FleetManager.spawn` returns with
+    the server it took back routed, before the new server 0 is up (a resume used to wait for that start,
+    seconds of a new process, with the fleet idle); the new one starts in its own index and, once up, joins
+    at the current version and is routed."""
+    from asyncrl.config import RolloutConfig
+    from asyncrl.rollout.fleet import FleetManager
+
+    from .fakes import ScriptedServer
+    from .test_router import Weights
+
+    kept = ScriptedServer("main-1", hold=False)
+    up = asyncio.Event()
+    started: list[int] = []
+
+    async def make(i: int) -> ScriptedServer:
+        started.append(i)
+        await up.wait()
+        return ScriptedServer(f"main-{i}", hold=False)
+
+    async def spawn(cls, name, cfg, model_path, **kw):
+        fleet = Fleet(name, [kept], make=make, indices=[1])
+        fleet.missing = 1
+        return fleet
+
+    monkeypatch.setattr(Fleet, "spawn", classmethod(spawn))
+
+    async def go():
+        manager = await asyncio.wait_for(FleetManager.spawn(RolloutConfig(num_servers=2), "unused", dtype="float32", seed=0), 2)
+        assert manager.router.servers == [kept]  # taken back and routed: the run goes on with it
+        await asyncio.sleep(0.05)
+        assert started == [0]  # the gone server's index, starting meanwhile
+        weights = Weights(manager)
+        await manager.attach_weights(weights, cfg=None)
+        await manager.publish(7)
+        up.set()
+        for _ in range(100):  # up: it joins (these fakes cannot hand out weights, so the next publish routes it)
+            if any(e["kind"] == "join_pending" for e in manager.events):
+                break
+            await asyncio.sleep(0.02)
+        await manager.publish(8)
+        fleet = manager.fleets["main"]
+        assert sorted(fleet.indices) == [0, 1] and sorted(s.name for s in manager.router.servers) == ["main-0", "main-1"]
+        assert [s.v for s in manager.router.servers] == [8, 8]
+        assert [e["kind"] for e in manager.events if e["server"] == "main-0"][:2] == ["start", "join_pending"]
+
+    asyncio.run(go())
