@@ -49,9 +49,11 @@ class WeightSource(Protocol):
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
-JOIN_GRACE_S = 2.0
+JOIN_GRACE_S = 0.5
 """`attach_weights`: after the first server joined, how long the others get before a slow one (hung?) is
-taken out of routing and joins in the background (a hung one then costs no publish `rollout.health_timeout_s`)."""
+taken out of routing and joins in the background (a hung one then costs no publish `rollout.health_timeout_s`).
+A live server's join answers in 0.01-0.2 s on a loaded 2-core host; a trainer restart that met a hung server
+waited the whole grace (2 s before 2026-12-06), with the fleet idle."""
 PEER_TRIES = 3
 OVERLAPPED = (PEER_WAS_LOADING, PEER_LOADED_MEANWHILE)  # a publish reached the peer during its hand-out: again
 """Hand-outs from a peer a joiner gets while publishes keep making the one it loaded stale (then: the next publish)."""
