@@ -44,40 +44,75 @@ def test_long_tail_draws_match_its_mean():
     assert sum(xs) / len(xs) == pytest.approx(lt.mean, rel=0.05)
 
 
-def test_cost_model_server_pause_modes_and_versions():
+def test_cost_model_server_pause_modes_and_versions(monkeypatch):
+    """The server's clock is the test's (`FakeTime`): each pause lands after exactly 10 of 40 tokens, however
+    long the loop is kept from running (with wall time, a loaded host let the request finish before its pause)."""
     import asyncio
 
-    from asyncrl.rollout.cost_model import CostModelServer
+    from asyncrl.rollout import cost_model
     from asyncrl.rollout.base import SamplingParams
+    from asyncrl.rollout.cost_model import CostModelServer
     from asyncrl.rollout.router import Router
+
+    class FakeTime:
+        now = 100.0
+
+        @classmethod
+        def monotonic(cls) -> float:
+            return cls.now
+
+    monkeypatch.setattr(cost_model, "time", FakeTime)
+    cost = 0.25  # a binary fraction: token times are exact
 
     async def go():
         lt = LongTail(short_tokens=40, long_fraction=0.0, jitter=0.0)
-        s = CostModelServer(token_cost_s=0.002, max_concurrency=4, lengths=lt, seed=0, update_cost_s=0.0)
+        s = CostModelServer(token_cost_s=cost, max_concurrency=4, lengths=lt, seed=0, update_cost_s=0.0)
         sp = SamplingParams(max_tokens=lt.max)
+
+        async def running() -> None:  # the request holds its slot: its clock started
+            for _ in range(1000):
+                if s.running:
+                    return
+                await asyncio.sleep(0)
+            raise AssertionError("the request never started")
+
+        def advance(tokens: int) -> None:
+            FakeTime.now += tokens * cost
+            s._wake_all()  # its wait is on the loop's real clock: look at the server's again
+
         # keep: the request continues under the new weights; its later tokens carry version 1
         t = asyncio.create_task(s.generate([1, 2], sp))
-        await asyncio.sleep(0.03)
+        await running()
+        advance(10)
         await s.pause("keep")
         await s.update_weights([], 1)
         await s.resume()
+        advance(100)
         out = await t
         assert len(out.token_ids) == 40 and out.finish_reason == "stop"
-        assert out.versions[0] == 0 and out.versions[-1] == 1 and out.versions == sorted(out.versions)
+        assert out.versions == [0] * 10 + [1] * 30
         # abort: the router resubmits prompt + partial tokens; the response still has its drawn length
         router = Router([s])
         t = asyncio.create_task(router.generate([1, 2], sp))
-        await asyncio.sleep(0.03)
+        await running()
+        advance(10)
         await s.pause("abort")
         await s.update_weights([], 2)
         await s.resume()
+        await asyncio.sleep(0)  # the aborted call returns its 10 tokens
+        await running()  # the resubmitted rest
+        advance(100)
         out = await t
         assert len(out.token_ids) == 40 and out.finish_reason == "stop" and router.resubmits == 1
-        assert out.versions[0] == 1 and out.versions[-1] == 2
+        assert out.versions == [1] * 10 + [2] * 30
         # wait: the pause returns once the running request finished
         t = asyncio.create_task(s.generate([3], sp))
-        await asyncio.sleep(0.01)
-        await s.pause("wait")
+        await running()
+        pause = asyncio.create_task(s.pause("wait"))
+        await asyncio.sleep(0)
+        assert not pause.done()  # the request still runs
+        advance(100)
+        await pause
         assert t.done() and s.running == 0
         await s.resume()
 
