@@ -168,9 +168,9 @@ class FleetManager:
                                         for k, (name, c) in enumerate(named)))
         for fleet in fleets:
             await manager.add_fleet(fleet)
-        for fleet in fleets:  # a resume's servers that were gone: started while the run goes on with the others
-            if fleet.missing:
-                manager._background(manager.resize(fleet.name, len(fleet.servers) + fleet.missing))
+        for (name, c), fleet in zip(named, fleets):  # a resume's servers that were gone: started while the run goes on
+            if len(fleet.servers) < c.num_servers:
+                manager._background(manager.resize(name, c.num_servers))
         return manager
 
     @property

@@ -70,9 +70,6 @@ class Fleet:
         self.servers = list(servers)
         self.indices = list(indices) if indices is not None else list(range(len(self.servers)))
         """The index each server was started at (its name, seed and bundle), parallel to `servers`."""
-        self.missing = 0
-        """Servers of the fleet's `num_servers` it was built without (a resume took back the ones still running
-        and starts the rest while the run goes on: `FleetManager.spawn`)."""
         self._respawn = respawn
         self._release = release
         self._make = make
@@ -134,8 +131,8 @@ class Fleet:
         with `spec` (a `HostSpec` dict) each runs whole samples and joins the weight plane. `detached`
         (`orphan.DetachedNames`, `ray.detached`): the group and the actors are named after the run and
         outlive this process; where they already run (a controller that died), they are taken back. A resume that
-        took at least one back returns with those (`missing`: how many it lacks; `FleetManager.spawn` starts them
-        while the run goes on); one that found none starts them all and returns when they are up."""
+        took at least one back returns with those alone (`FleetManager.spawn` starts the rest while the run goes
+        on); one that found none starts them all and returns when they are up."""
         from asyncrl.orphan import Detached
         from asyncrl.rollout import server_actor as sa
 
@@ -206,9 +203,7 @@ class Fleet:
         kept = await asyncio.gather(*(take_back(i, h) for i, h in found))
         back = [(i, s) for (i, _), s in zip(found, kept) if s is not None]
         if back:  # a resume that took servers back: it goes on with them; the others start meanwhile (FleetManager.spawn)
-            fleet = cls(name, [s for _, s in back], respawn, release, make=make, release_one=release_one, indices=[i for i, _ in back])
-            fleet.missing = cfg.num_servers - len(back)
-            return fleet
+            return cls(name, [s for _, s in back], respawn, release, make=make, release_one=release_one, indices=[i for i, _ in back])
         servers = await asyncio.gather(*(respawn(i) for i in range(cfg.num_servers)))
         return cls(name, list(servers), respawn, release, make=make, release_one=release_one)
 

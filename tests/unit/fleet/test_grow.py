@@ -67,9 +67,7 @@ def test_a_resume_goes_on_with_the_servers_it_took_back_and_starts_the_gone_ones
         return ScriptedServer(f"main-{i}", hold=False)
 
     async def spawn(cls, name, cfg, model_path, **kw):
-        fleet = Fleet(name, [kept], make=make, indices=[1])
-        fleet.missing = 1
-        return fleet
+        return Fleet(name, [kept], make=make, indices=[1])
 
     monkeypatch.setattr(Fleet, "spawn", classmethod(spawn))
 
