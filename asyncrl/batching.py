@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from asyncrl.config import AlgorithmConfig
-from asyncrl.trainer.advantages import TOKEN_LEVEL_ADVANTAGES
+from asyncrl.trainer.advantages import advantage_spec
 from asyncrl.trainer.plan import BatchPlan, plan_rows
 from asyncrl.trajectory_queue import generated_tokens, reward
 
@@ -28,7 +28,7 @@ class PlanBuilder:
 
         samples = [s for g in groups for s in g]
         rewards = [reward(s) for s in samples]
-        if self.algorithm.advantage in TOKEN_LEVEL_ADVANTAGES:  # GAE: computed on the ranks with the critic's values
+        if advantage_spec(self.algorithm.advantage).needs_critic:  # GAE: computed on the ranks with the critic's values
             adv = [0.0] * len(samples)
         else:
             adv = compute_advantages(self.algorithm.advantage, rewards, [s.group_id for s in samples],

@@ -1,13 +1,20 @@
 """The algorithm's part of the config tree: `algorithm.*` (advantage, policy loss, KL, entropy,
 off-policy correction, DAPO's dynamic sampling), `algorithm.kl_ctrl.*` and `critic.*` (from
 `config_critic`). Re-exported by `asyncrl.config`.
+
+A policy loss's own constants are not fields here: they are the fields of the loss's settings
+dataclass beside it (`trainer/losses.py`), set as `algorithm.loss_args.<field>` and checked against
+the selected loss when the config is built (`AlgorithmConfig.loss_settings`; a few older flat keys
+map onto them, `OLD_LOSS_KEYS`). Their table in configs/README.md is written from those dataclasses by
+`python -m asyncrl.config_algorithm --write configs/README.md`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
+from asyncrl.config_checks import ConfigError
 from asyncrl.config_checks import check as _check
 from asyncrl.config_checks import check_literals as _check_literals
 from asyncrl.config_checks import check_registered as _check_registered
@@ -21,17 +28,19 @@ class AlgorithmConfig:
     norm_adv_by_std: bool = True
     """grpo: divide group-centred rewards by the group's std (Dr. GRPO sets this false)."""
     loss: str = "ppo_clip"
-    """Policy loss from the registry: `ppo_clip` (with dual clip, `clip_ratio_c`), `vanilla_pg` (unclipped importance-weighted), `gspo` (sequence-level ratio, `gspo_clip_ratio_*`), `cispo` (clipped, detached IS weight times A times log-prob)."""
+    """Policy loss from the registry (`trainer/losses.py`): `ppo_clip` (with dual clip), `vanilla_pg` (unclipped importance-weighted), `gspo` (one clipped ratio per sequence, always aggregated `seq_mean_token_mean`), `cispo` (clipped, detached IS weight times A times log-prob). Its own constants: `algorithm.loss_args`."""
+    loss_args: dict[str, Any] = field(default_factory=dict)
+    """The selected loss's own settings by name, e.g. `algorithm.loss_args.clip_ratio_c=5` with `ppo_clip` (each loss's are listed in configs/README.md, "Policy loss settings"); checked at load against the loss's settings dataclass: a name it does not have, or a bad value, is an error naming the key. Unset: the loss's defaults."""
     clip_ratio_low: float = 0.2
-    """PPO clip: ratio lower bound is 1 - clip_ratio_low."""
+    """PPO clip, shared by the losses that clip the token ratio (`ppo_clip`, `cispo`; `gspo` has its own): ratio lower bound is 1 - clip_ratio_low."""
     clip_ratio_high: float = 0.2
     """PPO clip: ratio upper bound is 1 + clip_ratio_high (DAPO raises it, e.g. 0.28)."""
-    clip_ratio_c: float = 3.0
-    """Dual-clip PPO (`ppo_clip`): for negative advantages the loss is at most clip_ratio_c * |A| (verl's default 3); 0 = off, else > 1."""
-    gspo_clip_ratio_low: float = 3e-4
-    """`gspo`: the sequence ratio's lower bound is 1 - gspo_clip_ratio_low (the GSPO paper: 3e-4)."""
-    gspo_clip_ratio_high: float = 4e-4
-    """`gspo`: the sequence ratio's upper bound is 1 + gspo_clip_ratio_high (the GSPO paper: 4e-4)."""
+    clip_ratio_c: float | None = None
+    """Older key of `algorithm.loss_args.clip_ratio_c` (`ppo_clip`'s dual clip, default 3; verl's name), kept for existing configs; null: not set. Ignored with another loss."""
+    gspo_clip_ratio_low: float | None = None
+    """Older key of `algorithm.loss_args.seq_clip_ratio_low` (`gspo`, default 3e-4), kept for existing configs; null: not set. Ignored with another loss."""
+    gspo_clip_ratio_high: float | None = None
+    """Older key of `algorithm.loss_args.seq_clip_ratio_high` (`gspo`, default 4e-4), kept for existing configs; null: not set. Ignored with another loss."""
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = "token_mean"
     """Aggregation: `token_mean` (over all tokens of the batch), `seq_mean_token_mean`, `seq_mean_token_sum`, `seq_mean_token_sum_norm` (Dr. GRPO: token sum / `loss_agg_norm_len`, mean over sequences). Sequence means count only sequences with loss tokens."""
     loss_agg_norm_len: int = 0
@@ -74,6 +83,8 @@ class AlgorithmConfig:
     """`mis`: tokens / sequences with IS ratio above this are masked out of the loss."""
 
     def __post_init__(self) -> None:
+        from asyncrl.trainer.advantages import advantage_spec  # torch: when a config is checked, not when imported
+
         _check_literals(self, "algorithm")  # proximal, mis_level, loss_agg, kl_estimator
         _check_registered(self.correction, "algorithm.correction")
         _check(self.is_cap >= 0, "algorithm.is_cap", "must be >= 0")
@@ -82,14 +93,12 @@ class AlgorithmConfig:
         _check(self.mis_high >= 1, "algorithm.mis_high", "must be >= 1")
         _check_registered(self.advantage, "algorithm.advantage")  # the ADVANTAGES registry + TOKEN_LEVEL_ADVANTAGES (gae)
         _check_registered(self.loss, "algorithm.loss")
-        _check(self.clip_ratio_c == 0 or self.clip_ratio_c > 1, "algorithm.clip_ratio_c", f"must be > 1 (or 0 = off), got {self.clip_ratio_c}")
-        _check(0 < self.gspo_clip_ratio_low < 1, "algorithm.gspo_clip_ratio_low", f"must be in (0, 1), got {self.gspo_clip_ratio_low}")
-        _check(self.gspo_clip_ratio_high > 0, "algorithm.gspo_clip_ratio_high", f"must be > 0, got {self.gspo_clip_ratio_high}")
+        self.loss_settings()  # loss_args and the older keys, checked against the loss's settings dataclass
         _check(self.loss_agg_norm_len > 0 or self.loss_agg != "seq_mean_token_sum_norm", "algorithm.loss_agg_norm_len",
                "must be > 0 with loss_agg seq_mean_token_sum_norm (e.g. rollout.max_response_length)")
         _check(self.loss_agg_norm_len >= 0, "algorithm.loss_agg_norm_len", f"must be >= 0, got {self.loss_agg_norm_len}")
         _check(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "algorithm.gamma", f"gamma and lam must be in [0, 1], got {self.gamma}, {self.lam}")
-        _check(not self.use_kl_in_reward or self.advantage == "gae", "algorithm.use_kl_in_reward",
+        _check(not self.use_kl_in_reward or advantage_spec(self.advantage).needs_critic, "algorithm.use_kl_in_reward",
                f"needs algorithm.advantage=gae (the per-token reward; with {self.advantage!r} use the KL in the loss: algorithm.kl_coef)")
         _check(0 <= self.clip_ratio_low < 1, "algorithm.clip_ratio_low", "must be in [0, 1)")
         _check(self.clip_ratio_high >= 0, "algorithm.clip_ratio_high", "must be >= 0")
@@ -100,3 +109,91 @@ class AlgorithmConfig:
         _check(self.entropy_coef_lr > 0, "algorithm.entropy_coef_lr", f"must be > 0, got {self.entropy_coef_lr}")
         _check(self.entropy_coef_max >= self.entropy_coef, "algorithm.entropy_coef_max",
                f"must be >= algorithm.entropy_coef ({self.entropy_coef}), got {self.entropy_coef_max}")
+
+    def loss_settings(self) -> Any:
+        """The selected loss's settings object (`losses.PolicyLoss.make_settings`): `loss_args`, plus any
+        older key of `OLD_LOSS_KEYS` that names one of its fields. A bad value is a `ConfigError` naming
+        the key the user set; the older key and `loss_args` giving one setting two values is one too."""
+        from asyncrl.trainer.losses import POLICY_LOSSES, SettingError
+
+        args, keys = dict(self.loss_args), {name: f"algorithm.loss_args.{name}" for name in self.loss_args}
+        for old, (loss, name) in OLD_LOSS_KEYS.items():
+            value = getattr(self, old)
+            if value is None or loss != self.loss:
+                continue
+            _check(args.get(name, value) == value, f"algorithm.{old}",
+                   f"and algorithm.loss_args.{name} are one setting, given {value} and {args.get(name)}: set one")
+            args[name], keys[name] = value, f"algorithm.{old}"
+        try:
+            return POLICY_LOSSES[self.loss].make_settings(args)
+        except SettingError as e:
+            raise ConfigError(f"{keys.get(e.field, f'algorithm.loss_args.{e.field}')}: {e.msg}") from None
+        except (TypeError, ValueError) as e:  # a user's __post_init__ that raised without check_setting
+            raise ConfigError(f"algorithm.loss_args ({self.loss}): {e}") from None
+
+
+OLD_LOSS_KEYS: dict[str, tuple[str, str]] = {
+    "clip_ratio_c": ("ppo_clip", "clip_ratio_c"),
+    "gspo_clip_ratio_low": ("gspo", "seq_clip_ratio_low"),
+    "gspo_clip_ratio_high": ("gspo", "seq_clip_ratio_high"),
+}
+"""`algorithm` keys older than `loss_args`, kept so that existing configs (and verl's `clip_ratio_c`) work:
+key -> (the loss, the setting of it the key sets). With another loss selected the key is ignored, as before."""
+
+
+# ---- configs/README.md's table of the policy losses' settings -----------------------------------------
+
+LOSS_DOC_BEGIN = "<!-- policy loss settings: generated by python -m asyncrl.config_algorithm --write configs/README.md -->"
+LOSS_DOC_END = "<!-- end of policy loss settings -->"
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of the dataclass `cls` (as `config_io.document` reads them)."""
+    import ast
+    import inspect
+    import textwrap
+
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body  # type: ignore[attr-defined]
+    return {a.target.id: " ".join(str(b.value.value).split()) for a, b in zip(body, body[1:])
+            if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)}
+
+
+def loss_settings_table() -> str:
+    """Markdown rows of every policy loss asyncrl ships: how its policy term is aggregated, and each setting
+    (`algorithm.loss_args.<field>`) with its default and the docstring of its field."""
+    import dataclasses
+
+    from asyncrl.trainer.losses import POLICY_LOSSES
+
+    rows = ["| `algorithm.loss` | aggregated as | key | default | meaning |", "|---|---|---|---|---|"]
+    for name in POLICY_LOSSES.names():
+        entry = POLICY_LOSSES[name]
+        if not entry.fn.__module__.startswith("asyncrl."):  # a user's loss documents itself
+            continue
+        agg = "`seq_mean_token_mean`, always" if entry.level == "sequence" else "`algorithm.loss_agg`"
+        fields, docs, default = dataclasses.fields(entry.settings), _field_docs(entry.settings), entry.settings()
+        if not fields:
+            rows.append(f"| `{name}` | {agg} | — | | no settings of its own |")
+        for f in fields:
+            rows.append(f"| `{name}` | {agg} | `algorithm.loss_args.{f.name}` | `{getattr(default, f.name)!r}` | {docs.get(f.name, '')} |")
+    return "\n".join(rows) + "\n"
+
+
+def write_loss_settings(path: str) -> None:
+    """Replace the table between `LOSS_DOC_BEGIN` and `LOSS_DOC_END` in the page at `path`."""
+    from pathlib import Path
+
+    p = Path(path)
+    head, found, rest = p.read_text().partition(LOSS_DOC_BEGIN)
+    if not found or LOSS_DOC_END not in rest:
+        raise SystemExit(f"{path}: no {LOSS_DOC_BEGIN!r} ... {LOSS_DOC_END!r} markers")
+    p.write_text(f"{head}{LOSS_DOC_BEGIN}\n{loss_settings_table()}{LOSS_DOC_END}{rest.partition(LOSS_DOC_END)[2]}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:2] == ["--write"] and len(sys.argv) == 3:
+        write_loss_settings(sys.argv[2])
+    else:
+        print(loss_settings_table(), end="")

@@ -37,6 +37,9 @@ def _a(key: str, *asyncrl: str, note: str = "") -> Alias:
 BACKENDS = "`vllm`, `torch` (embedded), `openai` (OpenAI-compatible servers you run, at `rollout.server_urls`) or `cost_model` (simulated)"
 """The note of every key that names the inference engine."""
 
+GSPO = "verl's GSPO reads this key too (its recipe: 3e-4 low, 4e-4 high); asyncrl's `gspo` has its own: `algorithm.loss_args.seq_clip_ratio_low` / `_high` (older keys `algorithm.gspo_clip_ratio_low` / `_high`)"
+"""The note of verl's clip range keys: GSPO's clip range lives elsewhere in asyncrl."""
+
 ALIASES: tuple[Alias, ...] = (
     # model and data
     _a("actor_rollout_ref.model.path", "model.path", note="a local folder only; nothing is downloaded"),
@@ -82,12 +85,17 @@ ALIASES: tuple[Alias, ...] = (
     _a("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "trainer.max_tokens_per_micro_batch", note="micro-batches by a token budget"),
     _a("actor_rollout_ref.model.use_remove_padding", "trainer.packing", note="sequences packed without padding"),
     _a("actor_rollout_ref.model.enable_gradient_checkpointing", "trainer.gradient_checkpointing"),
-    _a("actor_rollout_ref.actor.clip_ratio_c", "algorithm.clip_ratio_c", note="dual-clip PPO bound (3 as verl)"),
+    _a("actor_rollout_ref.actor.clip_ratio_c", "algorithm.clip_ratio_c", note="dual-clip PPO bound (3 as verl); the older key of `algorithm.loss_args.clip_ratio_c`"),
     _a("actor_rollout_ref.actor.ppo_epochs", note="one pass per step; more optimizer steps per batch: trainer.minibatches"),
-    _a("actor_rollout_ref.actor.clip_ratio", "algorithm.clip_ratio_low", "algorithm.clip_ratio_high", note="set both"),
-    _a("actor_rollout_ref.actor.clip_ratio_low", "algorithm.clip_ratio_low"),
-    _a("actor_rollout_ref.actor.clip_ratio_high", "algorithm.clip_ratio_high"),
+    _a("actor_rollout_ref.actor.clip_ratio", "algorithm.clip_ratio_low", "algorithm.clip_ratio_high", note="set both; " + GSPO),
+    _a("actor_rollout_ref.actor.clip_ratio_low", "algorithm.clip_ratio_low", note=GSPO),
+    _a("actor_rollout_ref.actor.clip_ratio_high", "algorithm.clip_ratio_high", note=GSPO),
+    _a("actor_rollout_ref.actor.policy_loss.loss_mode", "algorithm.loss",
+       note="verl's `vanilla` (PPO's clip, with dual clip) is `ppo_clip`; `gspo` keeps its name (asyncrl's `vanilla_pg` is unclipped)"),
     _a("actor_rollout_ref.actor.loss_agg_mode", "algorithm.loss_agg", note="values with underscores: `token_mean`, `seq_mean_token_mean`, `seq_mean_token_sum`, `seq_mean_token_sum_norm`"),
+    _a("actor_rollout_ref.actor.loss_scale_factor", "algorithm.loss_agg_norm_len",
+       note="the constant of `seq_mean_token_sum_norm`, required > 0 there (verl's null, the batch's padded length: give e.g. rollout.max_tokens); "
+            "asyncrl also takes the mean over sequences, so verl's loss is N times asyncrl's (docs/verl.md)"),
     _a("actor_rollout_ref.actor.use_kl_loss", "algorithm.kl_coef", note="KL to the reference is on when algorithm.kl_coef > 0"),
     _a("actor_rollout_ref.actor.kl_loss_coef", "algorithm.kl_coef"),
     _a("actor_rollout_ref.actor.kl_loss_type", "algorithm.kl_estimator", note="`k1`, `k2`, `k3` (verl's `low_var_kl` is k3)"),

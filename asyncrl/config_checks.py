@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Literal, Sequence, get_args, get_origin, get_type_hints
+from typing import Any, Collection, Literal, Sequence, get_args, get_origin, get_type_hints
 
 
 class ConfigError(ValueError):
@@ -44,7 +44,7 @@ def check_literals(obj: Any, section: str) -> None:
         one_of(getattr(obj, name), f"{section}.{name}", choices)
 
 
-def _registry_of(key: str) -> tuple[Any, tuple[str, ...]]:
+def _registry_of(key: str) -> tuple[Any, Collection[str]]:
     """The `asyncrl.registry.Registry` behind a config key, and the names valid there beside its entries."""
     if key == "algorithm.advantage":
         from asyncrl.trainer.advantages import ADVANTAGES, TOKEN_LEVEL_ADVANTAGES

@@ -34,10 +34,33 @@ class AdvantageFn(Protocol):
 
 ADVANTAGES: Registry[AdvantageFn] = Registry("advantage", "algorithm.advantage")
 
-TOKEN_LEVEL_ADVANTAGES: tuple[str, ...] = ("gae",)
+
+@dataclass(frozen=True)
+class AdvantageSpec:
+    """What the pipeline reads of an `algorithm.advantage` beside its function (`advantage_spec`)."""
+
+    needs_critic: bool = False
+    """True: per-token advantages from a value model's values: the trainer builds the critic (`critic.*`)
+    and computes them on its ranks (`trainer/critic.py`, `gae.py`), and the controller plans 0 for each
+    sequence (`batching.py`). False: a sequence estimator of `ADVANTAGES`, computed by the controller."""
+
+
+SEQUENCE_ADVANTAGE = AdvantageSpec()
+"""The spec of every estimator in `ADVANTAGES` (and of an import path)."""
+
+TOKEN_LEVEL_ADVANTAGES: dict[str, AdvantageSpec] = {"gae": AdvantageSpec(needs_critic=True)}
 """Valid `algorithm.advantage` names that are not sequence estimators in `ADVANTAGES`: token-level
 advantages computed on the trainer ranks (`gae`, with a critic: `trainer/gae.py`). Config accepts
 them too (`config_checks.check_registered`); `compute_advantages` does not compute them."""
+
+
+def advantage_spec(name: str) -> AdvantageSpec:
+    """The spec of `algorithm.advantage=name`: what the engine and the controller branch on, never the name.
+
+    >>> advantage_spec("gae").needs_critic, advantage_spec("grpo").needs_critic
+    (True, False)
+    """
+    return TOKEN_LEVEL_ADVANTAGES.get(name, SEQUENCE_ADVANTAGE)
 
 
 def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
@@ -138,8 +161,8 @@ def overlong_penalty(response_length: int, *, max_response_length: int, buffer_l
     """DAPO's overlong reward shaping: 0 up to `max_response_length - buffer_len` tokens, then a
     linear penalty reaching `-penalty_factor` at `max_response_length` (added to the reward).
 
-    `buffer_len` 0 turns it off. Not wired into the pipeline yet (no config key): the rollout side,
-    where a record's reward and response length are known, would add it to the reward.
+    `buffer_len` 0 turns it off. The rollout side adds it to a record's reward (`rollout/shaping.py`,
+    `agent.overlong_buffer_len`, `agent.overlong_penalty_factor`).
 
     >>> overlong_penalty(90, max_response_length=100, buffer_len=20)  # 10 tokens into a 20-token buffer
     -0.5
@@ -180,7 +203,8 @@ class KLController:
     """The weight `value` (beta) of the KL penalty in the reward, `fixed` or `adaptive` (Ziegler et
     al. 2019, verl's `AdaptiveKLController`): after each batch of `n_steps` samples,
     beta *= 1 + clip(kl / kl_target - 1, -0.2, 0.2) * n_steps / kl_horizon.
-    Not wired into the pipeline yet (no config key; the KL in the loss is `algorithm.kl_coef`).
+    Built by the critic (`trainer/critic.py`) from `algorithm.kl_ctrl.*` with `algorithm.use_kl_in_reward`
+    (the KL in the loss is `algorithm.kl_coef`).
 
     Trace (adaptive, beta 0.1, target 0.1, horizon 100): kl 0.3, 10 samples -> error clipped to 0.2,
     beta 0.1 * 1.02 = 0.102; kl 0.05 -> error -0.5 clipped to -0.2, beta 0.102 * 0.98 = 0.09996.

@@ -35,7 +35,8 @@ This module is pure tensors: no model, no ranks. Statistics leave as additive su
 
     corrector = Corrector(AlgorithmConfig(correction="tis", is_cap=2.0))
     out = corrector(logp.detach(), behav, mask, proximal_logprobs=prox)
-    loss = POLICY_LOSSES["ppo_clip"](logp, behav, adv, proximal_logprobs=out.proximal_logprobs).loss * out.weight
+    x = LossInputs.of(logp, behav, adv, mask, proximal_logprobs=out.proximal_logprobs)
+    loss = POLICY_LOSSES["ppo_clip"](x).loss * out.weight
 """
 
 from __future__ import annotations

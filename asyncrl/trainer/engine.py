@@ -14,7 +14,8 @@ would. The
 algorithm is chosen by name from the registries in `advantages.py` / `losses.py` /
 `corrections.py`; this file has no per-algorithm branches: the off-policy `Corrector`
 declares whether it needs a proximal-policy pass (`needs_proximal`) and returns per-token
-weights that multiply the policy loss.
+weights that multiply the policy loss; the policy loss entry carries its settings and its
+aggregation (`PolicyLoss.agg`); the advantage's spec says whether a critic is built (`needs_critic`).
 
 It does not know about queues, versions beyond its own `step`, or how weights are
 published: `iter_full_params` hands full tensors to whoever publishes them.
@@ -35,10 +36,11 @@ from asyncrl.trainer.batch import TrainBatch, along_lineage, mask_stale_tokens, 
 from asyncrl.trainer.critic import CriticEngine
 from asyncrl.trainer.corrections import Corrector, age_metrics, age_sums, stat_max, stat_metrics, stat_sums
 from asyncrl.trainer.lora import LoraSpec
-from asyncrl.trainer.step_metrics import merge_minibatch_metrics  # noqa: F401  re-exported
-from asyncrl.trainer.losses import POLICY_LOSSES, agg_loss, entropy_from_logits, kl_penalty, token_logprobs
+from asyncrl.trainer.step_metrics import merge_minibatch_metrics
+from asyncrl.trainer.advantages import advantage_spec
+from asyncrl.trainer.losses import POLICY_LOSSES, LossInputs, agg_loss, entropy_from_logits, kl_penalty, token_logprobs
 from asyncrl.trainer.packing import head_scores, pack
-from asyncrl.trainer.setup import adamw_with_schedule, clip_and_step, ensure_process_group, free_port, load_sharded_model, lr_factor, pick_device  # noqa: F401  re-exported
+from asyncrl.trainer.setup import adamw_with_schedule, clip_and_step, ensure_process_group, load_sharded_model, pick_device
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +68,9 @@ class TrainerEngine:
         critic: CriticConfig | None = None,
         lora: LoraSpec | None = None,
     ) -> None:
-        self.loss_fn = POLICY_LOSSES.get(algorithm.loss)  # an unknown name raises, naming algorithm.loss
+        self.policy_loss = POLICY_LOSSES.get(algorithm.loss)  # an unknown name raises, naming algorithm.loss
+        self.loss_settings = algorithm.loss_settings()
+        """The loss's own constants (`algorithm.loss_args`), checked once, passed to every call."""
         if dtype not in DTYPES:
             raise ValueError(f"model.dtype: must be one of {sorted(DTYPES)}, got {dtype!r}")
         self.trainer, self.algorithm, self.temperature = trainer, algorithm, temperature
@@ -95,7 +99,8 @@ class TrainerEngine:
         self.entropy_coef = algorithm.entropy_coef
         """Weight of the entropy bonus; adapted after each step when `algorithm.entropy_target` > 0 (checkpointed)."""
         self.critic_cfg = critic or CriticConfig()
-        self.critic: CriticEngine | None = CriticEngine(model_path, engine=self) if algorithm.advantage == "gae" else None
+        needs_critic = advantage_spec(algorithm.advantage).needs_critic
+        self.critic: CriticEngine | None = CriticEngine(model_path, engine=self) if needs_critic else None
         """PPO's value model (`algorithm.advantage=gae`): GAE advantages and its own update each mini-batch."""
 
     @property
@@ -283,7 +288,8 @@ class TrainerEngine:
         loss tokens and sequences over every rank; `first`: no optimizer step was taken yet in
         this trainer step (the weights are still those of version `step`).
 
-        Metrics: `loss`, `pg_loss` (aggregated as `algorithm.loss_agg`), token means over the
+        Metrics: `loss`, `pg_loss` (aggregated as `algorithm.loss_agg`, or per sequence for a sequence-level
+        loss: `PolicyLoss.agg`), token means over the
         batch's loss tokens of `kl`, `entropy`, `clip_frac`, `clip_frac_lower` (dual clip bound: verl's
         `pg_clipfrac_lower`), `ratio_mean`, and `ratio_max`,
         `ratio_min`, `tokens` (loss tokens), `seqs`; plus the off-policy `correction/*`
@@ -309,13 +315,10 @@ class TrainerEngine:
                 logprobs, mb.old_logprobs, mask,
                 proximal_logprobs=mb.proximal_logprobs, token_versions=mb.token_versions, version=self.version,
             )
-            out = self.loss_fn(
-                logprobs, mb.old_logprobs, mb.advantages,
-                clip_ratio_low=alg.clip_ratio_low, clip_ratio_high=alg.clip_ratio_high, proximal_logprobs=corr.proximal_logprobs,
-                mask=mask, clip_ratio_c=alg.clip_ratio_c,
-                gspo_clip_ratio_low=alg.gspo_clip_ratio_low, gspo_clip_ratio_high=alg.gspo_clip_ratio_high,
-            )
-            pg_loss = agg_loss(out.loss * corr.weight, mask, alg.loss_agg, **norm)
+            inputs = LossInputs.of(logprobs, mb.old_logprobs, mb.advantages, mask, proximal_logprobs=corr.proximal_logprobs,
+                                   clip_ratio_low=alg.clip_ratio_low, clip_ratio_high=alg.clip_ratio_high)
+            out = self.policy_loss(inputs, self.loss_settings)
+            pg_loss = agg_loss(out.loss * corr.weight, mask, self.policy_loss.agg(alg.loss_agg), **norm)
             loss = pg_loss
             if self.entropy_coef > 0:
                 # with a target, a token's entropy counts only up to it: the bonus lifts collapsed tokens and

@@ -28,6 +28,9 @@ def test_yaml_and_overrides_merge(tmp_path):
         ("rollout.top_p=0", "rollout.top_p"),
         ("rollout.backend=tensorrt", "rollout.backend"),
         ("algorithm.loss_agg=median", "algorithm.loss_agg"),
+        ("algorithm.loss_args.clip_ratio_c=0.5", "algorithm.loss_args.clip_ratio_c"),
+        ("algorithm.loss_args.no_such_setting=1", "algorithm.loss_args.no_such_setting"),
+        ("algorithm.clip_ratio_c=0.5", "algorithm.clip_ratio_c"),
         ("model.dtype=int3", "model.dtype"),
         ("model.path=/does/not/exist", "model.path"),
         ("data.task=jsonl", "data.train_path"),
@@ -104,3 +107,28 @@ def test_configs_readme_documents_every_key():
     text = open("configs/README.md").read()
     missing = [key for key, _, _ in document() if f"| `{key}` |" not in text]
     assert missing == [], f"configs/README.md is stale (run `asyncrl config --doc`): {missing}"
+
+
+def test_configs_readme_shows_every_policy_loss_setting():
+    from asyncrl.config_algorithm import LOSS_DOC_BEGIN, LOSS_DOC_END, loss_settings_table
+
+    table = loss_settings_table()
+    assert f"{LOSS_DOC_BEGIN}\n{table}{LOSS_DOC_END}" in open("configs/README.md").read(), \
+        "configs/README.md is stale: run python -m asyncrl.config_algorithm --write configs/README.md"
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+    assert {"`ppo_clip`", "`gspo`", "`cispo`", "`vanilla_pg`"} <= {r[0] for r in rows}
+    assert ["`algorithm.loss_args.clip_ratio_c`", "`3.0`"] in [r[2:4] for r in rows]
+    assert all(len(r) == 5 and r[4] for r in rows)  # every setting documented by its field's docstring
+
+
+def test_loss_args_and_the_older_keys_roundtrip(tmp_path):
+    from asyncrl.trainer.losses import GSPOSettings, PPOClipSettings
+
+    cfg = load(None, ["algorithm.loss=gspo", "algorithm.gspo_clip_ratio_high=0.001", "algorithm.loss_args.seq_clip_ratio_low=0.0002"])
+    assert cfg.algorithm.loss_settings() == GSPOSettings(seq_clip_ratio_low=2e-4, seq_clip_ratio_high=1e-3)
+    dump_resolved(cfg, tmp_path / "config.yaml")
+    again = load(tmp_path / "config.yaml")
+    assert again == cfg and again.algorithm.loss_settings() == cfg.algorithm.loss_settings()
+    assert load(None, ["algorithm.gspo_clip_ratio_low=0.5"]).algorithm.loss_settings() == PPOClipSettings()  # another loss's: ignored
+    with pytest.raises(ConfigError, match=r"^algorithm\.clip_ratio_c: and algorithm\.loss_args\.clip_ratio_c are one setting"):
+        load(None, ["algorithm.clip_ratio_c=4", "algorithm.loss_args.clip_ratio_c=5"])

@@ -8,7 +8,7 @@ import torch
 from asyncrl.config import AlgorithmConfig, ConfigError
 from asyncrl.trainer.batch import TrainBatch
 from asyncrl.trainer.corrections import CORRECTIONS, Corrector, interpolate_proximal, stat_max, stat_metrics, stat_sums
-from asyncrl.trainer.losses import POLICY_LOSSES, agg_loss
+from asyncrl.trainer.losses import POLICY_LOSSES, LossInputs, agg_loss
 from asyncrl.types import Trajectory
 
 # one row, rho = pi_prox / pi_behav = [0.4, 1.0, 1.5, 3.0]; pi_theta / pi_prox = [1, 1.2, 1, 1]
@@ -24,7 +24,8 @@ PPO_AROUND_PROX = torch.tensor([[-1.0, -1.1, 1.0, -1.0]])
 def corrected(name, **alg):
     corrector = Corrector(AlgorithmConfig(correction=name, **alg))
     out = corrector(CUR, BEHAV, MASK, proximal_logprobs=PROX)
-    loss = POLICY_LOSSES["ppo_clip"](CUR, BEHAV, ADV, clip_ratio_low=0.1, clip_ratio_high=0.1, proximal_logprobs=out.proximal_logprobs)
+    x = LossInputs.of(CUR, BEHAV, ADV, MASK, clip_ratio_low=0.1, clip_ratio_high=0.1, proximal_logprobs=out.proximal_logprobs)
+    loss = POLICY_LOSSES["ppo_clip"](x)
     return out, loss.loss * out.weight
 
 
@@ -116,7 +117,7 @@ def test_equal_policies_reduce_to_plain_ppo(name, proximal):
             kw, weight = dict(proximal_logprobs=out.proximal_logprobs), out.weight
         else:
             weight = torch.ones_like(behav)
-        per_tok = POLICY_LOSSES["ppo_clip"](lp, behav, adv, **kw).loss * weight
+        per_tok = POLICY_LOSSES["ppo_clip"](LossInputs.of(lp, behav, adv, mask, **kw)).loss * weight
         loss = agg_loss(per_tok, mask, "token_mean")
         loss.backward()
         return loss.detach(), lp.grad

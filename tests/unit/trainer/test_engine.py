@@ -191,7 +191,7 @@ def test_cuda_device_without_a_gpu_is_an_error_naming_the_key(monkeypatch):
     import pytest
     import torch
 
-    from asyncrl.trainer.engine import pick_device
+    from asyncrl.trainer.setup import pick_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert pick_device("auto").type == "cpu"

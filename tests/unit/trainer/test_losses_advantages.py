@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from asyncrl.trainer.advantages import ADVANTAGES, compute_advantages, group_index_of
-from asyncrl.trainer.engine import lr_factor
-from asyncrl.trainer.losses import POLICY_LOSSES, agg_loss, entropy_from_logits, kl_penalty, token_logprobs
+from asyncrl.trainer.setup import lr_factor
+from asyncrl.trainer.losses import POLICY_LOSSES, LossInputs, agg_loss, entropy_from_logits, kl_penalty, token_logprobs
 
 
 def test_grpo_normalises_within_groups():
@@ -52,7 +52,7 @@ def test_ppo_clip_pessimistic_branches():
     lp = torch.log(torch.tensor([[1.5, 1.5, 0.5, 0.5, 1.1]]))
     old = torch.zeros(1, 5)
     adv = torch.tensor([[1.0, -1.0, 1.0, -1.0, 2.0]])
-    out = POLICY_LOSSES["ppo_clip"](lp, old, adv, clip_ratio_low=0.2, clip_ratio_high=0.3)
+    out = POLICY_LOSSES["ppo_clip"](LossInputs.of(lp, old, adv, torch.ones(1, 5), clip_ratio_low=0.2, clip_ratio_high=0.3))
     # A>0, r=1.5 > 1.3 -> clipped at 1.3; A<0, r=1.5 -> unclipped 1.5 (pessimistic);
     # A>0, r=0.5 -> unclipped -0.5; A<0, r=0.5 < 0.8 -> clipped 0.8; inside the range -> -A r
     assert torch.allclose(out.loss, torch.tensor([[-1.3, 1.5, -0.5, 0.8, -2.2]]), atol=1e-6)
@@ -62,10 +62,11 @@ def test_ppo_clip_pessimistic_branches():
 
 def test_ppo_clip_gradient_vanishes_when_clipped_and_uses_proximal_anchor():
     lp = torch.tensor([[math.log(1.5), 0.0]], requires_grad=True)
-    out = POLICY_LOSSES["ppo_clip"](lp, torch.zeros(1, 2), torch.ones(1, 2))
+    out = POLICY_LOSSES["ppo_clip"](LossInputs.of(lp, torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2)))
     out.loss.sum().backward()
     assert lp.grad.tolist() == [[0.0, -1.0]]
-    prox = POLICY_LOSSES["ppo_clip"](torch.zeros(1, 1), torch.full((1, 1), -5.0), torch.ones(1, 1), proximal_logprobs=torch.zeros(1, 1))
+    prox = POLICY_LOSSES["ppo_clip"](LossInputs.of(torch.zeros(1, 1), torch.full((1, 1), -5.0), torch.ones(1, 1), torch.ones(1, 1),
+                                                  proximal_logprobs=torch.zeros(1, 1)))
     assert prox.ratio.item() == pytest.approx(1.0)
 
 

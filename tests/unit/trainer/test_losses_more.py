@@ -10,7 +10,7 @@ import torch
 
 from asyncrl.config import AlgorithmConfig, ConfigError, TrainerConfig
 from asyncrl.trainer.advantages import ADVANTAGES, KLController, kl_in_reward, overlong_penalty
-from asyncrl.trainer.losses import POLICY_LOSSES, agg_loss, kl_penalty
+from asyncrl.trainer.losses import POLICY_LOSSES, GSPOSettings, LossInputs, PPOClipSettings, agg_loss, kl_penalty
 
 L = math.log
 
@@ -18,6 +18,11 @@ L = math.log
 def close(t, expected, abs=1e-6):
     """A 2-D tensor equals the hand-computed rows (pytest.approx takes no nested lists)."""
     return torch.allclose(t.detach().double(), torch.tensor(expected, dtype=torch.float64), atol=abs, rtol=0)
+
+
+def inputs(lp, adv, mask=None, **clip):
+    """`LossInputs` around a behaviour policy of log-prob 0 (so ratio = exp(lp)), every token trained on by default."""
+    return LossInputs.of(lp, torch.zeros_like(lp), adv, torch.ones_like(lp) if mask is None else mask, **clip)
 
 
 # ---- dual-clip PPO ----------------------------------------------------------------------------
@@ -28,7 +33,7 @@ def test_dual_clip_bounds_negative_advantage_loss_by_c_abs_a():
     # tokens: ratios 4, 2, 4, 0.5 (old logp 0); advantages -1, -1, +1, -1; clip 0.2, c = 3
     lp = torch.tensor([[L(4.0), L(2.0), L(4.0), L(0.5)]], requires_grad=True)
     adv = torch.tensor([[-1.0, -1.0, 1.0, -1.0]])
-    out = POLICY_LOSSES["ppo_clip"](lp, torch.zeros(1, 4), adv, clip_ratio_c=3.0)
+    out = POLICY_LOSSES["ppo_clip"](inputs(lp, adv), PPOClipSettings(clip_ratio_c=3.0))
     # t0: max(4, 1.2) = 4 > c|A| = 3 -> 3 (dual clip);  t1: max(2, 1.2) = 2 < 3 -> 2 (unclipped)
     # t2: A > 0: max(-4, -1.2) = -1.2 (PPO clip);       t3: max(0.5, 0.8) = 0.8 (PPO clip, below 3)
     assert close(out.loss, [[3.0, 2.0, -1.2, 0.8]])
@@ -37,12 +42,14 @@ def test_dual_clip_bounds_negative_advantage_loss_by_c_abs_a():
     out.loss.sum().backward()
     # only t1 carries a gradient: d(-A r)/dlogp = -A r = 2
     assert close(lp.grad, [[0.0, 2.0, 0.0, 0.0]])
-    off = POLICY_LOSSES["ppo_clip"](lp.detach(), torch.zeros(1, 4), adv, clip_ratio_c=0.0)
+    off = POLICY_LOSSES["ppo_clip"](inputs(lp.detach(), adv), PPOClipSettings(clip_ratio_c=0.0))
     assert off.loss[0, 0].item() == pytest.approx(4.0) and off.dual_clipped.sum() == 0  # 0 = off: plain PPO
-    with pytest.raises(ValueError, match="algorithm.clip_ratio_c"):
-        POLICY_LOSSES["ppo_clip"](lp.detach(), torch.zeros(1, 4), adv, clip_ratio_c=0.9)
-    with pytest.raises(ConfigError, match="algorithm.clip_ratio_c"):
+    with pytest.raises(ValueError, match=r"^algorithm\.loss_args\.clip_ratio_c: must be > 1"):
+        PPOClipSettings(clip_ratio_c=0.9)
+    with pytest.raises(ConfigError, match=r"^algorithm\.clip_ratio_c: must be > 1"):  # the older key: named as set
         AlgorithmConfig(clip_ratio_c=1.0)
+    with pytest.raises(ConfigError, match=r"^algorithm\.loss_args\.clip_ratio_c: must be > 1"):
+        AlgorithmConfig(loss_args={"clip_ratio_c": 1.0})
 
 
 # ---- GSPO ---------------------------------------------------------------------------------------
@@ -54,8 +61,8 @@ def test_gspo_sequence_ratio_and_token_level_gradient():
     lp = torch.tensor([[L(2.0), L(8.0), L(100.0)]], requires_grad=True)
     mask = torch.tensor([[1.0, 1.0, 0.0]])
     adv = torch.ones(1, 3)
-    wide = dict(gspo_clip_ratio_low=0.5, gspo_clip_ratio_high=5.0)  # range 0.5..6: s = 4 is not clipped
-    out = POLICY_LOSSES["gspo"](lp, torch.zeros(1, 3), adv, mask=mask, **wide)
+    wide = GSPOSettings(seq_clip_ratio_low=0.5, seq_clip_ratio_high=5.0)  # range 0.5..6: s = 4 is not clipped
+    out = POLICY_LOSSES["gspo"](inputs(lp, adv, mask), wide)
     assert out.ratio[0, :2].tolist() == pytest.approx([4.0, 4.0])  # every token carries the sequence ratio
     assert out.loss[0, :2].tolist() == pytest.approx([-4.0, -4.0]) and out.clipped[0, :2].sum() == 0
     agg_loss(out.loss, mask, "seq_mean_token_mean").backward()
@@ -65,21 +72,19 @@ def test_gspo_sequence_ratio_and_token_level_gradient():
 
 
 @pytest.mark.timeout(10)
-def test_gspo_clips_whole_sequences_with_its_own_small_range_and_needs_the_mask():
+def test_gspo_clips_whole_sequences_with_its_own_small_range():
     lp = torch.tensor([[L(2.0), L(8.0)], [L(1.0002), L(1.0002)]], requires_grad=True)
     mask = torch.ones(2, 2)
     adv = torch.tensor([[1.0, 1.0], [1.0, 1.0]])
-    out = POLICY_LOSSES["gspo"](lp, torch.zeros(2, 2), adv, mask=mask, clip_ratio_low=0.2, clip_ratio_high=0.2)
+    out = POLICY_LOSSES["gspo"](inputs(lp, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.2))
     # defaults 3e-4 / 4e-4 (the token clip_ratio_* are ignored): row 0 s = 4 -> clipped to 1.0004, no gradient;
     # row 1 s = 1.0002 is inside [0.9997, 1.0004]: unclipped, loss -1.0002
     assert close(out.loss, [[-1.0004, -1.0004], [-1.0002, -1.0002]], abs=1e-6)
     assert out.clipped.tolist() == [[1.0, 1.0], [0.0, 0.0]]
     out.loss.sum().backward()
     assert lp.grad[0].tolist() == [0.0, 0.0] and lp.grad[1].tolist() == pytest.approx([-1.0002, -1.0002], abs=1e-6)
-    huge = POLICY_LOSSES["gspo"](torch.full((1, 2), 50.0), torch.zeros(1, 2), -torch.ones(1, 2), mask=torch.ones(1, 2))
+    huge = POLICY_LOSSES["gspo"](inputs(torch.full((1, 2), 50.0), -torch.ones(1, 2)))
     assert huge.ratio[0, 0].item() == pytest.approx(math.exp(10.0), rel=1e-5)  # log s clamped at 10: finite
-    with pytest.raises(ValueError, match="mask"):
-        POLICY_LOSSES["gspo"](lp, torch.zeros(2, 2), adv)
 
 
 # ---- CISPO --------------------------------------------------------------------------------------
@@ -90,7 +95,7 @@ def test_cispo_detached_clipped_weight_times_advantage_times_logp():
     # ratios 2, 0.5, 1.1 (old logp 0); A = 1, -1, 2; clip 0.2 -> weights w = 1.2, 0.8, 1.1
     lp = torch.tensor([[L(2.0), L(0.5), L(1.1)]], requires_grad=True)
     adv = torch.tensor([[1.0, -1.0, 2.0]])
-    out = POLICY_LOSSES["cispo"](lp, torch.zeros(1, 3), adv, clip_ratio_low=0.2, clip_ratio_high=0.2)
+    out = POLICY_LOSSES["cispo"](inputs(lp, adv, clip_ratio_low=0.2, clip_ratio_high=0.2))
     # loss = -w A logp: -1.2 * 1 * log 2 = -0.83178; -0.8 * -1 * log 0.5 = -0.55452; -1.1 * 2 * log 1.1 = -0.20968
     assert close(out.loss, [[-1.2 * L(2.0), 0.8 * L(0.5), -2.2 * L(1.1)]], abs=1e-6)
     assert out.loss[0, 0].item() == pytest.approx(-0.83178, abs=1e-5)

@@ -62,7 +62,7 @@ def test_stale_tokens_carry_no_gradient(tiny_model_path):
 
 
 def test_minibatch_metrics_merge_keys_some_minibatches_lack():
-    from asyncrl.trainer.engine import merge_minibatch_metrics
+    from asyncrl.trainer.step_metrics import merge_minibatch_metrics
 
     got = merge_minibatch_metrics([{"tokens": 4, "correction/age_1/tokens": 4, "correction/age_1/is_weight_mean": 1.0},
                                    {"tokens": 6, "correction/age_1/tokens": 2, "correction/age_1/is_weight_mean": 0.5,
