@@ -1,4 +1,10 @@
-"""The pace of admission in `fully_async`: keep just enough work in flight to feed the trainer.
+"""Admission: what each mode admits (`mode_rule`, the one place a mode becomes numbers) and, in
+`fully_async`, its pace: keep just enough work in flight to feed the trainer.
+
+`mode_rule` turns `trainer.mode` and its keys into a `ModeRule` (eta, publish cadence, in-order
+consumption, the pace's slack or none); `StalenessManager.for_rule` builds the machinery from it.
+The controller, the config's checks (`TrainerConfig.rule`) and the simulator (`plan.sim`) all go
+through these two, so a new admission option is added here and reaches all three.
 
 The staleness bound eta (`StalenessManager.can_start`) caps how far rollouts may run ahead. When
 the rollout side is faster than the trainer, admission runs up to that cap and every group then
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import dataclass
 
 WAIT_FRACTION = 0.05
 """A step that waited for data longer than this share of its busy seconds counts as starved."""
@@ -84,3 +91,33 @@ class Pace:
             self.extra = min(float(self.bound), self.extra + wait_s * self.B / self.busy_s)
         else:
             self.extra *= DECAY
+
+
+@dataclass(frozen=True)
+class ModeRule:
+    """The admission numbers of one mode (see `asyncrl.staleness` for what each does).
+
+    Example:
+        mode_rule("one_step_off", max_staleness=4, publish_every=2, admission="pace", slack=0.25)
+        -> ModeRule(eta=1, publish_every=1, in_order=True, pace_slack=None)
+    """
+
+    eta: int
+    """The staleness bound: `sync` 0, `one_step_off` 1, `fully_async` `trainer.max_staleness`."""
+    publish_every: int
+    """Trainer steps per published version (`trainer.publish_every` in `fully_async`, else 1)."""
+    in_order: bool
+    """The trainer takes no group newer than the oldest one still running (`sync`, `one_step_off`)."""
+    pace_slack: float | None
+    """`fully_async` with `trainer.admission=pace`: the `Pace`'s slack; None: admission up to eta alone."""
+
+
+def mode_rule(mode: str, *, max_staleness: int, publish_every: int, admission: str, slack: float) -> ModeRule:
+    """The `ModeRule` of `trainer.mode` = `mode` with the other `trainer.*` keys as given (the ones a
+    mode does not use are ignored: `sync` and `one_step_off` publish every step and have no pace)."""
+    if mode == "sync":
+        return ModeRule(eta=0, publish_every=1, in_order=True, pace_slack=None)
+    if mode == "one_step_off":
+        return ModeRule(eta=1, publish_every=1, in_order=True, pace_slack=None)
+    return ModeRule(eta=max_staleness, publish_every=publish_every, in_order=False,
+                    pace_slack=slack if admission == "pace" else None)

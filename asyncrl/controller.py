@@ -68,7 +68,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from asyncrl.admission import Pace
 from asyncrl.config import Config
 from asyncrl.launch import Components
 from asyncrl.lengths import LengthBias
@@ -88,20 +87,13 @@ from asyncrl.trajectory_queue import TrajectoryQueue, response_length, reward, r
 from transfer_queue import SampleMeta
 
 
-def mode_rule(cfg: Config) -> tuple[int, int, bool]:
-    """(eta, publish_every, in_order) of the configured mode; see `StalenessManager` for in_order."""
-    t = cfg.trainer
-    return t.eta, (t.publish_every if t.mode == "fully_async" else 1), t.mode != "fully_async"
-
-
 class Pipeline(PipelineCheckpoint):
     def __init__(self, cfg: Config, parts: Components, run_dir: Path, metrics: MetricsLogger) -> None:
         self.cfg, self.parts, self.run_dir, self.metrics = cfg, parts, run_dir, metrics
         self.B, self.n = cfg.trainer.prompts_per_step, cfg.rollout.group_size
-        eta, self.publish_every, in_order = mode_rule(cfg)
-        paced = cfg.trainer.mode == "fully_async" and cfg.trainer.admission == "pace"
-        pace = Pace(batch_groups=self.B, eta=eta, slack=cfg.trainer.admission_slack) if paced else None
-        self.staleness = StalenessManager(batch_groups=self.B, eta=eta, in_order=in_order, pace=pace)
+        rule = cfg.trainer.rule
+        self.publish_every = rule.publish_every
+        self.staleness = StalenessManager.for_rule(rule, batch_groups=self.B)
         # one lease holder name per run: a resumed run takes back at once what it had leased before it died
         self.lengths = LengthBias()
         """Response lengths of trained, dropped and redone samples (`summary.json` `lengths`)."""

@@ -7,7 +7,8 @@ groups that finished and were queued for training (dropped ones do not count) an
 `running` counts groups in generation. The modes are this one rule with different
 `eta`: `sync` is eta = 0 (a batch is generated with the current weights, then trained,
 then published), `one_step_off` is eta = 1 (batch t+1 is generated while batch t
-trains), `fully_async` is the configured eta.
+trains), `fully_async` is the configured eta (`asyncrl.admission.mode_rule`; `for_rule` builds
+the manager of a mode, for the controller and the simulator alike).
 
 What the rule guarantees, and what it does not: if groups are trained in the order they
 started, group g is trained at step about g / batch_groups <= eta + version-at-its-start,
@@ -63,19 +64,22 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter, deque
-from typing import Any
+from typing import Any, Callable
 
-from asyncrl.admission import Pace
+from asyncrl.admission import ModeRule, Pace
 from transfer_queue.rules import staleness
 
 
 class StalenessManager:
-    def __init__(self, *, batch_groups: int, eta: int, in_order: bool = False, pace: Pace | None = None) -> None:
+    def __init__(self, *, batch_groups: int, eta: int, in_order: bool = False, pace: Pace | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if batch_groups < 1 or eta < 0:
             raise ValueError(f"batch_groups must be >= 1 and eta >= 0, got {batch_groups}, {eta}")
         self.batch_groups, self.eta, self.in_order = batch_groups, eta, in_order
         self.pace = pace
         """Soft limit on groups in flight + queued (None: the bound alone)."""
+        self._clock = clock
+        """Seconds for the pace's group latencies and the idle seconds (the simulator passes its own clock)."""
         self.version = 0
         self.lineage: list[list[int]] = []
         """The run's resumes, `(n, l)`: version n was published with version l's weights (see
@@ -96,6 +100,13 @@ class StalenessManager:
         self._idle_s = 0.0
         self._idle_since: float | None = None
         """Set while no group runs (admission holds new ones back, or none started yet)."""
+
+    @classmethod
+    def for_rule(cls, rule: ModeRule, *, batch_groups: int, clock: Callable[[], float] = time.monotonic) -> StalenessManager:
+        """The admission machinery of a mode (`asyncrl.admission.mode_rule`): the bound, the consumption
+        order and the pace. The one constructor the controller and the simulator share."""
+        pace = None if rule.pace_slack is None else Pace(batch_groups=batch_groups, eta=rule.eta, slack=rule.pace_slack)
+        return cls(batch_groups=batch_groups, eta=rule.eta, in_order=rule.in_order, pace=pace, clock=clock)
 
     @property
     def running(self) -> int:
@@ -121,9 +132,9 @@ class StalenessManager:
         async with self._changed:
             await self._changed.wait_for(self.can_start)
             self.running_by_version[self.version] += 1
-            self._started.setdefault(self.version, deque()).append(time.monotonic())
+            self._started.setdefault(self.version, deque()).append(self._clock())
             if self._idle_since is not None:
-                self._idle_s += time.monotonic() - self._idle_since
+                self._idle_s += self._clock() - self._idle_since
                 self._idle_since = None
             return self.version
 
@@ -132,9 +143,9 @@ class StalenessManager:
         version it was admitted at (what `finish` is then told), outside the admission rule (it was
         admitted before the checkpoint; `load_state_dict` counts no group as running)."""
         self.running_by_version[version] += 1
-        self._started.setdefault(version, deque()).append(time.monotonic())
+        self._started.setdefault(version, deque()).append(self._clock())
         if self._idle_since is not None:
-            self._idle_s += time.monotonic() - self._idle_since
+            self._idle_s += self._clock() - self._idle_since
             self._idle_since = None
 
     def takeable_version(self) -> int | None:
@@ -173,9 +184,9 @@ class StalenessManager:
             if not started:
                 del self._started[version]
             if self.pace is not None:
-                self.pace.group_done(time.monotonic() - t0)
+                self.pace.group_done(self._clock() - t0)
         if self.running == 0:
-            self._idle_since = time.monotonic()
+            self._idle_since = self._clock()
         if accepted:
             self.accepted += 1
         else:
@@ -207,7 +218,7 @@ class StalenessManager:
 
     def idle_seconds(self) -> float:
         """Seconds during which no group was generating (the rollout side stood idle)."""
-        open_s = time.monotonic() - self._idle_since if self._idle_since is not None else 0.0
+        open_s = self._clock() - self._idle_since if self._idle_since is not None else 0.0
         return self._idle_s + open_s
 
     def staleness(self, min_version: int, version: int) -> int:

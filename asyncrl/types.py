@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from plane_common.strict_msgpack import decoder
 from transfer_queue.rules import staleness
 
 SCHEMA_VERSION = 1
@@ -144,9 +145,5 @@ class TrajectoryWire(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     timings: dict[str, float] = {}
 
 
-def _no_ext(code: int, data: memoryview) -> Any:
-    raise ValueError(f"msgpack ext type {code} is not accepted")
-
-
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(TrajectoryWire, ext_hook=_no_ext)
+_decoder = decoder(TrajectoryWire)

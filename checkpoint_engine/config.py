@@ -73,7 +73,7 @@ class WeightsConfig:
 
     secret: str = field(default="", repr=False)
     """Per-run secret. Set: the sender's socket is a ZeroMQ CURVE server whose only admitted
-    client key is derived from it (`checkpoint_engine.auth`), and receivers connect with CURVE;
+    client key is derived from it (`plane_common.curve`), and receivers connect with CURVE;
     a peer without it cannot join. Empty: no authentication (standalone use on a trusted host).
     The asyncrl launcher always sets one (never written: the saved config says `<set>`)."""
 

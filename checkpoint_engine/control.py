@@ -8,11 +8,12 @@ and dropped: nothing a stranger sends raises out of `recv`. Frames over `SOCKET_
 `WeightsConfig.max_message_bytes` if smaller) never reach it: ZeroMQ drops that peer before it
 buffers the frame (ZMQ_MAXMSGSIZE), and that limit holds during the CURVE handshake too, so a peer
 without the secret makes the sender hold at most that much; a handshake not done within
-`HANDSHAKE_S` closes the connection, and a connection past `WeightsConfig.max_connections` is shut
-at once (`auth.Peers`, counted in `stats()["connections_refused"]`).
+`plane_common.listener.HANDSHAKE_S` closes the connection, and a connection past
+`WeightsConfig.max_connections` is shut at once (counted in `stats()["connections_refused"]`).
 
 The socket binds `config.host` only, on a context of its own (one ZAP handler per context), and
-is a CURVE server when `config.secret` is set (`auth.py`).
+is a CURVE server when `config.secret` is set: all of that is the `Gate` both planes share
+(`plane_common.listener`).
 
 Sends never block and never raise: the socket is ZMQ_ROUTER_MANDATORY, so `send` says whether the
 receiver is connected at all (False: no connection holds its id, e.g. its process died); a frame
@@ -27,17 +28,15 @@ from typing import Callable
 
 import zmq
 
-from checkpoint_engine.auth import CurveServer, Peers
 from checkpoint_engine.config import WeightsConfig
 from checkpoint_engine.wire import MAX_ID, Malformed, Message, decode, encode
+from plane_common.listener import Gate
 
 MAX_INBOUND = 64 << 10
 """Largest frame a receiver sends (Join, Ack, Nack are < 2 KiB); bigger ones are `oversized`."""
 SOCKET_INBOUND = 2 * MAX_INBOUND
 """ZMQ_MAXMSGSIZE of the sender's socket: a receiver's frames are small (the sender sends the big
 ones), so a peer, before or after its handshake, is cut at this size."""
-HANDSHAKE_S = 10
-"""Seconds a connecting peer has to finish the ZeroMQ (CURVE) handshake."""
 LATE_BURST = 1000
 """Frames still read after a deadline passed, so a flood cannot hold the sender past it."""
 
@@ -57,21 +56,11 @@ def receiver_id(ident: bytes) -> str | None:
 class SenderSocket:
     def __init__(self, config: WeightsConfig) -> None:
         self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.linger = 0
+        self.gate = Gate(self.ctx, config.secret, config.max_connections, name="weights-peers")
+        self.sock = self.gate.server(self.ctx.socket(zmq.ROUTER), min(config.max_message_bytes, SOCKET_INBOUND))
         self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted receiver takes over its identity
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # an id no connection holds fails the send: `send` says so
-        self.sock.maxmsgsize = min(config.max_message_bytes, SOCKET_INBOUND)
-        self.sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_S * 1000)
-        self.auth = CurveServer(self.ctx, self.sock, config.secret) if config.secret else None
-        if config.port:
-            self.sock.bind(f"tcp://{config.host}:{config.port}")
-            self.port = config.port
-        else:
-            self.port = self.sock.bind_to_random_port(f"tcp://{config.host}")
-        self.peers = Peers(self.sock, self.port, config.max_connections)
-        if self.auth is not None:
-            self.auth.peers = self.peers
+        self.port = self.gate.bind(self.sock, config.host, config.port)
         self.malformed: Counter[str] = Counter()
 
     def send(self, rid: str, msg: Message) -> bool:
@@ -123,14 +112,12 @@ class SenderSocket:
 
     def stats(self) -> dict[str, object]:
         out: dict[str, object] = {"malformed": dict(self.malformed), "malformed_total": sum(self.malformed.values()),
-                                  "connections_refused": self.peers.refused}
-        if self.auth is not None:
-            out["auth"] = self.auth.counts()
+                                  "connections_refused": self.gate.connections_refused}
+        if self.gate.secret:
+            out["auth"] = {"refused": self.gate.refused, "handshake_failed": self.gate.handshake_failed}
         return out
 
     def close(self) -> None:
-        self.peers.close()
-        if self.auth is not None:
-            self.auth.close()
+        self.gate.close()
         self.sock.close(0)
         self.ctx.term()

@@ -8,7 +8,7 @@ flight:
     rx = Receiver(cfg, "server-0", endpoint=sender_endpoint)
     update = rx.next_update()                                  # blocks until the sender begins
     await server.pause("keep")                                 # (`server_loop.apply_update`)
-    await server.update_weights(update, update.version)       # load, drop KV, bump version
+    await server.load_update(update)                           # load, drop KV, bump version
     await server.resume()
 
 Yielded tensors are views of freshly allocated buffers the receiver never touches again.
@@ -43,9 +43,9 @@ from checkpoint_engine.backends import make_receiver_transport
 from checkpoint_engine.backends.base import ReceiverTransport
 from checkpoint_engine.buckets import TensorAssembler, crc32
 from checkpoint_engine.config import WeightsConfig
-from checkpoint_engine.auth import curve_client
 from checkpoint_engine.wire import (MAX_REASON, Abort, Ack, Begin, Bucket, End, Group, Join, Malformed, Nack, Pong, Probe,
                                     decode, encode)
+from plane_common import curve
 
 READY = -1
 GROUP = -2
@@ -77,9 +77,7 @@ class Receiver:
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.IDENTITY, receiver_id.encode())
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.maxmsgsize = config.max_message_bytes
-        if config.secret:
-            curve_client(self._sock, config.secret)
+        curve.client(self._sock, config.secret, config.max_message_bytes)
         self.malformed = 0
         """Frames from the sender's socket that were not a valid record (dropped)."""
         self._sock.connect(endpoint or f"tcp://{config.host}:{config.port}")

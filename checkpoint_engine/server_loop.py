@@ -1,11 +1,12 @@
 """The update protocol on a rollout server: pause, load while buckets land, confirm, resume.
 
-The engine itself (any object with async `pause(mode)`, `update_weights(pairs, version)`
-and `resume()`, i.e. asyncrl's `RolloutServer`) drops its KV / prefix cache and bumps the
-version it stamps on tokens inside `update_weights`; this module only orders the calls
-around one `Update`. An engine may instead offer `load_update(update)` (it drives the
-update itself, e.g. when its workers receive the bytes through a consuming transport).
-Duck-typed on purpose: checkpoint_engine does not import asyncrl.
+The engine (an `Updatable`: async `pause(mode)`, `load_update(update)`, `resume()` and the flag
+`loads_in_place`; asyncrl's `RolloutServer` declares them all, with defaults) loads the update,
+drops its KV / prefix cache and bumps the version it stamps on tokens inside `load_update`; this
+module only orders the calls around one `Update`. How an update is loaded (streamed into the
+parameters, read whole, received by the engine's own workers through a consuming transport) is the
+engine's one decision, made in its `load_update`. A `Protocol`, structural on purpose:
+checkpoint_engine does not import asyncrl (docs/layers.md, layer 0).
 
 Pause modes (the engine implements them): `abort` (in-flight requests return what they
 have, the caller resubmits), `wait` (drain first), `keep` (in-flight requests continue
@@ -32,18 +33,17 @@ from checkpoint_engine.receiver import ChecksumError, Receiver, Update, UpdateAb
 
 
 class Updatable(Protocol):
+    """What a server offers the weight plane (asyncrl's `RolloutServer` and `ServerHost` are such)."""
+
+    loads_in_place: bool
+    """A load that fails midway leaves the weights half replaced: stay paused until one succeeds."""
+
     async def pause(self, mode: str = "wait") -> None: ...
-    async def update_weights(self, named_tensors: Any, version: int) -> None: ...
+
+    async def load_update(self, update: Update) -> None:
+        """Load every (name, tensor) pair of `update` as it lands and serve `update.version` from now on."""
+
     async def resume(self) -> None: ...
-
-
-async def load(server: Updatable, update: Update) -> None:
-    """Load `update` into `server` (its `load_update` when it has one)."""
-    custom = getattr(server, "load_update", None)
-    if custom is not None:
-        await custom(update)
-    else:
-        await server.update_weights(update, update.version)
 
 
 async def apply_update(server: Updatable, update: Update, pause_mode: str = "keep") -> int:
@@ -53,11 +53,11 @@ async def apply_update(server: Updatable, update: Update, pause_mode: str = "kee
     await server.pause(pause_mode)
     resume = True
     try:
-        await load(server, update)
+        await server.load_update(update)
         update.confirm()
     except BaseException as e:
         update.refuse(f"load: {type(e).__name__}: {e}"[:200])
-        resume = not getattr(server, "loads_in_place", False)
+        resume = not server.loads_in_place
         raise
     finally:
         if resume:

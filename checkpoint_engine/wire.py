@@ -34,6 +34,8 @@ from typing import Annotated, Any, Union
 
 import msgspec
 
+from plane_common.strict_msgpack import decoder
+
 MAX_ID = 255
 """Longest receiver id (a ZeroMQ routing identity is at most 255 bytes)."""
 MAX_REASON = 1024
@@ -165,20 +167,16 @@ class Malformed(ValueError):
         self.reason = reason
 
 
-def _no_ext(code: int, data: memoryview) -> Any:
-    raise ValueError(f"msgpack ext type {code} is not accepted")
-
-
 _encoder = msgspec.msgpack.Encoder()
-_messages = msgspec.msgpack.Decoder(Message, ext_hook=_no_ext)
-_metas = msgspec.msgpack.Decoder(BucketMeta, ext_hook=_no_ext)
+_messages = decoder(Message)
+_metas = decoder(BucketMeta)
 
 
 def encode(msg: Message) -> bytes:
     return _encoder.encode(msg)
 
 
-_untyped = msgspec.msgpack.Decoder(ext_hook=_no_ext)
+_untyped = decoder()
 
 
 def _reason(e: msgspec.ValidationError, data: bytes) -> str:

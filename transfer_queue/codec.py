@@ -2,7 +2,7 @@
 
 Nothing here can execute what a peer sends: no pickle, no msgpack ext types, a closed
 list of dtypes, and explicit size limits. Wire records are msgspec Structs decoded by typed
-decoders (`decoder(T)`, `decode`), so types, required fields and ranges come from the Struct;
+decoders (`plane_common.strict_msgpack.decoder(T)`, `decode`), so types, required fields and ranges come from the Struct;
 every failure to decode raises `WireError`, which services count and answer with an error
 instead of crashing.
 
@@ -17,6 +17,8 @@ from typing import Any
 
 import msgspec
 import numpy as np
+
+from plane_common.strict_msgpack import decoder
 
 # numpy dtype strings accepted on the wire (little-endian, no objects)
 DTYPES = {
@@ -37,15 +39,6 @@ _encoder = msgspec.msgpack.Encoder()
 def pack(obj: Any) -> bytes:
     """msgpack bytes of builtins and msgspec Structs (handles, records, requests)."""
     return _encoder.encode(obj)
-
-
-def _no_ext(code: int, data: memoryview) -> Any:
-    raise ValueError(f"msgpack ext type {code} is not accepted")
-
-
-def decoder(t: Any) -> msgspec.msgpack.Decoder:
-    """A typed msgpack decoder for wire type `t` (ext types refused)."""
-    return msgspec.msgpack.Decoder(t, ext_hook=_no_ext)
 
 
 _any = decoder(Any)

@@ -91,7 +91,7 @@ class TransferQueueConfig:
 
     secret: str = field(default="", repr=False)
     """Per-run secret. Set: every listening socket of the package is a ZeroMQ CURVE server that admits
-    only clients holding the same secret (keys derived in `transfer_queue/auth.py`). Empty: no
+    only clients holding the same secret (keys derived in `plane_common/curve.py`, as the weight plane's). Empty: no
     authentication, for standalone use on a trusted host. Never in a repr (nor in asyncrl's saved
     config, which says `<set>`)."""
 

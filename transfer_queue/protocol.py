@@ -15,7 +15,8 @@ from typing import Annotated, Any
 
 import msgspec
 
-from transfer_queue.codec import MAX_COUNT, MAX_INT, MAX_SECONDS, decoder
+from plane_common.strict_msgpack import decoder
+from transfer_queue.codec import MAX_COUNT, MAX_INT, MAX_SECONDS
 from transfer_queue.records import QueueStats, SampleMeta, Batch, Text
 from transfer_queue.storage.handles import Handle
 

@@ -16,7 +16,8 @@ from typing import Annotated, Any
 
 import msgspec
 
-from transfer_queue.codec import MAX_COUNT, MAX_INT, convert, decoder
+from plane_common.strict_msgpack import decoder
+from transfer_queue.codec import MAX_COUNT, MAX_INT, convert
 from transfer_queue.storage.handles import Handle
 
 Text = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]

@@ -51,6 +51,7 @@ from typing import Any, Callable
 import msgspec
 import zmq
 
+from plane_common import curve
 from transfer_queue import auth
 from transfer_queue.codec import WireError, decode, pack
 from transfer_queue.config import TransferQueueConfig
@@ -327,7 +328,7 @@ class RemoteController(MetadataStore):
         """One op; `args` a map or that op's args Struct; returns the op's typed result."""
         sock = self._local.__dict__.get("sock")
         if sock is None:
-            sock = self._local.sock = auth.client(self._ctx.socket(zmq.DEALER), self._secret, self._max_frame)
+            sock = self._local.sock = curve.client(self._ctx.socket(zmq.DEALER), self._secret, self._max_frame)
             sock.setsockopt(zmq.LINGER, 0)
             sock.connect(self.address)
             self._socks.append(sock)

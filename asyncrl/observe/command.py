@@ -24,26 +24,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from asyncrl.observe.reporter import FINAL_FILE, KEY_PREFIX, RUNS_KEY, status_key
-from asyncrl.observe.snapshot import RunNotFound, lifecycle_snapshot  # noqa: F401 (RunNotFound: re-exported)
+from asyncrl.observe.snapshot import RunNotFound, lifecycle_snapshot
+from plane_common.liveness import pid_alive
 
 STALL_INTERVALS = 5
 """A live process whose heartbeat is older than this many reporting intervals is `stalled`
 (remote: `dead`, since its pid cannot be checked)."""
 MIN_STALL_S = 10.0
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process `pid` of this host runs; a killed child its parent has not reaped yet is a
-    zombie: not running. Another user's process we may not inspect counts as running."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:  # ZombieProcess included
-        return False
-    except psutil.AccessDenied:
-        return True
 
 
 def latest_run(root: Path) -> Path:

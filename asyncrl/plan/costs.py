@@ -21,7 +21,7 @@ from typing import Any
 
 from asyncrl.plan.scale import Scaling
 from asyncrl.plan.schedule import STALENESS_LEVELS, UPDATE_MODES
-from asyncrl.rollout.cost_model import LongTail
+from asyncrl.engines.cost_model import LongTail
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 

@@ -31,7 +31,7 @@ from typing import Any
 from asyncrl.plan.costs import Costs
 from asyncrl.plan.sim import Schedule, simulate
 from asyncrl.plan.validate import DEMO_TARGET, case
-from asyncrl.rollout.cost_model import LongTail
+from asyncrl.engines.cost_model import LongTail
 
 WARMUP = 5
 """Steps left out of every measurement (the first trainer steps run up to 3x slower: allocator and thread warm-up)."""
@@ -162,13 +162,11 @@ def train(mode: str, seed: int, root: Path, steps: int = STEPS, timeout_s: float
 
 
 def schedule_of(run_dir: Path) -> Schedule:
-    """The run's schedule from its resolved `config.yaml` (mode, eta, publish_every, admission, group affinity)."""
+    """The run's schedule from its resolved `config.yaml` (`Schedule.of_run`)."""
     import yaml
 
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-    t = cfg["trainer"]
-    return Schedule(mode=t["mode"], eta=t["max_staleness"], publish_every=t["publish_every"], admission=t["admission"],
-                    steps=t["total_steps"] - WARMUP - 1, warmup=WARMUP, group_affinity=cfg["rollout"]["group_affinity"])
+    return Schedule.of_run(cfg["trainer"], cfg["rollout"], steps=cfg["trainer"]["total_steps"] - WARMUP - 1, warmup=WARMUP)
 
 
 def calibration(root: Path, steps: int = STEPS, seeds: tuple[int, ...] = CAL_SEEDS, overlap_run: bool = True,

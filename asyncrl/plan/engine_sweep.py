@@ -46,8 +46,8 @@ def sweep(concurrency: tuple[int, ...] = CONCURRENCY, repeats: int = REPEATS, to
 
     from asyncrl.bench.rollout import Workload, make_prompts
     from asyncrl.data.tiny_model import ensure_tiny_model
-    from asyncrl.rollout.base import SamplingParams
-    from asyncrl.rollout.torch_engine import TorchRolloutServer
+    from asyncrl.engines.base import SamplingParams
+    from asyncrl.engines.torch_engine import TorchRolloutServer
 
     path = ensure_tiny_model(os.path.expanduser("~/.cache/asyncrl/models"))
     prompts = make_prompts(Workload(prompts=max(concurrency), prompt_len=16, max_tokens=MAX_TOKENS))

@@ -2,12 +2,16 @@
 
 Job: the typed records around `sim.Simulator`: the schedule of one run (mode, eta, publish
 cadence, admission, update mode, staleness level: the same keys as `trainer.*` / `rollout.*`),
-the trace of its admission decisions, and one simulated run's measurements. No behaviour.
+the trace of its admission decisions, and one simulated run's measurements. No behaviour: what a
+mode admits is `asyncrl.admission.mode_rule`'s, as for the controller.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from asyncrl.admission import ModeRule, mode_rule
 
 MODES = ("sync", "one_step_off", "fully_async")
 UPDATE_MODES = ("keep", "abort", "wait")
@@ -43,13 +47,20 @@ class Schedule:
         if self.staleness_level not in STALENESS_LEVELS:
             raise ValueError(f"trainer.staleness_level: {self.staleness_level!r} is not one of {STALENESS_LEVELS}")
 
-    def rule(self) -> tuple[int, int, bool]:
-        """(eta, publish_every, in_order), as `asyncrl.controller.mode_rule`."""
-        if self.mode == "sync":
-            return 0, 1, True
-        if self.mode == "one_step_off":
-            return 1, 1, True
-        return self.eta, self.publish_every, False
+    @classmethod
+    def of_run(cls, trainer: Mapping[str, Any], rollout: Mapping[str, Any], *, steps: int, warmup: int) -> Schedule:
+        """The schedule of a run's `trainer` and `rollout` config sections (its resolved `config.yaml`, or
+        `dataclasses.asdict` of its config): every key the simulator models, so it admits as that run did."""
+        return cls(mode=trainer["mode"], eta=trainer["max_staleness"], publish_every=trainer["publish_every"],
+                   admission=trainer["admission"], slack=trainer["admission_slack"], steps=steps, warmup=warmup,
+                   update_mode=rollout["update_mode"], staleness_level=trainer["staleness_level"],
+                   group_affinity=rollout["group_affinity"])
+
+    @property
+    def rule(self) -> ModeRule:
+        """What the mode admits, as the controller's `TrainerConfig.rule` (`asyncrl.admission.mode_rule`)."""
+        return mode_rule(self.mode, max_staleness=self.eta, publish_every=self.publish_every,
+                         admission=self.admission, slack=self.slack)
 
 
 @dataclass

@@ -32,10 +32,10 @@ Job: replay what `asyncrl.controller.Pipeline` does on a `Costs` load, in simula
   embedded demo does; separate GPUs share nothing and keep 1).
 
 The manager is driven synchronously: none of its calls made here ever waits (the simulator only
-calls `acquire` when `can_start()` holds), so each coroutine runs to its end in one `send`. The
-manager reads `time.monotonic()` only for the pace's latencies and its idle seconds; `_SimPace`
-feeds the pace the simulated latency instead (same first-in-first-out match per version as the
-manager's), and idle ratios are measured here. What it does not model: a new request's own
+calls `acquire` when `can_start()` holds), so each coroutine runs to its end in one `send`. It is
+built by `StalenessManager.for_rule` from `Schedule.rule`, as the controller builds its own from
+`TrainerConfig.rule`, on the simulated clock (what the pace's latencies are measured on); idle
+ratios are measured here. What it does not model: a new request's own
 prefill, KV-cache limits, event-loop lag of a loaded host; with a slope, `request_overhead_s` is
 stretched like the tokens.
 """
@@ -47,7 +47,6 @@ import random
 from collections import Counter, deque
 from typing import Any, Coroutine
 
-from asyncrl.admission import Pace
 from asyncrl.plan.costs import Costs
 from asyncrl.plan.schedule import MODES, STALENESS_LEVELS, UPDATE_MODES, Schedule, SimResult, TraceEvent
 from asyncrl.plan.versions import GroupVersions, version_runs
@@ -66,24 +65,14 @@ def _now(coro: Coroutine[Any, Any, Any]) -> Any:
     raise RuntimeError("a StalenessManager call would wait inside the simulator")
 
 
-class _SimPace(Pace):
-    """The real `Pace`, told group latencies in simulated seconds (the manager passes wall seconds)."""
-
-    sim_latency_s = 0.0
-
-    def group_done(self, latency_s: float) -> None:
-        super().group_done(self.sim_latency_s)
-
-
 class Simulator:
     def __init__(self, costs: Costs, schedule: Schedule, seed: int = 0, record: bool = False) -> None:
         self.c, self.s, self.record = costs, schedule, record
-        self.eta, self.k, in_order = schedule.rule()
-        paced = schedule.mode == "fully_async" and schedule.admission == "pace"
-        self.pace = _SimPace(batch_groups=costs.groups, eta=self.eta, slack=schedule.slack) if paced else None
-        self.mgr = StalenessManager(batch_groups=costs.groups, eta=self.eta, in_order=in_order, pace=self.pace)
-        self.rng = random.Random(seed)
+        rule = schedule.rule
+        self.eta, self.k = rule.eta, rule.publish_every
         self.now = 0.0
+        self.mgr = StalenessManager.for_rule(rule, batch_groups=costs.groups, clock=lambda: self.now)
+        self.rng = random.Random(seed)
         self.frozen_since: float | None = None  # set while a publish pauses the servers: the rollout clock stops
         # Two clocks that run at a rate: the rollout's (sample ends are on it) and the trainer's
         # remaining work; `_advance` folds them up to `now`, `_set_rates` applies the contention.
@@ -118,7 +107,6 @@ class Simulator:
         self.ages = [0.0, 0.0, 0.0]  # trained tokens, of them older than eta, sum of token ages
         self.samples_trained = self.partial = self.max_span = 0
         self.prefill_stall = [0.0, 0]  # seconds servers stood still prefilling again, server-publishes
-        self.starts: dict[int, deque[float]] = {}
         self.queue: list[tuple[int, int, int, int]] = []  # (version, arrival, gid, tokens)
         self.step = 0
         self.busy = False  # the trainer is training or publishing; `work_left` seconds of its own speed remain
@@ -156,7 +144,6 @@ class Simulator:
         n = 0
         while self.running_samples < self.slots and self.mgr.can_start():
             version = _now(self.mgr.acquire())
-            self.starts.setdefault(version, deque()).append(self.now)
             gid = self.seq
             self.seq += 1
             self.groups[gid] = [version, self.c.group_size, 0, GroupVersions()]
@@ -248,10 +235,6 @@ class Simulator:
         self.group_server.pop(gid, None)
         self.versions[gid] = g[3]
         self.queue.append((g[3].queue_version(self.s.staleness_level), gid, gid, g[2]))
-        if self.pace is not None:
-            self.pace.sim_latency_s = self.now - self.starts[g[0]].popleft()
-        else:
-            self.starts[g[0]].popleft()
         _now(self.mgr.finish(True, version=g[0]))
         self._admit("finish", (g[0],))
         self._try_train()
@@ -415,7 +398,7 @@ def simulate(costs: Costs, schedule: Schedule, seeds: int = 3, seed: int = 0, ma
         "trainer_idle_ratio": round(mean("trainer_idle_ratio"), 3),
         "rollout_idle_ratio": round(mean("rollout_idle_ratio"), 3),
         "step_s": round(mean("step_s"), 4),
-        "version_s": round(mean("step_s") * schedule.rule()[1], 4),
+        "version_s": round(mean("step_s") * schedule.rule.publish_every, 4),
         "staleness_hist": {int(k): v for k, v in sorted(hist.items())},
         "staleness_mean": round(mean("staleness_mean"), 3),
         "staleness_max": max(r.staleness_max for r in runs),

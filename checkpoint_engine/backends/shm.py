@@ -16,12 +16,10 @@ exits (Python < 3.13), which would break the sender whenever a receiver dies.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import mmap
 import os
 import re
-import stat
 import uuid
 import weakref
 from typing import Any
@@ -32,6 +30,7 @@ import torch
 from checkpoint_engine.backends.base import ReceiverTransport, SenderTransport
 from checkpoint_engine.config import WeightsConfig
 from checkpoint_engine.wire import BucketMeta
+from plane_common.liveness import unlink_orphan
 
 SHM_DIR = "/dev/shm"
 PREFIX = "asyncrl-weights-"
@@ -73,33 +72,7 @@ def sweep_dead(prefix: str = PREFIX) -> int:
     """Remove slot files of this user left by senders that are gone (killed before `close`): those
     on which an exclusive flock is granted (a live sender holds a shared one); returns how many.
     Receivers that mapped one keep their mapping; nobody can open it again."""
-    removed = 0
-    for name in os.listdir(SHM_DIR):
-        if not name.startswith(prefix):
-            continue
-        path = os.path.join(SHM_DIR, name)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:  # gone, or not ours to read
-            continue
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as e:
-                if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    continue  # its sender lives
-                raise
-            if os.path.samestat(st, os.lstat(path)):
-                os.unlink(path)
-                removed += 1
-        except FileNotFoundError:  # another sender swept it first
-            pass
-        finally:
-            os.close(fd)
-    return removed
+    return sum(unlink_orphan(os.path.join(SHM_DIR, name)) for name in os.listdir(SHM_DIR) if name.startswith(prefix))
 
 
 class ShmSenderTransport(SenderTransport):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import zmq
 
-from transfer_queue import auth
+from plane_common import curve
 from transfer_queue.storage.arena import Arena, FreeEndpoint, FreeSender, aligned
 
 
@@ -33,7 +33,7 @@ def test_free_endpoint_survives_10k_malformed_and_forged_frees(secret):
     raw = ctx.socket(zmq.PUSH)
     raw.setsockopt(zmq.LINGER, 0)
     if secret:  # a peer holding the secret, sending garbage over the authenticated socket
-        auth.client(raw, secret, 1 << 24)
+        curve.client(raw, secret, 1 << 24)
     raw.connect(endpoint.address)
     live = [arena.alloc(4096, timeout=1.0) for _ in range(8)]  # (offset, slot) of real allocations
     used = arena.used

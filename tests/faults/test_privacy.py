@@ -26,7 +26,7 @@ import zmq
 
 from checkpoint_engine import Receiver, Sender, WeightsConfig
 from transfer_queue import Record, TransferQueueConfig, connect
-from transfer_queue.auth import client as curve_client
+from plane_common.curve import client as curve_client
 from transfer_queue.codec import WireError, pack, unpack
 from transfer_queue.service import ControllerService
 
@@ -622,14 +622,13 @@ def test_9_fresh_receiver_ids_do_not_stall_publishes():
         assert sender.wait_for_ids(["r0"], timeout_s=10) == []
         state = {"w": torch.randn(64, 64)}
         assert sender.publish(state.items(), 1).completed == ["r0"]
-        from checkpoint_engine.auth import curve_client as weights_curve
         from checkpoint_engine.wire import Join, encode
 
         for v in range(2, 5):
             ghost = ctx.socket(zmq.DEALER)
             ghost.linger = 0
             ghost.identity = f"ghost-{v}".encode()
-            weights_curve(ghost, SECRET)
+            curve_client(ghost, SECRET, -1)  # -1: no frame limit
             ghost.connect(sender.endpoint)
             ghost.send(encode(Join(f"ghost-{v}", -1)))
             ghosts.append(ghost)

@@ -18,7 +18,7 @@ import pytest
 import zmq
 
 from transfer_queue import Record, TransferQueueConfig, connect
-from transfer_queue.auth import client as curve_client
+from plane_common.curve import client as curve_client
 from transfer_queue.codec import pack, unpack
 from transfer_queue.service import ControllerService
 from transfer_queue.storage.zmq import ZmqStorage, ZmqStorageUnit

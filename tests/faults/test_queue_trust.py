@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import zmq
 
+from plane_common.curve import client as curve_client
+from plane_common.curve import curve_keys
 from transfer_queue import Record, TransferQueueConfig, connect
-from transfer_queue.auth import client as curve_client
-from transfer_queue.auth import curve_keys
 from transfer_queue.codec import pack, unpack
 from transfer_queue.service import BusyError, ControllerService
 from transfer_queue.storage.arena import Arena

@@ -15,11 +15,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from agents.base import RewardBroken, RewardPool, Scorer, score
+from agents.scoring import RewardBroken, RewardPool, Scorer, score
 from agents.single_turn import SingleTurnAgent
 from agents.tool_agent import ToolAgent
 from asyncrl.config import AgentConfig
-from asyncrl.rollout.base import SamplingParams
+from asyncrl.engines.base import SamplingParams
 from asyncrl.rollout.host_spec import make_agent
 from tests.unit.agents.scripted import ScriptedLLM, Turn, decode, encode, make_sample
 

@@ -12,7 +12,7 @@ import pytest
 
 from asyncrl.cli import main
 from asyncrl.observe.command import main as status_main
-from asyncrl.rollout.torch_engine import TorchRolloutServer
+from asyncrl.engines.torch_engine import TorchRolloutServer
 
 
 def _args(tmp_path, name, *extra):

@@ -26,8 +26,10 @@ from typing import Callable
 import numpy as np
 import zmq
 
+from plane_common import curve
+from plane_common.strict_msgpack import decoder
 from transfer_queue import auth
-from transfer_queue.codec import WireError, decode, decoder, pack
+from transfer_queue.codec import WireError, decode, pack
 from transfer_queue.storage.handles import U63
 
 _frees = decoder(list[tuple[U63, U63, U63]])
@@ -151,7 +153,7 @@ class FreeSender:
         with self._lock:
             for addr, offs in by_endpoint.items():
                 if addr not in self._socks:
-                    s = auth.client(self._ctx.socket(zmq.PUSH), self._secret, self._max_frame)
+                    s = curve.client(self._ctx.socket(zmq.PUSH), self._secret, self._max_frame)
                     s.setsockopt(zmq.LINGER, 2000)
                     s.connect(addr)
                     self._socks[addr] = s

@@ -27,7 +27,6 @@ still name an orphan's slots). One-file-per-tensor segments are meant to outlive
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import itertools
 import mmap
@@ -38,6 +37,7 @@ import weakref
 
 import numpy as np
 
+from plane_common.liveness import pid_alive, unlink_orphan
 from transfer_queue.codec import WireError, check_header
 from transfer_queue.storage.arena import Arena, FreeEndpoint, FreeSender
 from transfer_queue.storage.base import StoragePlane, handle_of
@@ -213,10 +213,10 @@ class ShmStorage(StoragePlane):
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
                 continue  # another user's file (root could unlink it in /dev/shm): never ours to remove
             if arena:
-                removed += _unlink_orphan(e.path)
+                removed += unlink_orphan(e.path)
                 continue
             pid = e.name[len(self.run_prefix):].split("-", 1)[0]
-            if pid.isdigit() and not _alive(int(pid)):
+            if pid.isdigit() and not pid_alive(int(pid)):
                 try:
                     os.unlink(e.path)
                     removed += 1
@@ -246,37 +246,3 @@ def _unlink(path: str, fd: int = -1) -> None:
         pass
     if fd >= 0:
         os.close(fd)  # drops this producer's lock
-
-
-def _unlink_orphan(path: str) -> int:
-    """Remove the arena at `path` if no process holds its lock (its producer is gone): 1, else 0."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return 0
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        os.close(fd)
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            return 0  # its producer lives (maybe in another pid namespace)
-        raise
-    try:
-        if os.path.samestat(os.fstat(fd), os.lstat(path)):  # still the file we locked
-            os.unlink(path)
-            return 1
-    except FileNotFoundError:
-        pass
-    finally:
-        os.close(fd)
-    return 0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True

@@ -35,8 +35,10 @@ import msgspec
 import numpy as np
 import zmq
 
+from plane_common import curve
+from plane_common.strict_msgpack import decoder
 from transfer_queue import auth
-from transfer_queue.codec import WireError, decode, decoder, from_buffer, pack
+from transfer_queue.codec import WireError, decode, from_buffer, pack
 from transfer_queue.storage.base import StoragePlane, handle_of
 from transfer_queue.storage.handles import Handle, ZmqHandle
 
@@ -224,7 +226,7 @@ class ZmqStorage(StoragePlane):
     def _sock(self, address: str) -> zmq.Socket:
         socks = self._local.__dict__.setdefault("socks", {})
         if address not in socks:
-            s = auth.client(self._ctx.socket(zmq.DEALER), self.secret, self.data_max_frame_bytes)
+            s = curve.client(self._ctx.socket(zmq.DEALER), self.secret, self.data_max_frame_bytes)
             s.setsockopt(zmq.LINGER, 1000)
             s.connect(address)
             socks[address] = s

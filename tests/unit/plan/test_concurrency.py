@@ -9,7 +9,7 @@ from asyncrl.plan.costs import Costs
 from asyncrl.plan.demo import DemoCosts, with_concurrency
 from asyncrl.plan.engine_sweep import fit_line
 from asyncrl.plan.sim import Schedule, Simulator
-from asyncrl.rollout.cost_model import LongTail
+from asyncrl.engines.cost_model import LongTail
 
 FIXED = LongTail(short_tokens=10, long_fraction=0.0, jitter=0.0)
 

@@ -9,7 +9,7 @@ import pytest
 from asyncrl.plan.costs import Costs
 from asyncrl.plan.sim import Schedule, Simulator, simulate
 from asyncrl.plan.versions import GroupVersions, version_runs
-from asyncrl.rollout.cost_model import LongTail
+from asyncrl.engines.cost_model import LongTail
 
 
 @pytest.mark.timeout(10)

@@ -10,8 +10,8 @@ import pytest
 from asyncrl.plan.costs import Costs, load_profile
 from asyncrl.plan.search import best_split
 from asyncrl.plan.sim import Schedule, Simulator, simulate
-from asyncrl.rollout.base import SamplingParams
-from asyncrl.rollout.cost_model import CostModelServer, LongTail
+from asyncrl.engines.base import SamplingParams
+from asyncrl.engines.cost_model import CostModelServer, LongTail
 
 
 def fleet(servers: int = 8, groups: int = 16, **kw) -> Costs:

@@ -11,7 +11,7 @@ from asyncrl.plan.costs import Profile, load_profile
 from asyncrl.plan.scale import Scaling
 from asyncrl.plan.search import projection, schedule_for
 from asyncrl.plan.sim import simulate
-from asyncrl.rollout.cost_model import LongTail
+from asyncrl.engines.cost_model import LongTail
 
 GB = 1e9
 

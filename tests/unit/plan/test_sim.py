@@ -7,12 +7,10 @@ import types
 
 import pytest
 
-import asyncrl.staleness as staleness_mod
-from asyncrl.admission import Pace
 from asyncrl.plan.costs import Costs, Profile
 from asyncrl.plan.search import best_split
 from asyncrl.plan.sim import Schedule, Simulator, simulate
-from asyncrl.rollout.cost_model import LongTail
+from asyncrl.engines.cost_model import LongTail
 from asyncrl.staleness import StalenessManager
 
 
@@ -24,17 +22,16 @@ def costs(ratio: float = 1.0) -> Costs:
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("mode", ["sync", "one_step_off", "fully_async"])
-def test_admission_equals_the_real_manager_on_the_simulated_trace(mode, monkeypatch):
+def test_admission_equals_the_real_manager_on_the_simulated_trace(mode):
     """Replay the simulator's calls on a fresh manager inside a real asyncio loop (its clock made
     the simulated one): every admission decision, the limit and the pace agree event by event."""
     sim = Simulator(costs(0.7), Schedule(mode=mode, steps=8, warmup=2), seed=1, record=True)
     sim.run()
     assert len(sim.trace) > 50 and sum(e.admitted for e in sim.trace) > 20
     clock = types.SimpleNamespace(t=0.0)
-    monkeypatch.setattr(staleness_mod, "time", types.SimpleNamespace(monotonic=lambda: clock.t))
-    eta, _, in_order = Schedule(mode=mode).rule()
-    pace = Pace(batch_groups=4, eta=eta) if mode == "fully_async" else None
-    mgr = StalenessManager(batch_groups=4, eta=eta, in_order=in_order, pace=pace)
+    mgr = StalenessManager.for_rule(Schedule(mode=mode).rule, batch_groups=4, clock=lambda: clock.t)
+    pace = mgr.pace
+    assert (pace is None) == (mode != "fully_async")
 
     async def replay() -> int:
         versions: list[int] = []  # versions of running groups, in start order per version as the simulator finishes them
@@ -63,7 +60,7 @@ def test_admission_equals_the_real_manager_on_the_simulated_trace(mode, monkeypa
     assert asyncio.run(replay()) == len(sim.trace)
     assert mgr.accepted == sim.mgr.accepted and mgr.taken == sim.mgr.taken and dict(mgr.dropped) == dict(sim.mgr.dropped)
     if pace is not None:
-        assert pace.latency_s == pytest.approx(sim.pace.latency_s) and pace.busy_s == pytest.approx(sim.pace.busy_s)
+        assert pace.latency_s == pytest.approx(sim.mgr.pace.latency_s) and pace.busy_s == pytest.approx(sim.mgr.pace.busy_s)
 
 
 @pytest.mark.timeout(30)
