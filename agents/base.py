@@ -13,12 +13,11 @@ import abc
 import time
 from typing import Protocol
 
-from asyncrl.rollout.base import GenerateOutput, SamplingParams
-from asyncrl.rollout.sample import Sample  # re-exported: defined below the rollouter, which hands it out
+from asyncrl.engines.base import GenerateOutput, SamplingParams
+from asyncrl.engines.sample import Sample
 from asyncrl.types import Trajectory
 
-__all__ = ["AgentLoop", "LLMClient", "RewardBroken", "RewardPool", "Sample", "Scorer", "reward_name", "reward_pool",
-           "score", "trajectory_from_output"]
+__all__ = ["AgentLoop", "LLMClient", "trajectory_from_output"]
 
 
 class LLMClient(Protocol):
@@ -53,6 +52,3 @@ def trajectory_from_output(sample: Sample, out: GenerateOutput, t0: float) -> Tr
         meta=dict(sample.meta),
         timings={"created": t0, "generate": time.time() - t0},
     )
-
-
-from agents.scoring import RewardBroken, RewardPool, Scorer, reward_name, reward_pool, score  # noqa: E402  re-exported

@@ -1,4 +1,4 @@
-"""How a reward function is run: user code behind three guards (`agents.base` re-exports them).
+"""How a reward function is run: user code behind three guards.
 
 - `RewardPool`: plain (sync) reward functions run in a bounded pool of threads of their own,
   one per process (never the event loop's default executor). A call's timeout counts from when a

@@ -1,6 +1,6 @@
 """Single-turn agent: one generation from the prompt, scored by a reward function.
 
-The reward runs through `agents.base.Scorer` (its own thread pool, a timeout, validated
+The reward runs through `agents.scoring.Scorer` (its own thread pool, a timeout, validated
 return values); `RewardBroken` (too many failures in a row) propagates out of `run`.
 """
 
@@ -9,8 +9,10 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from agents.base import AgentLoop, LLMClient, Sample, Scorer, trajectory_from_output
-from asyncrl.rollout.base import SamplingParams
+from agents.base import AgentLoop, LLMClient, trajectory_from_output
+from agents.scoring import Scorer
+from asyncrl.engines.base import SamplingParams
+from asyncrl.engines.sample import Sample
 from asyncrl.types import Trajectory
 
 

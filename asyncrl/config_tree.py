@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from asyncrl.admission import ModeRule, mode_rule
 from asyncrl.config_checks import ConfigError, literal_fields, one_of, check as _check, check_literals as _check_literals, check_overlong as _check_overlong, check_resources as _check_resources  # noqa: F401 (ConfigError: re-exported)
 from asyncrl.config_algorithm import AlgorithmConfig  # noqa: F401 (re-exported)
 from asyncrl.config_critic import CriticConfig, KLCtrlConfig  # noqa: F401 (re-exported)
@@ -187,9 +188,15 @@ class TrainerConfig:
     """A step whose loss or gradient norm is not finite is skipped (no optimizer update, counted as `bad_steps`); this many in a row stop the run."""
 
     @property
+    def rule(self) -> ModeRule:
+        """What the mode admits (`asyncrl.admission.mode_rule`): eta, publish cadence, order, pace."""
+        return mode_rule(self.mode, max_staleness=self.max_staleness, publish_every=self.publish_every,
+                         admission=self.admission, slack=self.admission_slack)
+
+    @property
     def eta(self) -> int:
         """Staleness bound of the mode: `sync` 0, `one_step_off` 1, `fully_async` `max_staleness`."""
-        return {"sync": 0, "one_step_off": 1}.get(self.mode, self.max_staleness)
+        return self.rule.eta
 
     def __post_init__(self) -> None:
         _check_literals(self, "trainer")  # mode, admission, staleness_level, lr_schedule, device, engine
@@ -333,7 +340,7 @@ class Config:
             _check(not self.rollout.follow_cluster, "rollout.follow_cluster", "follows a Ray cluster's nodes: needs ray.enabled=true")
         if self.agent.overlong_buffer_len:
             _check_overlong(self)
-        if t.mode in ("sync", "one_step_off"):
+        if t.rule.in_order:
             # in-order consumption: a group waiting for queue space must never block the group the trainer waits for
             need = (t.eta + 2) * t.prompts_per_step * self.rollout.group_size
             _check(self.queue.capacity >= need, "queue.capacity",

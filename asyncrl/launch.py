@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from asyncrl.rollout.sample import Sample
+from asyncrl.engines.sample import Sample
 from asyncrl.config import Config, ConfigError
 from asyncrl.data.datasets import PromptStream
 from asyncrl.data.tasks import Task, build_task
-from asyncrl.rollout.base import SamplingParams
+from asyncrl.engines.base import SamplingParams
 from asyncrl.rollout.host_spec import HostSpec, make_agent, tokenizer_codec
 from asyncrl.trainer.pool import TrainerPool
 
@@ -231,7 +231,7 @@ def _fleets(r: Any) -> list[Any]:
 
 
 def _named_fleets(r: Any) -> list[tuple[str, Any]]:
-    from asyncrl.rollout.fleet import fleet_configs
+    from asyncrl.rollout.fleet_build import fleet_configs
 
     return list(fleet_configs(r).items())
 
@@ -263,7 +263,9 @@ def host_spec(cfg: Config, reward: str, sampling: SamplingParams, eval_sampling:
 
 def local_fleets(cfg: Config, model_path: str, spec: HostSpec, tokenizer: Any, storage: Any) -> Callable[[], Awaitable[Any]]:
     """The embedded fleet: servers in this process, each behind a `ServerHost` on `storage`."""
-    from asyncrl.rollout.fleet import Fleet, FleetManager, build_fleet, build_server
+    from asyncrl.engines.backends import build_server
+    from asyncrl.rollout.fleet import FleetManager
+    from asyncrl.rollout.fleet_build import Fleet, build_fleet
     from asyncrl.rollout.host import ServerHost
     from asyncrl.rollout.router import Router
 

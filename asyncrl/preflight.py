@@ -123,7 +123,7 @@ def check_agent(cfg: Any, tokenizer: Any = None) -> None:
     import dataclasses
     from pathlib import Path
 
-    from asyncrl.rollout.base import SamplingParams
+    from asyncrl.engines.base import SamplingParams
     from asyncrl.rollout.host_spec import make_agent, tokenizer_codec
 
     if tokenizer is None:

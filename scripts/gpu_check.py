@@ -118,7 +118,7 @@ def check_imports(work: Path) -> str:
     import asyncrl.cli  # noqa: F401
     import asyncrl.controller  # noqa: F401
     import asyncrl.launch  # noqa: F401
-    import asyncrl.rollout.torch_engine  # noqa: F401
+    import asyncrl.engines.torch_engine  # noqa: F401
     import asyncrl.trainer.engine  # noqa: F401
     import checkpoint_engine  # noqa: F401
     import checkpoint_engine.backends.cuda_ipc  # noqa: F401
@@ -169,8 +169,8 @@ def check_fsdp_step(work: Path) -> str:
 def check_rollout(work: Path) -> str:
     """The torch rollout engine on CUDA: batched decoding; its per-token log-probs equal a teacher-forced forward."""
     need_cuda()
-    from asyncrl.rollout.base import SamplingParams
-    from asyncrl.rollout.torch_engine import TorchRolloutServer
+    from asyncrl.engines.base import SamplingParams
+    from asyncrl.engines.torch_engine import TorchRolloutServer
 
     async def go():
         server = TorchRolloutServer(tiny(work), device=DEVICE, seed=0)
@@ -240,7 +240,7 @@ def ipc_config(backend: str, device: str):
 
 def ipc_server(work: Path, endpoint: str, backend: str, device: str) -> None:
     """The server end of `check_cuda_ipc` (another process): load, score, print one JSON line."""
-    from asyncrl.rollout.torch_engine import TorchRolloutServer
+    from asyncrl.engines.torch_engine import TorchRolloutServer
     from checkpoint_engine import Receiver
     from checkpoint_engine.server_loop import apply_update
 

@@ -13,7 +13,7 @@ is a `RewardArgumentError` (a `TypeError`) naming the reward, raised here, not s
 
 `DATA_SOURCES` maps a row's `data_source` (verl's column) to a reward name:
 `reward_for_source("openai/gsm8k") == "gsm8k"`; `register_data_source` adds one.
-Running a reward with a timeout and counting failures is the caller's job (`agents.base.score`):
+Running a reward with a timeout and counting failures is the caller's job (`agents.scoring.score`):
 a reward that raises or hangs must never crash a run.
 """
 

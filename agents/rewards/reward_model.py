@@ -4,7 +4,7 @@ Request body: `{"response": ..., "ground_truth": ..., **extra}`; the server answ
 object with a number under `score_key` (default `reward`); its other scalar fields become
 `reward_info`. The HTTP call has its own timeout (`timeout_s`), and runs under the agent's
 reward timeout as well; any failure (connection refused, HTTP error, bad JSON) raises, and
-`agents.base.score` counts it as a failed reward. Proxies from the environment are ignored
+`agents.scoring.score` counts it as a failed reward. Proxies from the environment are ignored
 (reward servers sit next to the rollout fleet). Select it from config with its URL:
 `get_reward("reward_model", url="http://rm:8000/score", timeout_s=5)`.
 """

@@ -53,8 +53,8 @@ async def bench_sizes(sizes: tuple[int, ...], path: Path, prompts: list[list[int
     `w.repeats` rounds that time every size in turn (interleaved, so a noisy neighbour hits all
     sizes alike); the best pass per size is kept."""
     from asyncrl.config import RolloutConfig
-    from asyncrl.rollout.base import SamplingParams
-    from asyncrl.rollout.fleet import Fleet
+    from asyncrl.engines.base import SamplingParams
+    from asyncrl.rollout.fleet_build import Fleet
     from asyncrl.rollout.router import Router
 
     params = [SamplingParams(temperature=1.0, max_tokens=w.max_tokens, seed=w.seed + i) for i in range(len(prompts))]

@@ -2,7 +2,7 @@
 
 Job: measure orchestration. The real `Pipeline` (Rollouter, admission, Router, TrajectoryQueue,
 CheckpointEngine publish, trainer loop) runs against simulated servers and a simulated trainer
-(`cost_model.py`) whose costs are wall-time sleeps, so CPU contention does not decide the result.
+(`engines/cost_model.py`) whose costs are wall-time sleeps, so CPU contention does not decide the result.
 Capacities: rollout = servers * max_concurrency / token_cost_s tokens/s, trainer =
 trainer_ratio * rollout (balanced by default). The bound for any mode is min(rollout, trainer).
 
@@ -58,7 +58,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from asyncrl.rollout.cost_model import CostModelServer, LongTail
+from asyncrl.engines.cost_model import CostModelServer, LongTail
 
 MODES = ("sync", "one_step_off", "fully_async")
 TARGET_RATIO, TARGET_SPEEDUP = 0.95, 2.8
@@ -110,15 +110,16 @@ def build_parts(load: Load, seed: int) -> Any:
     """Components of a run on the cost model (what `launch.build` makes for a real run): cost-model
     servers behind their hosts, a `TimedEngine` trainer rank, one `local` data plane and a `local`
     weight plane, all in this process."""
-    from agents.base import Sample
+    from asyncrl.engines.sample import Sample
     from agents.single_turn import SingleTurnAgent
     from checkpoint_engine import WeightsConfig
     from transfer_queue.storage.local import LocalStorage
 
     from asyncrl.data.datasets import Prompt, PromptSet, PromptStream
     from asyncrl.launch import Components
-    from asyncrl.rollout.base import SamplingParams
-    from asyncrl.rollout.fleet import Fleet, FleetManager
+    from asyncrl.engines.base import SamplingParams
+    from asyncrl.rollout.fleet import FleetManager
+    from asyncrl.rollout.fleet_build import Fleet
     from asyncrl.rollout.host import ServerHost
     from asyncrl.rollout.router import Router
     from asyncrl.trainer.rank import TrainerRank

@@ -83,7 +83,7 @@ def _row(engine: str, measured: tuple[int, float, float], startup: float, note: 
 
 def _server_rows(server: Any, prompts: list[list[int]], w: Workload,
                  loop: asyncio.AbstractEventLoop) -> tuple[int, float, float]:
-    from asyncrl.rollout.base import SamplingParams
+    from asyncrl.engines.base import SamplingParams
 
     async def once() -> int:
         params = [SamplingParams(temperature=1.0, max_tokens=w.max_tokens, seed=w.seed + i) for i in range(len(prompts))]
@@ -94,7 +94,7 @@ def _server_rows(server: Any, prompts: list[list[int]], w: Workload,
 
 
 def bench_torch_engine(path: Path, prompts: list[list[int]], w: Workload, threads: int) -> Row:
-    from asyncrl.rollout.torch_engine import TorchRolloutServer
+    from asyncrl.engines.torch_engine import TorchRolloutServer
 
     t0 = time.perf_counter()
     server = TorchRolloutServer(path, seed=w.seed, threads=threads, max_batch_size=max(len(prompts), 1))
@@ -139,7 +139,7 @@ def bench_vllm(path: Path, prompts: list[list[int]], w: Workload) -> Row:
     os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # keep stdout for the table / JSON
     try:
-        from asyncrl.rollout.vllm_engine import VLLMRolloutServer
+        from asyncrl.engines.vllm_engine import VLLMRolloutServer
     except ImportError as exc:  # translated into the table row: the other engines still report
         return Row("vllm", note=f"not available: {exc}")
     loop = asyncio.new_event_loop()

@@ -50,9 +50,9 @@ def real_size(name: str, backends: list[str], bucket_mb: float, workers: Callabl
     from transformers import AutoConfig
 
     from asyncrl.bench.real_model import ensure_real_model, hf_model, param_shapes, random_state, teacher_forced_logprobs
-    from asyncrl.rollout.base import SamplingParams
+    from asyncrl.engines.base import SamplingParams
     from asyncrl.rollout.host import ServerHost
-    from asyncrl.rollout.vllm_engine import VLLMRolloutServer
+    from asyncrl.engines.vllm_engine import VLLMRolloutServer
 
     os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
     t_build = time.perf_counter()

@@ -1,55 +1,29 @@
-"""`build_server`: the one place that knows the rollout backends (torch, vllm, openai, cost_model).
+"""`build_server`: one `RolloutServer` of the backend `rollout.backend` names.
 
-Job: turn a `RolloutConfig` and a model folder into one `RolloutServer`, importing the backend's
-module only when it is chosen. Boundary: builds, never starts or places: local fleets are
-fleet_build.py's, Ray actors server_actor.py's (both call this, neither is called back).
+Job: look the name up in `BACKENDS` (registry.py), import that backend's module only then, and let its
+class build itself from the config (`RolloutServer.from_config`). No backend is named here: a new one
+is its module plus its line in registry.py. Boundary: builds, never starts or places: local fleets are
+`asyncrl/rollout/fleet_build.py`'s, Ray actors `asyncrl/rollout/server_actor.py`'s (both call this,
+neither is called back).
 """
 
 from __future__ import annotations
 
-import os
+import importlib
+from typing import TYPE_CHECKING
 
-from asyncrl.config import RolloutConfig
-from asyncrl.rollout.base import RolloutServer
+from asyncrl.engines.base import RolloutServer
+from asyncrl.engines.registry import BACKENDS
+
+if TYPE_CHECKING:
+    from asyncrl.config import RolloutConfig
 
 
 def build_server(cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int, index: int = 0,
                  log_dir: str | None = None) -> RolloutServer:
     """Server `index` of a fleet of `cfg.backend`. `log_dir` (the run directory) receives engine
-    logs that would otherwise flood the console (vLLM: `vllm.log`)."""
-    if cfg.backend == "torch":
-        from asyncrl.rollout.torch_engine import TorchRolloutServer
-
-        return TorchRolloutServer(
-            model_path,
-            dtype=dtype,
-            max_batch_size=cfg.max_batch_size,
-            seed=seed + index,
-            threads=cfg.torch_threads,
-            prefix_cache_size=cfg.prefix_cache_size,
-        )
-    if cfg.backend == "vllm":
-        from asyncrl.rollout.vllm_engine import VLLMRolloutServer
-
-        return VLLMRolloutServer(
-            model_path,
-            dtype=dtype,
-            seed=seed + index,
-            enforce_eager=cfg.enforce_eager,
-            gpu_memory_utilization=cfg.gpu_memory_utilization,
-            cpu_kv_cache_gb=cfg.cpu_kv_cache_gb,
-            tensor_parallel_size=cfg.tensor_parallel_size,
-            log_path=os.path.join(log_dir, "vllm.log") if log_dir else None,
-        )
-    if cfg.backend == "openai":  # one server per URL; the config requires external_weights=frozen
-        from asyncrl.rollout.openai_server import OpenAIRolloutServer
-
-        return OpenAIRolloutServer(cfg.server_urls[index], timeout_s=cfg.request_timeout_s)
-    if cfg.backend == "cost_model":
-        from asyncrl.rollout.cost_model import CostModelServer, LongTail
-
-        c = cfg.cost_model
-        return CostModelServer(token_cost_s=c.token_cost_s, max_concurrency=c.max_concurrency, seed=seed + index,
-                               lengths=LongTail(c.short_tokens, c.long_fraction, c.long_factor, c.jitter),
-                               update_cost_s=c.update_cost_s)
-    raise ValueError(f"rollout.backend: unknown backend {cfg.backend!r}")
+    logs that would otherwise flood the console (vLLM: `vllm.log`). An unknown name is the
+    registry's `UnknownName` (a `ValueError` naming `rollout.backend`)."""
+    module, _, attr = BACKENDS.get(cfg.backend).partition(":")
+    cls: type[RolloutServer] = getattr(importlib.import_module(module), attr)
+    return cls.from_config(cfg, model_path, dtype=dtype, seed=seed, index=index, log_dir=log_dir)

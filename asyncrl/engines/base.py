@@ -1,4 +1,4 @@
-"""The RolloutServer interface: what every inference backend (torch, vllm) offers.
+"""The RolloutServer interface: what every inference backend (torch, vllm, openai, cost_model) offers.
 
 A server takes token ids and returns token ids with, per generated token, the log-prob
 of the sampled token and the policy version that produced it. Weights are replaced in
@@ -14,15 +14,29 @@ Pause modes, used around a weight update:
   so the caller can resubmit prompt + partial tokens (partial rollout);
 - `wait`: stop admitting new work and wait for in-flight requests to finish (drain);
 - `keep`: in-flight requests continue; tokens produced after the update carry the new version.
+
+Hooks: besides the abstract verbs, `RolloutServer` declares every method a backend may provide, each
+with a default that fits a plain engine (`from_config`, `load_update`, `receiver_transport`,
+`loads_in_place`, `score`, `live_requests`, `export_weights`, `close`); callers call them and never
+probe a backend with `getattr` / `hasattr`. The weight plane drives `pause`, `load_update`, `resume`
+and `loads_in_place` through a structural protocol of its own (`checkpoint_engine.server_loop.Updatable`),
+since it does not import asyncrl.
 """
 
 from __future__ import annotations
 
 import abc
+import asyncio
 import collections
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Literal
+from typing import TYPE_CHECKING, Iterable, Literal
+
+if TYPE_CHECKING:
+    from asyncrl.config import RolloutConfig
+    from checkpoint_engine import WeightsConfig
+    from checkpoint_engine.backends.base import ReceiverTransport
+    from checkpoint_engine.receiver import Update
 
 PauseMode = Literal["abort", "wait", "keep"]
 PAUSE_MODES = ("abort", "wait", "keep")
@@ -103,6 +117,21 @@ class ServerStats:
 class RolloutServer(abc.ABC):
     """One inference server. Async methods are called from one asyncio event loop."""
 
+    loads_in_place: bool = False
+    """Whether a weight load that fails midway leaves the weights half replaced (the torch engine
+    writes into its parameters as buckets land; vLLM reloads layer by layer): the server then stays
+    paused until a later load succeeds (`checkpoint_engine.server_loop.apply_update`). False: a
+    failed load leaves the old weights whole, and the server resumes on them."""
+
+    @classmethod
+    def from_config(cls, cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int, index: int = 0,
+                    log_dir: str | None = None) -> RolloutServer:
+        """Server `index` of a fleet of this backend, from the `rollout:` config: what `build_server`
+        (backends.py) calls for the name `rollout.backend` gives (registry.py). `seed` is the fleet's
+        (a backend offsets it by `index`); `log_dir`, the run directory, takes engine logs. Default:
+        not buildable from config (wrappers such as `ServerHost` and test doubles)."""
+        raise NotImplementedError(f"{cls.__name__} is no rollout backend: it is not built from the rollout config")
+
     @abc.abstractmethod
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None = None
@@ -118,6 +147,23 @@ class RolloutServer(abc.ABC):
     async def update_weights(self, named_tensors: Iterable[tuple[str, "object"]], version: int) -> None:
         """Load (name, tensor) pairs (HF state-dict names, any order, possibly a subset) in place,
         drop the prefix / KV cache, and set the version stamped on tokens from now on."""
+
+    async def load_update(self, update: Update) -> None:
+        """Load one weight-plane update: (name, tensor) pairs as its buckets land, labelled
+        `update.version`. The caller paused this server first (`checkpoint_engine.server_loop`). Default:
+        the pairs are received on a worker thread (the event loop stays free for the other servers of
+        this process, since the sender waits for every receiver at each step, and for requests under
+        `keep`), then passed whole to `update_weights`. A backend that lands bytes in place as they
+        arrive, or whose workers receive them itself (`receiver_transport`), overrides it."""
+        pairs = await asyncio.to_thread(list, update)
+        await self.update_weights(pairs, update.version)
+
+    def receiver_transport(self, cfg: WeightsConfig) -> ReceiverTransport | None:
+        """The weight plane's receiving end for this engine, when it has one of its own (vLLM: one in
+        every worker, so buckets land in the workers' memory, not in this process), made when the server
+        joins the plane (`ServerHost.join_weights`, on the server's event loop). None (the default): the
+        `Receiver` makes the transport `cfg` names, in this process, and `load_update` reads from it."""
+        return None
 
     @abc.abstractmethod
     async def reset_prefix_cache(self) -> None: ...

@@ -32,9 +32,12 @@ import bisect
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
-from asyncrl.rollout.base import GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats
+from asyncrl.engines.base import GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats
+
+if TYPE_CHECKING:
+    from asyncrl.config import RolloutConfig
 
 TOKEN_BASE = 1000
 """Generated token ids are `TOKEN_BASE + target length`; prompt token ids stay below it."""
@@ -65,6 +68,15 @@ class LongTail:
 
 class CostModelServer(RolloutServer):
     """A rollout server whose only cost is `token_cost_s` per token per running request."""
+
+    @classmethod
+    def from_config(cls, cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int, index: int = 0,
+                    log_dir: str | None = None) -> CostModelServer:
+        """`rollout.cost_model.*` sets the costs; `model_path` and `dtype` are not read (no model)."""
+        c = cfg.cost_model
+        return cls(token_cost_s=c.token_cost_s, max_concurrency=c.max_concurrency, seed=seed + index,
+                   lengths=LongTail(c.short_tokens, c.long_fraction, c.long_factor, c.jitter),
+                   update_cost_s=c.update_cost_s)
 
     def __init__(self, *, token_cost_s: float, max_concurrency: int, lengths: LongTail, seed: int, update_cost_s: float = 0.005) -> None:
         self.token_cost_s, self.max_concurrency, self.lengths = token_cost_s, max_concurrency, lengths

@@ -31,13 +31,16 @@ import asyncio
 import logging
 import math
 import uuid
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import msgspec
 
-from asyncrl.rollout.base import GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats, TokenRate, check_pause_mode
+from asyncrl.engines.base import GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats, TokenRate, check_pause_mode
 
-log = logging.getLogger("asyncrl.rollout")
+if TYPE_CHECKING:
+    from asyncrl.config import RolloutConfig
+
+log = logging.getLogger(__name__)
 TOKEN_PREFIX = "token_id:"
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort", "eos": "stop"}
 _RATE_WINDOW_S = 10.0
@@ -125,6 +128,13 @@ def request_body(model: str, prompt_ids: list[int], sampling: SamplingParams) ->
 
 class OpenAIRolloutServer(RolloutServer):
     """One external server at `url`; see the module docstring."""
+
+    @classmethod
+    def from_config(cls, cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int, index: int = 0,
+                    log_dir: str | None = None) -> OpenAIRolloutServer:
+        """Server `index` is `rollout.server_urls[index]` (one per URL; the config requires
+        `external_weights=frozen`)."""
+        return cls(cfg.server_urls[index], timeout_s=cfg.request_timeout_s)
 
     def __init__(self, url: str, *, timeout_s: float = 600.0, model: str | None = None) -> None:
         self.url = url.rstrip("/")

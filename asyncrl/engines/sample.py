@@ -2,8 +2,8 @@
 to a server actor's host).
 
 Job: the one small type both sides need. It lives here, below `agents`, so the rollouter and the
-server host hand samples out without importing `agents` (which imports `asyncrl.rollout.base`);
-`agents.base` re-exports it. Boundary: data only, no behaviour.
+server host hand samples out without importing `agents` (which imports `asyncrl.engines.base`);
+agents import it from here. Boundary: data only, no behaviour.
 """
 
 from __future__ import annotations

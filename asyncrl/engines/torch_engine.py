@@ -28,14 +28,17 @@ import asyncio
 import os
 import threading
 import time
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 
-from asyncrl.rollout.base import GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats, check_pause_mode
-from asyncrl.rollout.torch_kv import PrefixCache
-from asyncrl.rollout.torch_sampling import StopRule, draw_uniforms, load_tokenizer, model_eos_ids
-from asyncrl.rollout.torch_worker import Command, EngineWorker, Inbox, Request, resolve
+from asyncrl.engines.base import GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats, check_pause_mode
+from asyncrl.engines.torch_kv import PrefixCache
+from asyncrl.engines.torch_sampling import StopRule, draw_uniforms, load_tokenizer, model_eos_ids
+from asyncrl.engines.torch_worker import Command, EngineWorker, Inbox, Request, resolve
+
+if TYPE_CHECKING:
+    from asyncrl.config import RolloutConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -56,6 +59,12 @@ class TorchRolloutServer(RolloutServer):
     loads_in_place = True
     """`load_update` writes into the parameters as buckets land: one that fails midway leaves them
     half replaced, so the server stays paused until an update succeeds (`server_loop`)."""
+
+    @classmethod
+    def from_config(cls, cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int, index: int = 0,
+                    log_dir: str | None = None) -> TorchRolloutServer:
+        return cls(model_path, dtype=dtype, max_batch_size=cfg.max_batch_size, seed=seed + index,
+                   threads=cfg.torch_threads, prefix_cache_size=cfg.prefix_cache_size)
 
     def __init__(
         self,

@@ -21,9 +21,9 @@ from typing import Any, Container
 
 import torch
 
-from asyncrl.rollout.base import GenerateOutput, PauseMode, SamplingParams
-from asyncrl.rollout.torch_kv import DecodeBatch, PrefixCache, prefill
-from asyncrl.rollout.torch_sampling import sample
+from asyncrl.engines.base import GenerateOutput, PauseMode, SamplingParams
+from asyncrl.engines.torch_kv import DecodeBatch, PrefixCache, prefill
+from asyncrl.engines.torch_sampling import sample
 
 PREFILL_CHUNK = 64
 """Most sequences in one prefill forward (bounds the padded activation memory)."""

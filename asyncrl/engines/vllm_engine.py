@@ -55,17 +55,12 @@ import logging
 import math
 import os
 import uuid
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
-from asyncrl.rollout.base import (
-    GenerateOutput,
-    PauseMode,
-    RolloutServer,
-    SamplingParams,
-    ServerStats,
-    TokenRate,
-    check_pause_mode,
-)
+from asyncrl.engines.base import GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats, TokenRate, check_pause_mode
+
+if TYPE_CHECKING:
+    from asyncrl.config import RolloutConfig
 
 _RATE_WINDOW_S = 10.0
 
@@ -76,6 +71,14 @@ class VLLMRolloutServer(RolloutServer):
     loads_in_place = True
     """A weight load that fails midway leaves layers half reloaded: keep the server paused until
     a load succeeds (`checkpoint_engine.server_loop`)."""
+
+    @classmethod
+    def from_config(cls, cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int, index: int = 0,
+                    log_dir: str | None = None) -> VLLMRolloutServer:
+        return cls(model_path, dtype=dtype, seed=seed + index, enforce_eager=cfg.enforce_eager,
+                   gpu_memory_utilization=cfg.gpu_memory_utilization, cpu_kv_cache_gb=cfg.cpu_kv_cache_gb,
+                   tensor_parallel_size=cfg.tensor_parallel_size,
+                   log_path=os.path.join(log_dir, "vllm.log") if log_dir else None)
 
     def __init__(
         self,
@@ -94,7 +97,7 @@ class VLLMRolloutServer(RolloutServer):
     ) -> None:
         import torch
 
-        from asyncrl.rollout.torch_sampling import folder_eos_ids
+        from asyncrl.engines.torch_sampling import folder_eos_ids
 
         on_gpu = torch.cuda.is_available()
         self.in_process = (not on_gpu) if in_process is None else in_process
@@ -107,7 +110,7 @@ class VLLMRolloutServer(RolloutServer):
 
         from vllm.engine.arg_utils import AsyncEngineArgs
 
-        from asyncrl.rollout.vllm_worker_ext import WORKER_EXTENSION_CLS
+        from asyncrl.engines.vllm_worker_ext import WORKER_EXTENSION_CLS
 
         args = AsyncEngineArgs(
             model=str(model_path),
@@ -124,7 +127,7 @@ class VLLMRolloutServer(RolloutServer):
             disable_log_stats=True,
         )
         if self.in_process:
-            from asyncrl.rollout.vllm_inproc import InprocAsyncEngine
+            from asyncrl.engines.vllm_inproc import InprocAsyncEngine
 
             self._engine: Any = InprocAsyncEngine(args)
         else:
@@ -207,7 +210,7 @@ class VLLMRolloutServer(RolloutServer):
         self._admission().set()
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
-        from asyncrl.rollout.vllm_worker_ext import pack_chunks
+        from asyncrl.engines.vllm_worker_ext import pack_chunks
 
         rpc = self._engine.collective_rpc
         try:
@@ -226,7 +229,7 @@ class VLLMRolloutServer(RolloutServer):
         """The weight plane's receiving end for this engine: one in every worker (`WorkerTransport`),
         so buckets go from the trainer into the workers' memory, not through this process. Call it
         on the server's event loop; the update is then driven off the loop (`load_update`)."""
-        from asyncrl.rollout.vllm_worker_ext import WorkerTransport
+        from asyncrl.engines.vllm_worker_ext import WorkerTransport
 
         return WorkerTransport(self._engine.collective_rpc, asyncio.get_running_loop(), cfg, self._workers)
 

@@ -49,7 +49,7 @@ except Exception:  # noqa: BLE001 - older torch / non-x86: nothing to request
     pass
 
 _ALIGN = 64
-WORKER_EXTENSION_CLS = "asyncrl.rollout.vllm_worker_ext.WeightLoaderExtension"
+WORKER_EXTENSION_CLS = "asyncrl.engines.vllm_worker_ext.WeightLoaderExtension"
 _DTYPES: dict[str, torch.dtype] = {
     str(d).removeprefix("torch."): d
     for d in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,

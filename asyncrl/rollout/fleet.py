@@ -1,7 +1,7 @@
 """Rollout fleets: the servers that serve one run, grouped, placed, restarted and synced.
 
-Job: building servers is backends.py (`build_server`), starting them fleet_build.py (`build_fleet`,
-`Fleet`); all re-exported here. The `FleetManager` owns every
+Job: building servers is engines/backends.py (`build_server`), starting them fleet_build.py (`build_fleet`,
+`Fleet`). The `FleetManager` owns every
 fleet of a run, the version each server serves and the rejoin rule: it adds and drains fleets
 while requests run, has the trainer publish each version to exactly the servers that take
 requests (weights travel trainer -> server on the weight plane, never through this process),
@@ -23,9 +23,8 @@ from typing import Any, Awaitable, Protocol, TypeVar
 from checkpoint_engine.membership import DISCONNECTED, SILENT
 
 from asyncrl.config import RolloutConfig
-from asyncrl.rollout.base import PEER_LOADED_MEANWHILE, PEER_WAS_LOADING, PauseMode, RolloutServer
-from asyncrl.rollout.backends import build_server  # noqa: F401  re-exported
-from asyncrl.rollout.fleet_build import START_ATTEMPTS, Fleet, build_fleet, fleet_configs  # noqa: F401  re-exported
+from asyncrl.engines.base import PEER_LOADED_MEANWHILE, PEER_WAS_LOADING, PauseMode, RolloutServer
+from asyncrl.rollout.fleet_build import START_ATTEMPTS, Fleet, fleet_configs
 from asyncrl.rollout.fleet_log import FleetLog
 from asyncrl.rollout.parity import ParityCheck, WeightParityError
 from asyncrl.rollout.router import Router, ServerDied

@@ -1,5 +1,5 @@
 """How the servers of a fleet are started: a `Fleet` is N servers of one backend (each built by
-`backends.build_server`, the one place that knows the backends) and one sampling setup, either local
+`engines.backends.build_server`, which looks the backend up in `engines/registry.py`) and one sampling setup, either local
 (`build_fleet`: in this process, the embedded default) or Ray actors in one placement group
 (`Fleet.spawn`, which replaces a server that dies while starting).
 Boundary: which servers take requests, at which version, and what happens when one dies is the
@@ -15,8 +15,8 @@ import time
 from typing import Any, Awaitable, Callable
 
 from asyncrl.config import RolloutConfig
-from asyncrl.rollout.backends import build_server
-from asyncrl.rollout.base import RolloutServer
+from asyncrl.engines.backends import build_server
+from asyncrl.engines.base import RolloutServer
 from asyncrl.rollout.router import DEFAULT_FLEET, ServerDied
 
 START_ATTEMPTS = 5

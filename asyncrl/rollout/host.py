@@ -10,8 +10,11 @@ confirms the load and resumes (`checkpoint_engine.server_loop`).
 
 The same class serves the embedded default (hosts in the controller's process, the `local`
 planes) and Ray (`server_actor.ServerActor` holds one in each actor). It is itself a
-`RolloutServer` (it forwards the interface's verbs), so the `Router` and the `FleetManager`
-treat local hosts and actor proxies alike.
+`RolloutServer` (it forwards the interface's verbs to the engine: the one place they are forwarded;
+the actor passes its calls of them to the host unchanged), so the `Router` and the `FleetManager`
+treat local hosts and actor proxies alike. A weight load goes `server_loop.apply_update` ->
+`ServerHost.load_update` (which counts it) -> the engine's `load_update`, where the one decision of how
+an update is loaded is made (`RolloutServer.load_update`).
 
 Checkpoints: each sample's agent talks to the engine through its own `inflight.SampleClient`,
 so `partial_samples()` can say what every running sample has generated so far (its finished calls,
@@ -43,9 +46,9 @@ import msgspec
 import numpy as np
 
 from agents.base import AgentLoop
-from asyncrl.rollout.sample import Sample
-from asyncrl.rollout.base import (PEER_LOADED_MEANWHILE, PEER_WAS_LOADING, GenerateOutput, PauseMode, RolloutServer,
+from asyncrl.engines.base import (PEER_LOADED_MEANWHILE, PEER_WAS_LOADING, GenerateOutput, PauseMode, RolloutServer,
                                   SamplingParams, ServerStats)
+from asyncrl.engines.sample import Sample
 from asyncrl.rollout.inflight import SampleClient, SavedSample, decode_saved, encode_saved
 from asyncrl.rollout.router import Router
 from asyncrl.trajectory_queue import trajectory_sample
@@ -75,7 +78,8 @@ class ServerHost(RolloutServer):
         self.agent, self.eval_agent, self.plane = agent, eval_agent, plane
         self.llm = Router([server], partial_rollouts=partial_rollouts)
         """The agents' client: this server alone (aborted segments are resubmitted to it)."""
-        self.loads_in_place = getattr(server, "loads_in_place", False)
+        self.loads_in_place = server.loads_in_place
+        """The engine's (the weight plane reads it off the host: `checkpoint_engine.server_loop`)."""
         self._receiver: Any = None
         self._weights: asyncio.Task | None = None
         self._stop: asyncio.Event | None = None
@@ -182,8 +186,8 @@ class ServerHost(RolloutServer):
         await self._leave_weights()
         endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if len(endpoints) == 1:  # the engine's own transport when it has one (vLLM: into its workers)
-            transport = self.server.receiver_transport(cfg) if hasattr(self.server, "receiver_transport") else None
-            self._receiver = Receiver(cfg, self.name, endpoint=endpoints[0], version=-1, transport=transport, confirm_loads=True)
+            self._receiver = Receiver(cfg, self.name, endpoint=endpoints[0], version=-1,
+                                      transport=self.server.receiver_transport(cfg), confirm_loads=True)
         else:  # pieces from every rank, assembled here
             self._receiver = ShardedReceiver(cfg, self.name, endpoints, confirm_loads=True)
         self._stop = asyncio.Event()
@@ -203,20 +207,12 @@ class ServerHost(RolloutServer):
             self._receiver = None
 
     async def load_update(self, update: Any) -> None:
-        """Load one weight-plane update into the server (its own `load_update` when it has one).
-
-        The buckets are received on a worker thread: the event loop stays free for the other
-        hosts of this process (the sender waits for every receiver at each step) and for the
-        requests of this one. Engines without `load_update` get the whole update at once (the
-        torch engine checks every pair before it copies any)."""
-        custom = getattr(self.server, "load_update", None)
+        """The engine's `load_update` (`RolloutServer.load_update`: its own, or the default that reads
+        the pairs on a worker thread), counted: a hand-out to a peer that overlapped it is void
+        (`send_offered`)."""
         self._loads += 1
         try:
-            if custom is not None:
-                await custom(update)
-            else:
-                pairs = await asyncio.to_thread(list, update)
-                await self.server.update_weights(pairs, update.version)
+            await self.server.load_update(update)
         finally:
             self._loads += 1
 
@@ -285,6 +281,12 @@ class ServerHost(RolloutServer):
 
     async def live_requests(self) -> list[GenerateOutput]:
         return await self.server.live_requests()
+
+    def export_weights(self) -> Iterable[tuple[str, Any]] | None:
+        return self.server.export_weights()
+
+    def receiver_transport(self, cfg: Any) -> Any:
+        return self.server.receiver_transport(cfg)
 
     def stats(self) -> ServerStats:
         return self.server.stats()

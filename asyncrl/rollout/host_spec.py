@@ -21,7 +21,7 @@ from typing import Any, Callable
 import msgspec
 
 from agents.base import AgentLoop
-from asyncrl.rollout.sample import Sample
+from asyncrl.engines.sample import Sample
 from transfer_queue import SampleMeta
 from transfer_queue.storage.handles import Handle
 
@@ -128,7 +128,7 @@ def tokenizer_codec(tokenizer: Any) -> tuple[Callable[[str], list[int]], Callabl
 def build_host(server: Any, name: str, spec: dict[str, Any] | HostSpec, model_path: str) -> tuple[Any, Any]:
     """(ServerHost, its data plane) for `server` in this process."""
     from asyncrl.hf_imports import auto_tokenizer
-    from asyncrl.rollout.base import SamplingParams
+    from asyncrl.engines.base import SamplingParams
     from asyncrl.rollout.host import ServerHost
     from transfer_queue import TransferQueueConfig, make_storage
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import msgspec
 
-from asyncrl.rollout.base import GenerateOutput, SamplingParams
+from asyncrl.engines.base import GenerateOutput, SamplingParams
 from asyncrl.rollout.partial import PartialRollout
 
 def prompt_digest(ids: list[int]) -> str:

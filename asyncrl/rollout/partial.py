@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 
-from asyncrl.rollout.base import GenerateOutput, SamplingParams
+from asyncrl.engines.base import GenerateOutput, SamplingParams
 
 SEED_MASK = (1 << 62) - 1
 

@@ -17,7 +17,7 @@ from typing import Any, Iterable
 import ray
 from ray.exceptions import RayActorError
 
-from asyncrl.rollout.base import GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats
+from asyncrl.engines.base import GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats
 from asyncrl.rollout.router import ServerDied
 
 

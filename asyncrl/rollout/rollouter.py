@@ -39,7 +39,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterator
 
-from asyncrl.rollout.sample import Sample
+from asyncrl.engines.sample import Sample
 from asyncrl.data.datasets import Prompt
 from asyncrl.rollout.shaping import OverlongShaping
 from asyncrl.staleness import StalenessManager

@@ -19,7 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Iterable, TypeVar
 
-from asyncrl.rollout.base import GenerateOutput, RolloutServer, SamplingParams
+from asyncrl.engines.base import GenerateOutput, RolloutServer, SamplingParams
 from asyncrl.rollout.partial import PartialRollout
 
 DEFAULT_FLEET = "main"

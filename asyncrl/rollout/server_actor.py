@@ -3,15 +3,18 @@ its client-side proxy is `RemoteServer` (remote_server.py), itself a `RolloutSer
 `Router` serves local servers and actors alike.
 
 Job: place servers (one placement-group bundle per server: CPUs, plus `tensor_parallel_size`
-GPUs when `rollout.gpu_bundles`), forward the verbs, and turn "the actor is gone" into the
-router's `ServerDied`. In the pipeline each actor holds a `ServerHost`: whole samples run in
+GPUs when `rollout.gpu_bundles`), carry the verbs across the process boundary, and turn "the
+actor is gone" into the router's `ServerDied`. The `RolloutServer` verbs pass through to the
+actor's `ServerHost` as they are (`_to_host`): the host is the one place they are forwarded to the
+engine; the actor's own methods are what only an actor does (start, health, reattach) and the
+msgpack wire forms of the pipeline's verbs. In the pipeline each actor holds a `ServerHost`: whole samples run in
 the actor (AgentLoop, reward, the trajectory written once into the actor's own data plane) and
 only the queue record (metadata and handles, msgpack bytes) comes back; weights arrive through
 the actor's own `Receiver` on the weight plane (`join_weights`), so neither trajectory tensors
 nor weights ever cross Ray or the controller. (name, tensor) pairs through Ray's object store
 (`update_weights`) remain for small models in tests.
-Boundary: no routing, no restart policy (fleet.py), no engine logic (torch_engine / vllm_engine),
-no backend choice (backends.py builds the server). This, remote_server.py and launch code are the only rollout modules that import ray.
+Boundary: no routing, no restart policy (fleet.py), no engine logic (`asyncrl/engines/`),
+no backend choice (`asyncrl/engines/backends.py` builds the server). This, remote_server.py and launch code are the only rollout modules that import ray.
 
     pg = make_placement(cfg, num_servers=2)
     servers = [spawn_server(cfg, path, dtype="float32", seed=0, index=i, placement=pg) for i in range(2)]
@@ -24,8 +27,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import inspect
 import time
-from typing import Any, Iterator
+from typing import Any, Awaitable, Callable, Iterator
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
@@ -33,9 +37,22 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from asyncrl.config import CostModelConfig, RolloutConfig
 from asyncrl.orphan import NAMESPACE, Detached, DetachedNames, OrphanWatch, watched
-from asyncrl.rollout.backends import build_server
-from asyncrl.rollout.base import GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats
+from asyncrl.engines.backends import build_server
+from asyncrl.engines.base import PauseMode, RolloutServer, ServerStats
 from asyncrl.rollout.remote_server import RemoteServer
+
+
+def _to_host(verb: str) -> Callable[..., Awaitable[Any]]:
+    """The actor verb `verb`: the host's method of that name, called as it is (a synchronous one too,
+    e.g. `stats`), so the `RolloutServer` interface is forwarded to the engine in one place only
+    (`ServerHost`). Assigned in the class body, so that `watched` wraps it like any other verb."""
+
+    async def call(self: ServerActor, *args: Any) -> Any:
+        out = getattr(self.host, verb)(*args)
+        return await out if inspect.isawaitable(out) else out
+
+    call.__name__, call.__qualname__ = verb, f"ServerActor.{verb}"
+    return call
 
 
 @watched
@@ -136,16 +153,13 @@ class ServerActor:
         (`ServerHost.snapshot`, msgpack {uid: handle}) written just now."""
         from asyncrl.rollout.host_spec import encode_handles
 
-        return self.server.stats(), encode_handles(await self.host.snapshot())
+        return self.host.stats(), encode_handles(await self.host.snapshot())
 
     async def partial_samples(self) -> bytes:
         """The host's running samples as far as they got (`list[SavedSample]`, msgpack)."""
         from asyncrl.rollout.inflight import encode_saved
 
         return encode_saved(await self.host.partial_samples())
-
-    async def live_requests(self) -> list[GenerateOutput]:
-        return await self.server.live_requests()
 
     async def run_eval(self, sample: bytes) -> dict[str, Any]:
         from asyncrl.rollout.host_spec import decode_sample
@@ -163,30 +177,20 @@ class ServerActor:
 
         return await self.host.offer_weights(WeightsConfig(**weights_config), receiver_id)
 
-    async def send_offered(self, receiver_id: str, timeout_s: float) -> dict[str, Any]:
-        return await self.host.send_offered(receiver_id, timeout_s)
-
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None = None) -> GenerateOutput:
-        return await self.server.generate(prompt_ids, sampling, request_id)
-
-    async def pause(self, mode: PauseMode = "wait") -> None:
-        await self.server.pause(mode)
-
-    async def resume(self) -> None:
-        await self.server.resume()
+    # the host's verbs, as they are (`RemoteServer` calls them by these names)
+    generate = _to_host("generate")
+    pause = _to_host("pause")
+    resume = _to_host("resume")
+    reset_prefix_cache = _to_host("reset_prefix_cache")
+    score = _to_host("score")
+    live_requests = _to_host("live_requests")
+    stats = _to_host("stats")
+    send_offered = _to_host("send_offered")
 
     async def update_weights_named(self, named_tensors: list[tuple[str, Any]], version: int) -> int:
-        await self.server.update_weights(named_tensors, version)
-        return self.server.version
-
-    async def reset_prefix_cache(self) -> None:
-        await self.server.reset_prefix_cache()
-
-    async def score(self, token_ids: list[int]) -> list[float] | None:
-        return await self.server.score(token_ids)
-
-    async def stats(self) -> ServerStats:
-        return self.server.stats()
+        """The host's `update_weights`, answering with the version now served (what the proxy keeps)."""
+        await self.host.update_weights(named_tensors, version)
+        return self.host.version
 
     async def health(self) -> bool:
         return self.server is not None and self.server.stats().healthy

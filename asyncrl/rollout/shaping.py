@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from asyncrl.config_checks import check, check_overlong, max_response_length  # noqa: F401 (re-exported)
+from asyncrl.config_checks import check, max_response_length
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ class TrainerRankShell:
             self.watch = OrphanWatch(d.orphan_timeout_s, lambda: _orphaned(self, d.placement))
 
     def rendezvous_address(self) -> tuple[str, int]:
-        from asyncrl.trainer.engine import free_port
+        from asyncrl.trainer.setup import free_port
 
         return ray.util.get_node_ip_address(), free_port()
 

@@ -1,6 +1,6 @@
 """Where a trainer rank runs: its device, its process group, its sharded model, its LR schedule.
 
-Plain torch.distributed, no Ray: used by `TrainerEngine` (engine.py, which re-exports these) in
+Plain torch.distributed, no Ray: used by `TrainerEngine` (engine.py) in
 a unit test, under `torchrun` and inside the Ray shell.
 """
 

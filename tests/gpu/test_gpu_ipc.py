@@ -18,8 +18,9 @@ def test_cuda_ipc_publish_trainer_to_server_on_one_gpu(tiny_model):
     import ray
 
     from asyncrl.config import AlgorithmConfig, RolloutConfig, TrainerConfig
-    from asyncrl.rollout.base import SamplingParams
-    from asyncrl.rollout.fleet import Fleet, FleetManager
+    from asyncrl.engines.base import SamplingParams
+    from asyncrl.rollout.fleet import FleetManager
+    from asyncrl.rollout.fleet_build import Fleet
     from asyncrl.trainer.actor import TrainerGroup
     from asyncrl.trainer.handle import TrainerHandle
     from checkpoint_engine import WeightsConfig

@@ -21,9 +21,9 @@ def test_vllm_gpu_generate_update_cache_and_logprobs(tiny_model, tiny_model_b):
     from safetensors.torch import load_file
 
     from asyncrl.config import AlgorithmConfig, TrainerConfig
-    from asyncrl.rollout.base import SamplingParams
+    from asyncrl.engines.base import SamplingParams
     from asyncrl.rollout.host import ServerHost
-    from asyncrl.rollout.vllm_engine import VLLMRolloutServer
+    from asyncrl.engines.vllm_engine import VLLMRolloutServer
     from asyncrl.trainer.batch import TrainBatch
     from asyncrl.trainer.engine import TrainerEngine
     from asyncrl.types import Trajectory

@@ -21,8 +21,9 @@ def test_a_tensor_parallel_vllm_server_in_a_ray_actor_generates(tiny_model):
     import ray
 
     from asyncrl.config import RolloutConfig
-    from asyncrl.rollout.base import SamplingParams
-    from asyncrl.rollout.fleet import Fleet, FleetManager
+    from asyncrl.engines.base import SamplingParams
+    from asyncrl.rollout.fleet import FleetManager
+    from asyncrl.rollout.fleet_build import Fleet
 
     ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False)
     try:

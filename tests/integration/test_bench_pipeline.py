@@ -5,7 +5,7 @@ import json
 import pytest
 
 from asyncrl.bench import pipeline
-from asyncrl.rollout.cost_model import LongTail
+from asyncrl.engines.cost_model import LongTail
 
 MODE_ETA = {"sync": 0, "one_step_off": 1}
 
@@ -49,9 +49,9 @@ def test_cost_model_server_pause_modes_and_versions(monkeypatch):
     long the loop is kept from running (with wall time, a loaded host let the request finish before its pause)."""
     import asyncio
 
-    from asyncrl.rollout import cost_model
-    from asyncrl.rollout.base import SamplingParams
-    from asyncrl.rollout.cost_model import CostModelServer
+    from asyncrl.engines import cost_model
+    from asyncrl.engines.base import SamplingParams
+    from asyncrl.engines.cost_model import CostModelServer
     from asyncrl.rollout.router import Router
 
     class FakeTime:

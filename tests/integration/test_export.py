@@ -133,8 +133,8 @@ def test_exported_folder_serves_in_vllm_with_trainer_logprobs(run: Path, tmp_pat
     import asyncio
     import os
 
-    from asyncrl.rollout.base import SamplingParams
-    from asyncrl.rollout.vllm_engine import VLLMRolloutServer
+    from asyncrl.engines.base import SamplingParams
+    from asyncrl.engines.vllm_engine import VLLMRolloutServer
 
     os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
     out = tmp_path / "hf"

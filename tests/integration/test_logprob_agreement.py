@@ -11,8 +11,8 @@ import torch
 
 from asyncrl.config import AlgorithmConfig, TrainerConfig
 from asyncrl.data.tiny_model import ensure_tiny_model
-from asyncrl.rollout.base import SamplingParams
-from asyncrl.rollout.torch_engine import TorchRolloutServer
+from asyncrl.engines.base import SamplingParams
+from asyncrl.engines.torch_engine import TorchRolloutServer
 from asyncrl.trainer.batch import TrainBatch
 from asyncrl.trainer.engine import TrainerEngine
 from asyncrl.types import Trajectory

@@ -18,8 +18,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from asyncrl.rollout.base import SamplingParams
-from asyncrl.rollout.openai_server import OpenAIRolloutServer
+from asyncrl.engines.base import SamplingParams
+from asyncrl.engines.openai_server import OpenAIRolloutServer
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.timeout(150)

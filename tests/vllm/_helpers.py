@@ -111,7 +111,7 @@ async def publish_restart_scenario(make_server: Any, model: Path, cfg: Any, stat
     Returns (label, the state served, the GenerateOutput, the UpdateOutcome) per step."""
     import asyncio
 
-    from asyncrl.rollout.base import SamplingParams
+    from asyncrl.engines.base import SamplingParams
     from asyncrl.rollout.host import ServerHost
     from checkpoint_engine import Sender
 

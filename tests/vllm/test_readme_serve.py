@@ -47,8 +47,8 @@ def test_the_readme_serve_command_serves_completions_asyncrl_trains_against(tmp_
     from asyncrl.cli import main
     from asyncrl.config import load
     from asyncrl.preflight import check_server_urls
-    from asyncrl.rollout.base import SamplingParams
-    from asyncrl.rollout.openai_server import OpenAIRolloutServer
+    from asyncrl.engines.base import SamplingParams
+    from asyncrl.engines.openai_server import OpenAIRolloutServer
     from tests.integration.test_verl_recipe import qwen2_folder
     from tests.unit.data.conftest import verl_row, write_parquet
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from asyncrl.rollout.base import SamplingParams
+from asyncrl.engines.base import SamplingParams
 from asyncrl.data.tiny_model import EOS_ID
 from tests.vllm._helpers import max_gap, run, until
 
@@ -33,7 +33,7 @@ def _resumed(server, loop):
 @pytest.fixture(scope="module")
 def server(tiny_models: dict, loop: asyncio.AbstractEventLoop) -> Any:
     pytest.importorskip("vllm")
-    from asyncrl.rollout.vllm_engine import VLLMRolloutServer
+    from asyncrl.engines.vllm_engine import VLLMRolloutServer
 
     srv = VLLMRolloutServer(tiny_models[0], dtype="float32", seed=0, in_process=True)
     yield srv
@@ -64,7 +64,7 @@ def test_generate_logprobs_match_hf(server, loop, hf, temperature: float) -> Non
 
 
 def test_one_in_process_engine_per_process(server, tiny_models) -> None:
-    from asyncrl.rollout.vllm_engine import VLLMRolloutServer
+    from asyncrl.engines.vllm_engine import VLLMRolloutServer
 
     with pytest.raises(RuntimeError, match="one in-process vLLM engine per process"):
         VLLMRolloutServer(tiny_models[0], in_process=True)

@@ -20,13 +20,14 @@ os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
 @pytest.mark.timeout(300)
 def test_probe_passes_a_clean_multi_bucket_load_and_stops_the_old_corruption(tiny_models, monkeypatch):
     pytest.importorskip("vllm")
-    import asyncrl.rollout.vllm_worker_ext as ext
+    import asyncrl.engines.vllm_worker_ext as ext
     from asyncrl.config import AlgorithmConfig, TrainerConfig
-    from asyncrl.rollout.fleet import Fleet, FleetManager
+    from asyncrl.rollout.fleet import FleetManager
+    from asyncrl.rollout.fleet_build import Fleet
     from asyncrl.rollout.host import ServerHost
     from asyncrl.rollout.parity import ParityCheck, WeightParityError, vocab_bound
     from asyncrl.rollout.router import Router
-    from asyncrl.rollout.vllm_engine import VLLMRolloutServer
+    from asyncrl.engines.vllm_engine import VLLMRolloutServer
     from asyncrl.trainer.engine import TrainerEngine
     from asyncrl.trainer.handle import TrainerHandle
     from asyncrl.trainer.rank import TrainerRank

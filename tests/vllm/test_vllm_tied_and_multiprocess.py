@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.rollout.base import SamplingParams
+from asyncrl.engines.base import SamplingParams
 from tests.vllm._helpers import HFReference, max_gap, run, until
 
 pytestmark = pytest.mark.vllm
@@ -48,7 +48,7 @@ def _gap(ref: HFReference, prompts, outs) -> float:
 
 def test_tied_embeddings_head_follows_update(tmp_path: Path) -> None:
     pytest.importorskip("vllm")
-    from asyncrl.rollout.vllm_engine import VLLMRolloutServer
+    from asyncrl.engines.vllm_engine import VLLMRolloutServer
 
     old, new = (HFReference(_tied_model(tmp_path / f"tied{s}", s)) for s in (0, 1))
     loop = asyncio.new_event_loop()
@@ -67,7 +67,7 @@ def test_tied_embeddings_head_follows_update(tmp_path: Path) -> None:
 @pytest.mark.slow  # the engine-core process starts in 20-25 s on an idle 2-core machine
 def test_multiprocess_engine_generate_update_pause(tiny_models: dict, hf: dict) -> None:
     pytest.importorskip("vllm")
-    from asyncrl.rollout.vllm_engine import VLLMRolloutServer
+    from asyncrl.engines.vllm_engine import VLLMRolloutServer
 
     loop = asyncio.new_event_loop()
     server = VLLMRolloutServer(tiny_models[0], in_process=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asyncrl.rollout.vllm_worker_ext import pack_chunks, unpack_chunk
+from asyncrl.engines.vllm_worker_ext import pack_chunks, unpack_chunk
 
 pytestmark = pytest.mark.vllm
 
@@ -34,6 +34,6 @@ def test_import_is_cheap() -> None:
     import subprocess
     import sys
 
-    code = "import sys, asyncrl.rollout.vllm_engine; print('vllm' in sys.modules, 'torch' in sys.modules)"
+    code = "import sys, asyncrl.engines.vllm_engine; print('vllm' in sys.modules, 'torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]

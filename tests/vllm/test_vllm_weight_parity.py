@@ -50,7 +50,7 @@ def test_publishes_split_fused_layers_across_buckets(states) -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_vllm_serves_published_weights_through_worker_transport(backend, tiny_models, states) -> None:
     pytest.importorskip("vllm")
-    from asyncrl.rollout.vllm_engine import VLLMRolloutServer
+    from asyncrl.engines.vllm_engine import VLLMRolloutServer
 
     cfg = WeightsConfig(backend=backend, bucket_size_mb=BUCKET_MB, timeout_s=60)
 

@@ -18,8 +18,8 @@ import torch
 from agents.base import LLMClient
 from agents.rewards import get_reward
 from agents.tool_agent import ToolAgent
-from asyncrl.rollout.base import GenerateOutput, SamplingParams
-from asyncrl.rollout.torch_engine import TorchRolloutServer
+from asyncrl.engines.base import GenerateOutput, SamplingParams
+from asyncrl.engines.torch_engine import TorchRolloutServer
 from tests.unit.agents.scripted import ScriptedLLM, Turn, decode, encode, make_sample, tool_call
 
 FIRST_TURN = "I will use the calculator. " + tool_call("calculator", expression="12*12")

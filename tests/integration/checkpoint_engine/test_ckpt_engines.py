@@ -19,7 +19,7 @@ from checkpoint_engine.server_loop import apply_update
 
 pytest.importorskip("transformers")
 from asyncrl.data.tiny_model import TinyModelSpec, ensure_tiny_model  # noqa: E402
-from asyncrl.rollout.base import SamplingParams  # noqa: E402
+from asyncrl.engines.base import SamplingParams  # noqa: E402
 
 PROMPT = [20, 21, 22, 23, 24, 25]
 LONG = 300
@@ -60,7 +60,7 @@ async def _publish_into(server, sender: Sender, rx: Receiver, state, version: in
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("backend,mode", [("shm", "keep"), ("shm", "abort"), ("gloo", "wait")])
 def test_torch_engine_update_through_weight_plane(models, backend, mode):
-    from asyncrl.rollout.torch_engine import TorchRolloutServer
+    from asyncrl.engines.torch_engine import TorchRolloutServer
 
     model_a, model_b = models
     cfg = WeightsConfig(backend=backend, bucket_size_mb=0.25, timeout_s=10)

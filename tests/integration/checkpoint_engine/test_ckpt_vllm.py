@@ -25,8 +25,8 @@ LONG_PROMPT = [1] + [10 + (7 * 2 + j) % 90 for j in range(40)] * 4  # > one CPU 
 def test_vllm_engine_update_through_weight_plane(tmp_path_factory):
     pytest.importorskip("vllm")
     from asyncrl.data.tiny_model import TinyModelSpec, ensure_tiny_model
-    from asyncrl.rollout.base import SamplingParams
-    from asyncrl.rollout.vllm_engine import VLLMRolloutServer
+    from asyncrl.engines.base import SamplingParams
+    from asyncrl.engines.vllm_engine import VLLMRolloutServer
     from tests.vllm._helpers import HFReference, max_gap
 
     root = tmp_path_factory.mktemp("ckpt_vllm_models")

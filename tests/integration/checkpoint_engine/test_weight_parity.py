@@ -44,7 +44,7 @@ def model(tmp_path_factory):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_torch_engine_serves_published_weights(backend, model) -> None:
-    from asyncrl.rollout.torch_engine import TorchRolloutServer
+    from asyncrl.engines.torch_engine import TorchRolloutServer
 
     path, states = model
     cfg = WeightsConfig(backend=backend, bucket_size_mb=BUCKET_MB, timeout_s=30)

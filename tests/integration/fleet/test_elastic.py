@@ -11,9 +11,10 @@ import asyncio
 
 import torch
 
-from asyncrl.rollout.base import PEER_LOADED_MEANWHILE, SamplingParams
-from asyncrl.rollout.cost_model import CostModelServer, LongTail
-from asyncrl.rollout.fleet import Fleet, FleetManager
+from asyncrl.engines.base import PEER_LOADED_MEANWHILE, SamplingParams
+from asyncrl.engines.cost_model import CostModelServer, LongTail
+from asyncrl.rollout.fleet import FleetManager
+from asyncrl.rollout.fleet_build import Fleet
 from asyncrl.rollout.host import ServerHost
 from asyncrl.rollout.router import Router
 from tests.integration.fleet.weights import weight_source

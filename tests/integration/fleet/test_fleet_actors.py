@@ -13,8 +13,9 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from asyncrl.config import RolloutConfig
-from asyncrl.rollout.base import SamplingParams
-from asyncrl.rollout.fleet import Fleet, FleetManager
+from asyncrl.engines.base import SamplingParams
+from asyncrl.rollout.fleet import FleetManager
+from asyncrl.rollout.fleet_build import Fleet
 from asyncrl.rollout.router import NoServerError, Router
 from asyncrl.rollout.server_actor import kill
 from tests.integration.fleet.weights import weight_source
@@ -157,7 +158,7 @@ def test_a_server_killed_mid_sample_hands_its_tokens_on(ray_cluster, tiny_model,
     from asyncrl.config import Config
     from asyncrl.launch import host_spec
     from asyncrl.rollout.resume import run_moving
-    from asyncrl.rollout.sample import Sample
+    from asyncrl.engines.sample import Sample
     from transfer_queue import make_storage
 
     cfg = Config()

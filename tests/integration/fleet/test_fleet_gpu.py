@@ -18,8 +18,9 @@ def test_vllm_fleet_on_gpu_bundles_partial_rollout(tiny_model, tiny_model_b):
     from safetensors.torch import load_file
 
     from asyncrl.config import RolloutConfig
-    from asyncrl.rollout.base import SamplingParams
-    from asyncrl.rollout.fleet import Fleet, FleetManager
+    from asyncrl.engines.base import SamplingParams
+    from asyncrl.rollout.fleet import FleetManager
+    from asyncrl.rollout.fleet_build import Fleet
     from asyncrl.rollout.router import Router
     from tests.integration.fleet.weights import weight_source
 

@@ -12,8 +12,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Callable
 
-from agents.base import Sample
-from asyncrl.rollout.base import GenerateOutput, SamplingParams
+from asyncrl.engines.sample import Sample
+from asyncrl.engines.base import GenerateOutput, SamplingParams
 
 
 def encode(text: str) -> list[int]:

@@ -15,7 +15,7 @@ from agents.tool_agent import ToolAgent
 from agents.tool_parsers import HermesParser, ToolCall, get_parser
 from agents.tools import Calculator, PythonTool, build_tools, get_tool
 from agents.tools.calculator import evaluate
-from asyncrl.rollout.base import SamplingParams
+from asyncrl.engines.base import SamplingParams
 from tests.unit.agents.scripted import decode, encode
 
 

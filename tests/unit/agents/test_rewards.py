@@ -11,7 +11,7 @@ from typing import Iterator
 
 import pytest
 
-from agents.base import score
+from agents.scoring import score
 from agents.rewards import get_reward
 from agents.rewards.code import code_tests, extract_code
 

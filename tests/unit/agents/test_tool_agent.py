@@ -10,7 +10,7 @@ import pytest
 from agents.rewards import get_reward
 from agents.tool_agent import ToolAgent
 from agents.tools import Tool
-from asyncrl.rollout.base import SamplingParams
+from asyncrl.engines.base import SamplingParams
 from asyncrl.types import Trajectory
 from tests.unit.agents.scripted import ScriptedLLM, Turn, decode, encode, make_sample, tool_call
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from agents.base import Sample
+from asyncrl.engines.sample import Sample
 from agents.tool_agent import ToolAgent
-from asyncrl.rollout.base import GenerateOutput, SamplingParams
+from asyncrl.engines.base import GenerateOutput, SamplingParams
 from tests.unit.agents.scripted import tool_call
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"

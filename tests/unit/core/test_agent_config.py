@@ -7,7 +7,7 @@ from agents.tool_agent import ToolAgent
 from asyncrl.config import ConfigError, load
 from asyncrl.data.tasks import build_task
 from asyncrl.rollout.host_spec import make_agent
-from asyncrl.rollout.base import SamplingParams
+from asyncrl.engines.base import SamplingParams
 
 
 def _make(*overrides):

@@ -18,7 +18,7 @@ from asyncrl.config_checks import check_literals, literal_fields
 CHOICE_KEYS = {
     "model.dtype", "data.task", "trainer.mode", "trainer.admission", "trainer.staleness_level", "trainer.lr_schedule",
     "trainer.device", "trainer.engine", "algorithm.proximal", "algorithm.mis_level", "algorithm.loss_agg",
-    "algorithm.kl_estimator", "algorithm.kl_ctrl.type", "rollout.backend", "rollout.external_weights",
+    "algorithm.kl_estimator", "algorithm.kl_ctrl.type", "rollout.external_weights",
     "rollout.update_mode", "rollout.placement_strategy", "hardware",
 }
 
@@ -48,6 +48,7 @@ def test_the_string_choices_are_the_literal_fields_and_registry_names_are_not():
         assert getattr(cls(), key.rpartition(".")[2]) in choices, key  # each default is one of its choices
     hints = {name for name, _ in literal_fields(type(Config().algorithm))}
     assert not hints & {"advantage", "loss", "correction"}  # registry-checked: a user-registered name is valid
+    assert "backend" not in {name for name, _ in literal_fields(type(Config().rollout))}  # engines/registry.py's names
 
 
 @pytest.mark.timeout(60)

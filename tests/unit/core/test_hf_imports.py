@@ -16,7 +16,7 @@ pytest.importorskip("sklearn")  # mlflow installs both; without them there is no
 CHECK = """
 import json, sys
 from asyncrl.data.tiny_model import ensure_tiny_model
-from asyncrl.rollout.torch_engine import TorchRolloutServer
+from asyncrl.engines.torch_engine import TorchRolloutServer
 server = TorchRolloutServer(ensure_tiny_model(sys.argv[1]))
 loaded = sorted(m for m in ("sklearn", "scipy") if m in sys.modules)
 import sklearn, scipy.optimize  # code of the process's own still gets them
@@ -41,7 +41,7 @@ def test_a_model_loads_without_transformers_importing_sklearn_or_scipy(tmp_path)
 TOKENIZER_ONLY = """
 import json, sys
 from asyncrl.data.tiny_model import ensure_tiny_model
-from asyncrl.rollout.torch_sampling import load_tokenizer
+from asyncrl.engines.torch_sampling import load_tokenizer
 tok = load_tokenizer(ensure_tiny_model(sys.argv[1]))
 print(json.dumps({"loaded": sorted(m for m in ("sklearn", "scipy") if m in sys.modules), "ids": tok("1 + 2")["input_ids"]}))
 """

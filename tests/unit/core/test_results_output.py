@@ -99,7 +99,7 @@ def test_generations_show_the_prompt_as_rendered(tmp_path: Path) -> None:
     """The logged prompt keeps the chat template's special tokens; only the first logging.num_generations samples."""
     from types import SimpleNamespace
 
-    from agents.base import Sample
+    from asyncrl.engines.sample import Sample
     from asyncrl.config import LoggingConfig
     from asyncrl.controller import Pipeline
     from asyncrl.data.tiny_model import build_tokenizer

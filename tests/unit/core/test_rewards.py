@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from agents.base import score
+from agents.scoring import score
 from agents.rewards import get_reward
 from agents.rewards.math import extract_answer, math_answer
 from agents.rewards.reverse import reverse_digits

@@ -8,7 +8,7 @@ import pytest
 
 from agents.single_turn import SingleTurnAgent
 from asyncrl.data.datasets import Prompt, PromptSet, PromptStream
-from asyncrl.rollout.base import GenerateOutput, SamplingParams
+from asyncrl.engines.base import GenerateOutput, SamplingParams
 from asyncrl.rollout.rollouter import Rollouter
 from asyncrl.staleness import StalenessManager
 from asyncrl.trajectory_queue import from_record, trajectory_sample

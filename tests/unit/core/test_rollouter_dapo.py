@@ -9,7 +9,7 @@ import pytest
 from agents.single_turn import SingleTurnAgent
 from asyncrl.config import ConfigError, load
 from asyncrl.data.datasets import Prompt
-from asyncrl.rollout.base import GenerateOutput, SamplingParams
+from asyncrl.engines.base import GenerateOutput, SamplingParams
 from asyncrl.rollout.rollouter import EndlessFiltering, Rollouter
 from asyncrl.rollout.shaping import OverlongShaping, overlong_metrics
 from asyncrl.staleness import StalenessManager

@@ -3,7 +3,7 @@ import asyncio
 import pytest
 
 from asyncrl.data.datasets import PromptSet, Prompt, PromptStream
-from asyncrl.rollout.base import GenerateOutput, SamplingParams
+from asyncrl.engines.base import GenerateOutput, SamplingParams
 from asyncrl.rollout.router import Router
 from asyncrl.staleness import StalenessManager
 from asyncrl.types import Trajectory, WireError

@@ -85,7 +85,7 @@ def test_unknown_keyword_arguments_are_an_error_naming_the_reward():
 @pytest.mark.timeout(30)
 def test_make_agent_turns_a_bad_reward_kwarg_into_a_config_error():
     from asyncrl.config import AgentConfig, ConfigError
-    from asyncrl.rollout.base import SamplingParams
+    from asyncrl.engines.base import SamplingParams
     from asyncrl.rollout.host_spec import make_agent
 
     agent = dataclasses.asdict(AgentConfig(reward_kwargs={"tolerance": 0.1}))

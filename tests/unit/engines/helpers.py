@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from asyncrl.rollout.torch_engine import TorchRolloutServer
+from asyncrl.engines.torch_engine import TorchRolloutServer
 
 
 def make_server(path: Path, **kwargs: object) -> TorchRolloutServer:

@@ -14,8 +14,8 @@ from typing import Any, Iterator
 import pytest
 
 from asyncrl.config import ConfigError, RolloutConfig
-from asyncrl.rollout.base import SamplingParams
-from asyncrl.rollout.openai_server import OpenAIRolloutServer, ReplyError, parse_completion
+from asyncrl.engines.base import SamplingParams
+from asyncrl.engines.openai_server import OpenAIRolloutServer, ReplyError, parse_completion
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from asyncrl.rollout.base import SamplingParams
-from asyncrl.rollout.torch_sampling import StopRule, folder_eos_ids, model_eos_ids
+from asyncrl.engines.base import SamplingParams
+from asyncrl.engines.torch_sampling import StopRule, folder_eos_ids, model_eos_ids
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -54,7 +54,7 @@ def _folder_with_eos(src: Path, dst: Path, eos: list[int]) -> Path:
 
 
 def test_torch_engine_stops_on_generation_config_eos_and_stop_strings(tiny_model: Path, tmp_path: Path) -> None:
-    from asyncrl.rollout.torch_engine import TorchRolloutServer
+    from asyncrl.engines.torch_engine import TorchRolloutServer
 
     sampling = SamplingParams(max_tokens=24, seed=5)
 
@@ -96,7 +96,7 @@ def test_torch_engine_stops_on_generation_config_eos_and_stop_strings(tiny_model
 
 
 def test_torch_engine_stop_strings_without_tokenizer_name_the_key(tiny_model: Path, tmp_path: Path) -> None:
-    from asyncrl.rollout.torch_engine import TorchRolloutServer
+    from asyncrl.engines.torch_engine import TorchRolloutServer
 
     bare = tmp_path / "bare"
     bare.mkdir()
@@ -116,7 +116,7 @@ def test_torch_engine_stop_strings_without_tokenizer_name_the_key(tiny_model: Pa
 
 def test_vllm_sampling_gets_stop_strings_and_eos_ids() -> None:
     pytest.importorskip("vllm")
-    from asyncrl.rollout.vllm_engine import _vllm_sampling
+    from asyncrl.engines.vllm_engine import _vllm_sampling
 
     vs = _vllm_sampling(SamplingParams(stop=["\n\n"], stop_token_ids=[5]), frozenset({2, 7}))
     assert vs.stop == ["\n\n"] and sorted(vs.stop_token_ids) == [2, 5, 7]
@@ -124,7 +124,7 @@ def test_vllm_sampling_gets_stop_strings_and_eos_ids() -> None:
 
 def test_vllm_logging_goes_to_the_run_dir_not_the_console(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("vllm")
-    from asyncrl.rollout.vllm_engine import route_vllm_logging
+    from asyncrl.engines.vllm_engine import route_vllm_logging
 
     monkeypatch.delenv("VLLM_LOGGING_CONFIG_PATH", raising=False)
     monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from asyncrl.rollout.base import SamplingParams
+from asyncrl.engines.base import SamplingParams
 
 from .helpers import make_server, max_abs_diff, teacher_forced_logprobs
 

@@ -9,7 +9,7 @@ import time
 import pytest
 from safetensors.torch import load_file
 
-from asyncrl.rollout.base import SamplingParams
+from asyncrl.engines.base import SamplingParams
 
 from .helpers import make_server, max_abs_diff, teacher_forced_logprobs
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from asyncrl.rollout.base import SamplingParams
+from asyncrl.engines.base import SamplingParams
 
 from .helpers import make_server, max_abs_diff
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from asyncrl.rollout.torch_sampling import draw_uniforms, sample
+from asyncrl.engines.torch_sampling import draw_uniforms, sample
 
 N = 4000
 

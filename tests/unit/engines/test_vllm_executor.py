@@ -4,7 +4,7 @@ whose one bundle already belongs to the actor), `uni` in process, vLLM's own cho
 
 from __future__ import annotations
 
-from asyncrl.rollout.vllm_engine import executor_backend
+from asyncrl.engines.vllm_engine import executor_backend
 
 
 def test_tensor_parallel_servers_use_the_multiprocessing_executor():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from asyncrl.rollout.base import GenerateOutput, RolloutServer, SamplingParams, ServerStats
+from asyncrl.engines.base import GenerateOutput, RolloutServer, SamplingParams, ServerStats
 from asyncrl.rollout.router import ServerDied
 
 

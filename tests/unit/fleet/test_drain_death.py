@@ -2,8 +2,9 @@
 
 import asyncio
 
-from asyncrl.rollout.base import SamplingParams
-from asyncrl.rollout.fleet import Fleet, FleetManager
+from asyncrl.engines.base import SamplingParams
+from asyncrl.rollout.fleet import FleetManager
+from asyncrl.rollout.fleet_build import Fleet
 from asyncrl.rollout.router import Router
 from tests.unit.fleet.fakes import ScriptedServer
 

@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 from agents.single_turn import SingleTurnAgent
 from asyncrl.data.datasets import Prompt, PromptSet, PromptStream
-from asyncrl.rollout.base import GenerateOutput, SamplingParams
+from asyncrl.engines.base import GenerateOutput, SamplingParams
 from asyncrl.rollout.resume import run_moving
 from asyncrl.rollout.rollouter import Rollouter
 from asyncrl.rollout.router import Router, ServerDied
-from asyncrl.rollout.sample import Sample
+from asyncrl.engines.sample import Sample
 from asyncrl.staleness import StalenessManager
 from asyncrl.trajectory_queue import trajectory_sample
 from transfer_queue.storage.local import LocalStorage

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from asyncrl.config import ConfigError, RolloutConfig, load
-from asyncrl.rollout.base import GenerateOutput, SamplingParams
-from asyncrl.rollout.fleet import fleet_configs
+from asyncrl.engines.base import GenerateOutput, SamplingParams
+from asyncrl.rollout.fleet_build import fleet_configs
 from asyncrl.rollout.partial import PartialRollout, segment_seed
 
 

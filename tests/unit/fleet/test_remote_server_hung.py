@@ -91,7 +91,7 @@ def test_a_probe_answered_after_a_publish_does_not_take_the_version_back():
     """The probe left before the publish and answers after it: the version it carries is the one before.
     The proxy kept it, so for a moment a server at the current version read as one behind, and a joiner
     found no peer to take its weights from (tests/deploy/test_follow_cluster.py, under load)."""
-    from asyncrl.rollout.base import ServerStats
+    from asyncrl.engines.base import ServerStats
 
     class _Answers:
         def __init__(self) -> None:

@@ -9,8 +9,9 @@ import pytest
 
 from checkpoint_engine.membership import DISCONNECTED, STRAGGLER, TIMEOUT
 
-from asyncrl.rollout.base import SamplingParams
-from asyncrl.rollout.fleet import Fleet, FleetManager
+from asyncrl.engines.base import SamplingParams
+from asyncrl.rollout.fleet import FleetManager
+from asyncrl.rollout.fleet_build import Fleet
 from asyncrl.rollout.partial import segment_seed
 from asyncrl.rollout.router import NoServerError, Router, ServerDied
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from asyncrl.config import Config
-from asyncrl.rollout.base import ServerStats
+from asyncrl.engines.base import ServerStats
 from asyncrl.lengths import LengthBias
 from asyncrl.rollout.parity import ParityCheck
 from asyncrl.staleness import StalenessManager

@@ -8,14 +8,14 @@ import asyncio
 import pytest
 
 from agents.single_turn import SingleTurnAgent
-from asyncrl.rollout.base import GenerateOutput, SamplingParams
+from asyncrl.engines.base import GenerateOutput, SamplingParams
 from asyncrl.rollout.host import ServerHost
 from asyncrl.rollout.inflight import SampleClient, SavedCall, SavedSample, decode_saved, encode_saved, prompt_digest
-from asyncrl.rollout.sample import Sample
+from asyncrl.engines.sample import Sample
 from asyncrl.trajectory_queue import from_record
 from transfer_queue.storage.local import LocalStorage
 
-from .helpers import make_server
+from tests.unit.engines.helpers import make_server
 
 LONG = 200
 
