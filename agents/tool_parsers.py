@@ -43,14 +43,9 @@ class ToolParser(abc.ABC):
 PARSERS: Registry[Callable[..., ToolParser]] = Registry("tool parser", "agent.kwargs.parser")
 
 
-def register_parser(name: str) -> Callable[[type[ToolParser]], type[ToolParser]]:
+def register_parser(name: str) -> Callable[[Callable[..., ToolParser]], Callable[..., ToolParser]]:
     """Class decorator: `@register_parser("my_format")` makes the parser selectable by name (a name is taken once)."""
-
-    def deco(cls: type[ToolParser]) -> type[ToolParser]:
-        PARSERS.add(name, cls)
-        return cls
-
-    return deco
+    return PARSERS.register(name)
 
 
 def get_parser(name: str, **kwargs: Any) -> ToolParser:

@@ -40,14 +40,9 @@ class Tool(abc.ABC):
 TOOLS: Registry[Callable[..., Tool]] = Registry("tool", "agent.kwargs.tools")
 
 
-def register_tool(name: str) -> Callable[[type[Tool]], type[Tool]]:
+def register_tool(name: str) -> Callable[[Callable[..., Tool]], Callable[..., Tool]]:
     """Class decorator: `@register_tool("calculator")` makes the tool buildable by name (a name is taken once)."""
-
-    def deco(cls: type[Tool]) -> type[Tool]:
-        TOOLS.add(name, cls)
-        return cls
-
-    return deco
+    return TOOLS.register(name)
 
 
 def get_tool(name: str, **kwargs: Any) -> Tool:

@@ -58,6 +58,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from asyncrl.bench.report import finish
 from asyncrl.engines.cost_model import CostModelServer, LongTail
 
 MODES = ("sync", "one_step_off", "fully_async")
@@ -351,13 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"--modes: unknown {unknown}; choose from {MODES}")
     t = time.time()
-    res = run(load, modes, a.seed)
-    res["bench_wall_s"] = round(time.time() - t, 1)
-    if a.json:
-        print(json.dumps(res, indent=1))
-    else:
-        print_table(res)
-    return 0
+    return finish(run(load, modes, a.seed), t, a.json, print_table)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from asyncrl.bench.report import finish
+
 SIZES = {
     "small": {"hidden_size": 384, "num_layers": 6, "num_heads": 6, "num_kv_heads": 2, "intermediate_size": 1024, "tokens": 64},
     "large": {"hidden_size": 1024, "num_layers": 18, "num_heads": 16, "num_kv_heads": 4, "intermediate_size": 2816, "tokens": 2048},
@@ -288,13 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(bare_publish(a.bare)))
         return 0
     t0 = time.time()
-    res = run(quick=a.quick)
-    res["bench_wall_s"] = round(time.time() - t0, 1)
-    if a.json:
-        print(json.dumps(res, indent=1))
-    else:
-        print_table(res)
-    return 0
+    return finish(run(quick=a.quick), t0, a.json, print_table)
 
 
 if __name__ == "__main__":

@@ -222,3 +222,35 @@ class TokenRate:
     def per_s(self) -> float:
         now = time.monotonic()
         return sum(n for t, n in self._recent if now - t <= self.window_s) / self.window_s
+
+
+class AdmissionGate:
+    """Whether a server admits new requests: `generate` waits at `wait()` while the server is paused
+    (`close`) until `open`. The event is made on first use, on the event loop the server runs on (a
+    server may be built off it). Shared by the backends that keep pause / resume themselves (openai, vllm).
+
+    >>> g = AdmissionGate(); g.close(); g.paused
+    True
+    """
+
+    def __init__(self) -> None:
+        self.paused = False
+        self._event: asyncio.Event | None = None
+
+    def _admission(self) -> asyncio.Event:
+        if self._event is None:
+            self._event = asyncio.Event()
+            if not self.paused:
+                self._event.set()
+        return self._event
+
+    async def wait(self) -> None:
+        await self._admission().wait()
+
+    def close(self) -> None:
+        self.paused = True
+        self._admission().clear()
+
+    def open(self) -> None:
+        self.paused = False
+        self._admission().set()

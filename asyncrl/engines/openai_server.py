@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import msgspec
 
-from asyncrl.engines.base import GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats, TokenRate, check_pause_mode
+from asyncrl.engines.base import AdmissionGate, GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats, TokenRate, check_pause_mode
 
 if TYPE_CHECKING:
     from asyncrl.config import RolloutConfig
@@ -143,8 +143,7 @@ class OpenAIRolloutServer(RolloutServer):
         """Served model name; asked from `/v1/models` on first use when None."""
         self._client: Any = None  # built on the event loop that first uses it
         self._tasks: set[asyncio.Task] = set()
-        self._admit: asyncio.Event | None = None
-        self._paused = False
+        self._gate = AdmissionGate()
         self._version = 0
         self._rate = TokenRate(_RATE_WINDOW_S)
         self._closed = False
@@ -187,20 +186,13 @@ class OpenAIRolloutServer(RolloutServer):
         return self.model
 
     # ---- generation -------------------------------------------------------------------------
-    def _admission(self) -> asyncio.Event:
-        if self._admit is None:
-            self._admit = asyncio.Event()
-            if not self._paused:
-                self._admit.set()
-        return self._admit
-
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None = None) -> GenerateOutput:
         if not prompt_ids:
             raise ValueError("generate: prompt_ids is empty")
         if self._closed:
             raise RuntimeError(f"rollout server {self.url} is closed")
         rid = request_id or uuid.uuid4().hex
-        await self._admission().wait()
+        await self._gate.wait()
         task = asyncio.ensure_future(self._complete(prompt_ids, sampling, rid))
         self._tasks.add(task)
         try:
@@ -212,7 +204,7 @@ class OpenAIRolloutServer(RolloutServer):
             return GenerateOutput(rid, [], [], [], "abort")  # aborted by pause("abort")
         finally:
             self._tasks.discard(task)
-        self._count(len(ids))
+        self._rate.add(len(ids))
         return GenerateOutput(rid, ids, logprobs, [self._version] * len(ids), reason)
 
     async def _complete(self, prompt_ids: list[int], sampling: SamplingParams, rid: str) -> tuple[list[int], list[float], str]:
@@ -224,14 +216,10 @@ class OpenAIRolloutServer(RolloutServer):
             self.malformed_replies += 1
             raise
 
-    def _count(self, n: int) -> None:
-        self._rate.add(n)
-
     # ---- pause / weights --------------------------------------------------------------------
     async def pause(self, mode: PauseMode = "wait") -> None:
         check_pause_mode(mode)
-        self._paused = True
-        self._admission().clear()
+        self._gate.close()
         if mode == "abort":
             for task in list(self._tasks):
                 task.cancel()
@@ -240,8 +228,7 @@ class OpenAIRolloutServer(RolloutServer):
             await asyncio.sleep(0)  # let each caller take its result before pause returns
 
     async def resume(self) -> None:
-        self._paused = False
-        self._admission().set()
+        self._gate.open()
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
         """Consume the update without loading it (the server cannot take weights; accepted by
@@ -255,7 +242,7 @@ class OpenAIRolloutServer(RolloutServer):
         """Nothing to do: the server's weights never change, so its cached KV never goes stale."""
 
     def stats(self) -> ServerStats:
-        return ServerStats(self._version, len(self._tasks), self._paused, self._rate.total,
+        return ServerStats(self._version, len(self._tasks), self._gate.paused, self._rate.total,
                            self._rate.per_s(), healthy=not self._closed)
 
     @property

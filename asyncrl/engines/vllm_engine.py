@@ -57,7 +57,7 @@ import os
 import uuid
 from typing import TYPE_CHECKING, Any, Iterable
 
-from asyncrl.engines.base import GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats, TokenRate, check_pause_mode
+from asyncrl.engines.base import AdmissionGate, GenerateOutput, PauseMode, RolloutServer, SamplingParams, ServerStats, TokenRate, check_pause_mode
 
 if TYPE_CHECKING:
     from asyncrl.config import RolloutConfig
@@ -140,20 +140,12 @@ class VLLMRolloutServer(RolloutServer):
         self._in_flight = 0
         self._live: dict[str, tuple[list[int], list[float], list[int]]] = {}
         """Request id -> the token, log-prob and version lists its `generate` is filling (`live_requests`)."""
-        self._paused = False
-        self._admit: asyncio.Event | None = None  # created on the server's event loop
+        self._gate = AdmissionGate()
         self._rate = TokenRate(_RATE_WINDOW_S)
         self._closed = False
         self._healthy = True
 
     # ---- generation -------------------------------------------------------------------------
-
-    def _admission(self) -> asyncio.Event:
-        if self._admit is None:
-            self._admit = asyncio.Event()
-            if not self._paused:
-                self._admit.set()
-        return self._admit
 
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, request_id: str | None = None
@@ -161,7 +153,7 @@ class VLLMRolloutServer(RolloutServer):
         from vllm.inputs import TokensPrompt
 
         rid = request_id or uuid.uuid4().hex
-        await self._admission().wait()  # paused: new requests wait for resume
+        await self._gate.wait()  # paused: new requests wait for resume
         tokens: list[int] = []
         logprobs: list[float] = []
         versions: list[int] = []
@@ -177,7 +169,7 @@ class VLLMRolloutServer(RolloutServer):
                     tokens.append(tok)
                     logprobs.append(comp.logprobs[i][tok].logprob)
                     versions.append(version)
-                self._count(len(comp.token_ids))
+                self._rate.add(len(comp.token_ids))
                 if out.finished:
                     finish_reason = comp.finish_reason or "stop"
                     versions = _span_versions(comp.weight_versions, len(tokens)) or versions
@@ -190,15 +182,11 @@ class VLLMRolloutServer(RolloutServer):
         """What every request streaming now has received so far (versions: the stamps at arrival)."""
         return [GenerateOutput(rid, list(t), list(lp), list(v), "running") for rid, (t, lp, v) in self._live.items()]
 
-    def _count(self, n: int) -> None:
-        self._rate.add(n)
-
     # ---- pause / weights --------------------------------------------------------------------
 
     async def pause(self, mode: PauseMode = "wait") -> None:
         check_pause_mode(mode)
-        self._paused = True
-        self._admission().clear()
+        self._gate.close()
         await self._engine.pause_generation(mode=mode, clear_cache=False)
         if mode == "wait":  # the engine is drained; let every caller receive its result
             while self._in_flight:
@@ -206,8 +194,7 @@ class VLLMRolloutServer(RolloutServer):
 
     async def resume(self) -> None:
         await self._engine.resume_generation()
-        self._paused = False
-        self._admission().set()
+        self._gate.open()
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
         from asyncrl.engines.vllm_worker_ext import pack_chunks
@@ -276,7 +263,7 @@ class VLLMRolloutServer(RolloutServer):
     # ---- state ------------------------------------------------------------------------------
 
     def stats(self) -> ServerStats:
-        return ServerStats(self._version, self._in_flight, self._paused, self._rate.total, self._rate.per_s(),
+        return ServerStats(self._version, self._in_flight, self._gate.paused, self._rate.total, self._rate.per_s(),
                            healthy=self._healthy and not self._closed)
 
     @property

@@ -4,47 +4,40 @@ import only `base`, so no backend module imports another."""
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from checkpoint_engine.backends.base import ReceiverTransport, SenderTransport
 from checkpoint_engine.config import WeightsConfig
+
+_TRANSPORTS: dict[str, tuple[str, str, str]] = {
+    # weights.backend -> (its module here, its sender class, its receiver class): names, so that
+    # only the chosen backend's module (and its heavy imports) is ever imported
+    "local": ("local", "LocalSenderTransport", "LocalReceiverTransport"),
+    "shm": ("shm", "ShmSenderTransport", "ShmReceiverTransport"),
+    "gloo": ("gloo_nccl", "CollectiveSenderTransport", "CollectiveReceiverTransport"),
+    "nccl": ("gloo_nccl", "CollectiveSenderTransport", "CollectiveReceiverTransport"),
+    "nixl": ("nixl", "NixlSenderTransport", "NixlReceiverTransport"),
+    "cuda_ipc": ("cuda_ipc", "CudaIpcSenderTransport", "CudaIpcReceiverTransport"),
+}
+
+
+def _transport(config: WeightsConfig, end: int) -> Any:
+    """The transport class `_TRANSPORTS[config.backend][end]` (1: sender, 2: receiver), built with `config`."""
+    if config.backend not in _TRANSPORTS:
+        raise ValueError(f"weights.backend: no transport for {config.backend!r}")
+    names = _TRANSPORTS[config.backend]
+    module = importlib.import_module(f"checkpoint_engine.backends.{names[0]}")
+    return getattr(module, names[end])(config)
 
 
 def make_sender_transport(config: WeightsConfig) -> SenderTransport:
     """The factory, keyed by `config.backend` (heavy imports stay in the chosen module)."""
-    if config.backend == "local":
-        from checkpoint_engine.backends.local import LocalSenderTransport
-        return LocalSenderTransport(config)
-    if config.backend == "shm":
-        from checkpoint_engine.backends.shm import ShmSenderTransport
-        return ShmSenderTransport(config)
-    if config.backend in ("gloo", "nccl"):
-        from checkpoint_engine.backends.gloo_nccl import CollectiveSenderTransport
-        return CollectiveSenderTransport(config)
-    if config.backend == "nixl":
-        from checkpoint_engine.backends.nixl import NixlSenderTransport
-        return NixlSenderTransport(config)
-    if config.backend == "cuda_ipc":
-        from checkpoint_engine.backends.cuda_ipc import CudaIpcSenderTransport
-        return CudaIpcSenderTransport(config)
-    raise ValueError(f"weights.backend: no transport for {config.backend!r}")
+    return _transport(config, 1)  # type: ignore[no-any-return]
 
 
 def make_receiver_transport(config: WeightsConfig) -> ReceiverTransport:
-    if config.backend == "local":
-        from checkpoint_engine.backends.local import LocalReceiverTransport
-        return LocalReceiverTransport(config)
-    if config.backend == "shm":
-        from checkpoint_engine.backends.shm import ShmReceiverTransport
-        return ShmReceiverTransport(config)
-    if config.backend in ("gloo", "nccl"):
-        from checkpoint_engine.backends.gloo_nccl import CollectiveReceiverTransport
-        return CollectiveReceiverTransport(config)
-    if config.backend == "nixl":
-        from checkpoint_engine.backends.nixl import NixlReceiverTransport
-        return NixlReceiverTransport(config)
-    if config.backend == "cuda_ipc":
-        from checkpoint_engine.backends.cuda_ipc import CudaIpcReceiverTransport
-        return CudaIpcReceiverTransport(config)
-    raise ValueError(f"weights.backend: no transport for {config.backend!r}")
+    return _transport(config, 2)  # type: ignore[no-any-return]
 
 
 __all__ = ["ReceiverTransport", "SenderTransport", "make_receiver_transport", "make_sender_transport"]
