@@ -1,13 +1,15 @@
 """The config tree's error type and its checks: a bad value fails at load with the key to change.
 
-Shared by the modules of the config tree (`config_tree.py`, `config_rollout.py`, ...); `ConfigError` is
-re-exported by `asyncrl.config`. The checks that read the disk (data files, the model folder and its
-tokenizer, installed engines) are `asyncrl/preflight.py`'s: run once before anything starts, not at
-every load. `check_overlong` is the cross-section check of DAPO's overlong shaping; `check_gpu_layout`
-those of the GPU settings (trainer, weight plane, fleets), called by `preflight` before anything starts.
-`check_registered` checks an algorithm name against its registry itself (imported when a config is
-checked, not when this module is), so a name a user registers is valid at load. `check_literals` checks
-every `Literal[...]` field of a config dataclass (its string choices) in one place, with `one_of`'s message.
+The bottom of the `asyncrl.config` package: the modules of the tree (`tree`, `rollout`, `algorithm`,
+`critic`) and its loader (`io`) import it; it imports none of them. `ConfigError` is also on the
+package's public surface (`asyncrl/config/__init__.py`). The checks that read the disk (data files, the
+model folder and its tokenizer, installed engines) are `asyncrl/preflight.py`'s: run once before
+anything starts, not at every load. `check_overlong` is the cross-section check of DAPO's overlong
+shaping; `check_gpu_layout` those of the GPU settings (trainer, weight plane, fleets), called by
+`preflight` before anything starts. `check_registered` checks an algorithm name against its registry
+itself (imported when a config is checked, not when this module is: they import torch), so a name a
+user registers is valid at load. `check_literals` checks every `Literal[...]` field of a config
+dataclass (its string choices) in one place, with `one_of`'s message.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 from typing import Any, Collection, Literal, Sequence, get_args, get_origin, get_type_hints
+
+from asyncrl.registry import UnknownName
 
 
 class ConfigError(ValueError):
@@ -39,7 +43,7 @@ def literal_fields(cls: type) -> tuple[tuple[str, tuple[Any, ...]], ...]:
 
 def check_literals(obj: Any, section: str) -> None:
     """Each `Literal[...]` field of the config dataclass `obj` holds one of its choices; else the `one_of` error
-    naming `<section>.<field>`. (Through `load`, OmegaConf rejects such a value first; `config_io` words it alike.)"""
+    naming `<section>.<field>`. (Through `load`, OmegaConf rejects such a value first; `io` words it alike.)"""
     for name, choices in literal_fields(type(obj)):
         one_of(getattr(obj, name), f"{section}.{name}", choices)
 
@@ -65,8 +69,6 @@ def check_registered(value: str, key: str) -> None:
     """`value` is a name registered for `key` (or valid there beside the registry, e.g. `gae`), or, where the
     registry takes import paths, a `package.module:attr` that imports to a callable (imported now: a typo fails at load).
     Otherwise the `one_of` error, listing the registry's names."""
-    from asyncrl.registry import UnknownName
-
     registry, extra = _registry_of(key)
     if value in registry or value in extra:
         return

@@ -1,6 +1,6 @@
 """The critic's part of the config tree: `critic.*` (PPO's value model, used with
 `algorithm.advantage=gae`; `asyncrl/trainer/critic.py`), and `algorithm.kl_ctrl.*` (the KL in
-the reward that GAE reads). Re-exported by `asyncrl.config`.
+the reward that GAE reads). Its classes are on `asyncrl.config`'s public surface.
 
 It runs on the trainer's ranks with the trainer's micro-batching, packing, schedule and
 `trainer.betas`; what differs from the policy's optimisation is here.
@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from asyncrl.config_checks import check as _check
-from asyncrl.config_checks import check_literals as _check_literals
+from asyncrl.config.checks import check as _check
+from asyncrl.config.checks import check_literals as _check_literals
 
 
 @dataclass

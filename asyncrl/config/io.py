@@ -1,14 +1,13 @@
-"""Loading, saving and documenting the config tree of `asyncrl.config`.
+"""Loading and saving the config tree of `asyncrl.config` (documenting it: `asyncrl.config.doc`).
 
 `load` merges the dataclass defaults, a YAML recipe and `key=value` overrides with
 OmegaConf and turns the result back into dataclasses (their `__post_init__` checks run
 there); every failure becomes a `ConfigError` that names the key (or, for a recipe that is
 not valid YAML, the file and line). A mandatory key left at `???` (OmegaConf's MISSING) by the
 recipe or an override is an error naming it (OmegaConf would keep the dataclass default under it);
-an unknown key's error says what to set instead (`asyncrl.config_aliases`: verl's names, close
+an unknown key's error says what to set instead (`asyncrl.config.aliases`: verl's names, close
 matches). A string-choice field is typed `Literal[...]`: OmegaConf (>= 2.4) rejects any other value while merging,
-and its message is reworded as `config_checks.one_of`'s (what the dataclass's own check says when built directly).
-`document` reads the docstring under each field for `asyncrl config --doc` and `configs/README.md`.
+and its message is reworded as `checks.one_of`'s (what the dataclass's own check says when built directly).
 
 Two presets are applied after the merge, before any check, each reported by `load_with_changes` (what
 `asyncrl train` prints): a data path with no `data.task` set anywhere selects `data.task=jsonl` (a digit task
@@ -24,25 +23,26 @@ override (`queue.secret=...`, which every user of the host reads in /proc/<pid>/
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import re
 import stat
 from pathlib import Path
 from typing import Any, Sequence
 
+from asyncrl.config.checks import ConfigError
+from asyncrl.config.doc import asyncrl_keys
+from asyncrl.config.tree import Config
 
 _NOT_A_CHOICE = re.compile(r"Invalid value '(.*)', expected one of (\[.*\])")
 """OmegaConf's message for a value outside a `Literal[...]` field's choices (the value as `str` gives it)."""
 
 
 def _translate(e: Exception) -> Any:
-    from asyncrl.config_checks import ConfigError
 
     key = getattr(e, "full_key", None)
     msg = (getattr(e, "msg", None) or str(e)).splitlines()[0]
     choice = _NOT_A_CHOICE.fullmatch(msg)
-    if choice:  # worded as config_checks.one_of
+    if choice:  # worded as checks.one_of
         msg = f"must be one of {choice[2]}, got {choice[1]!r}"
     return ConfigError(f"{key}: {msg}" if key else msg)
 
@@ -56,9 +56,9 @@ def _flat(node: Any, prefix: str = "") -> list[str]:
 
 def _unknown_key(e: Exception, named: list[tuple[str, Any]]) -> Any:
     """The `ConfigError` of an unknown key: the key as the user wrote it, where, and what to set instead."""
-    from asyncrl.config_checks import ConfigError
-    from asyncrl.config_aliases import hint
     from omegaconf import OmegaConf
+
+    from asyncrl.config.aliases import hint  # not at the top: the package leaves it unloaded for `python -m asyncrl.config.aliases`
 
     top = str(getattr(e, "full_key", "") or "")
     known = asyncrl_keys()
@@ -85,7 +85,6 @@ def _unknown_key(e: Exception, named: list[tuple[str, Any]]) -> Any:
 
 def _check_missing(named: list[tuple[str, Any]]) -> None:
     """A key left at `???` by a layer and set by no later layer: a `ConfigError` naming it and the layer."""
-    from asyncrl.config_checks import ConfigError
     from omegaconf import OmegaConf
 
     unset: list[tuple[str, str]] = []
@@ -114,8 +113,6 @@ SECRET_SET = "<set>"
 def _check_secret_sources(path: Path | None, recipe: Any, overrides: Sequence[str]) -> None:
     """A secret on the command line or in a recipe other users can read is a `ConfigError`; the
     message never repeats the value."""
-    from asyncrl.config_checks import ConfigError
-
     for o in overrides:
         key, _, value = o.partition("=")
         if key.strip().lstrip("+~") in SECRET_KEYS and value.strip() not in ("", "''", '""', SECRET_SET):
@@ -138,8 +135,6 @@ def _check_secret_sources(path: Path | None, recipe: Any, overrides: Sequence[st
 def run_secret(environ: Any = None) -> str:
     """The secret given to this process: `ASYNCRL_SECRET`, else the first line of the file named by
     `ASYNCRL_SECRET_FILE` (which must be a regular file of this user that no one else may read), else ''."""
-    from asyncrl.config_checks import ConfigError
-
     env = os.environ if environ is None else environ
     if env.get("ASYNCRL_SECRET"):
         return env["ASYNCRL_SECRET"]
@@ -172,15 +167,13 @@ def redacted(tree: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -> Any:
+def load(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -> Config:
     """Defaults <- YAML recipe <- `key=value` overrides, validated; errors name the key."""
     return load_with_changes(path, overrides)[0]
 
 
-def load_with_changes(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -> tuple[Any, list[tuple[str, str, str]]]:
+def load_with_changes(path: str | os.PathLike | None = None, overrides: Sequence[str] = ()) -> tuple[Config, list[tuple[str, str, str]]]:
     """`load`, and the presets it applied: (key, value as written, why) each (`data.task` from a data path, `hardware=cpu`)."""
-    from asyncrl.config_checks import ConfigError
-    from asyncrl.config_tree import Config
     from omegaconf import OmegaConf
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
@@ -239,8 +232,7 @@ def _with_fix(msg: str) -> str:
 
 def _check_hydra_prefix(override: str) -> None:
     """Hydra's `+key=` (add), `++key=` (force) and `~key` (delete) are not asyncrl syntax: one line saying what to write."""
-    from asyncrl.config_aliases import hint
-    from asyncrl.config_checks import ConfigError
+    from asyncrl.config.aliases import hint  # as in _unknown_key
 
     key, _, value = override.partition("=")
     key = key.strip()
@@ -272,7 +264,6 @@ def _given(named: list[tuple[str, Any]], key: str, only: str | None = None) -> b
 def _presets(merged: Any, named: list[tuple[str, Any]]) -> list[tuple[str, Any, str]]:
     """(key, value, why) of each preset to apply to the merged tree: the data task a data path selects,
     and `hardware=cpu`'s CPU counterparts of GPU settings (`cpu_preset`; a key the overrides set is left alone)."""
-    from asyncrl.config_checks import ConfigError
     from omegaconf import OmegaConf
 
     out: list[tuple[str, Any, str]] = []
@@ -319,7 +310,6 @@ def cpu_preset(merged: Any) -> list[tuple[str, Any, str]]:
 def _read_yaml(p: Path) -> Any:
     """The recipe at `p`; a YAML syntax error is a `ConfigError` naming the file and line."""
     import yaml
-    from asyncrl.config_checks import ConfigError
     from omegaconf import OmegaConf
 
     try:
@@ -340,7 +330,6 @@ def _read_yaml(p: Path) -> Any:
 def _read_overrides(overrides: Sequence[str]) -> Any:
     """`key=value` overrides; a value that is not valid YAML is a `ConfigError` naming the override."""
     import yaml
-    from asyncrl.config_checks import ConfigError
     from omegaconf import OmegaConf
 
     try:
@@ -355,45 +344,14 @@ def _read_overrides(overrides: Sequence[str]) -> Any:
         raise ConfigError(f"overrides {list(overrides)}: not valid YAML: {' '.join(str(e0).split())}") from None
 
 
-def to_dict(cfg: Any) -> dict[str, Any]:
+def to_dict(cfg: Config) -> dict[str, Any]:
+    """The config tree as plain nested dicts."""
     return dataclasses.asdict(cfg)
 
 
-def dump_resolved(cfg: Any, path: str | os.PathLike) -> None:
+def dump_resolved(cfg: Config, path: str | os.PathLike) -> None:
     """Write the full resolved config as YAML (what this run used, every key; a secret as `<set>`)."""
     from omegaconf import OmegaConf
 
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(OmegaConf.create(redacted(to_dict(cfg))), path)
-
-
-@functools.lru_cache(maxsize=1)
-def asyncrl_keys() -> frozenset[str]:
-    """Every key of the config tree (what `asyncrl config --doc` lists)."""
-    return frozenset(k for k, _, _ in document())
-
-
-def document(cls: type | None = None, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(key, default, doc) for every field (of `Config` by default), read from the docstrings under the fields."""
-    if cls is None:
-        from asyncrl.config_tree import Config
-
-        cls = Config
-    import ast
-    import inspect
-
-    docs: dict[str, str] = {}
-    tree = ast.parse(inspect.getsource(cls))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    for a, b in zip(body, body[1:]):
-        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(getattr(b, "value", None), ast.Constant):
-            docs[a.target.id] = " ".join(str(b.value.value).split())  # type: ignore[union-attr]
-    rows: list[tuple[str, str, str]] = []
-    inst = cls()
-    for f in dataclasses.fields(cls):
-        v = getattr(inst, f.name)
-        if dataclasses.is_dataclass(v):
-            rows += document(type(v), f"{prefix}{f.name}.")
-        else:
-            rows.append((f"{prefix}{f.name}", repr(v), docs.get(f.name, "")))
-    return rows

@@ -1,5 +1,5 @@
 """The rollout side of the config tree: `rollout.*` (servers, sampling, placement, update modes)
-and the simulated `cost_model` backend's settings. Re-exported by `asyncrl.config`.
+and the simulated `cost_model` backend's settings. Its classes are on `asyncrl.config`'s public surface.
 """
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from asyncrl.config_checks import check as _check
-from asyncrl.config_checks import check_resources as _check_resources
-from asyncrl.config_checks import check_literals as _check_literals
-from asyncrl.config_checks import one_of as _one_of
+from asyncrl.config.checks import check as _check
+from asyncrl.config.checks import check_resources as _check_resources
+from asyncrl.config.checks import check_literals as _check_literals
+from asyncrl.config.checks import one_of as _one_of
 from asyncrl.engines.registry import BACKENDS
 
 

@@ -1,5 +1,6 @@
-"""The typed config tree of a run: one dataclass per component, a docstring under every field.
-Import it through `asyncrl.config`, which also holds `load` and friends (`config_io`).
+"""The typed config tree of a run: one dataclass per component, a docstring under every field; the
+sections of their own modules (`rollout`, `algorithm`, `critic`) hang under `Config` here. Its classes
+are on `asyncrl.config`'s public surface, beside `load` and friends (`io`).
 
 `load(path, overrides)` merges the dataclass defaults, an optional YAML recipe and
 `key=value` overrides with OmegaConf and turns the result back into dataclasses. An
@@ -19,10 +20,14 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from asyncrl.admission import ModeRule, mode_rule
-from asyncrl.config_checks import ConfigError, literal_fields, one_of, check as _check, check_literals as _check_literals, check_overlong as _check_overlong, check_resources as _check_resources  # noqa: F401 (ConfigError: re-exported)
-from asyncrl.config_algorithm import AlgorithmConfig  # noqa: F401 (re-exported)
-from asyncrl.config_critic import CriticConfig, KLCtrlConfig  # noqa: F401 (re-exported)
-from asyncrl.config_rollout import CostModelConfig, RolloutConfig  # noqa: F401 (re-exported)
+from asyncrl.config.algorithm import AlgorithmConfig
+from asyncrl.config.checks import ConfigError, literal_fields, one_of
+from asyncrl.config.checks import check as _check
+from asyncrl.config.checks import check_literals as _check_literals
+from asyncrl.config.checks import check_overlong as _check_overlong
+from asyncrl.config.checks import check_resources as _check_resources
+from asyncrl.config.critic import CriticConfig
+from asyncrl.config.rollout import RolloutConfig
 from checkpoint_engine.config import WeightsConfig
 from transfer_queue.config import TransferQueueConfig
 
@@ -157,7 +162,7 @@ class TrainerConfig:
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (0 disables)."""
     num_ranks: int = 1
-    """FSDP2 data-parallel ranks of the trainer pool (more than 1 needs `ray.enabled=true`, or torchrun)."""
+    """FSDP2 data-parallel ranks of the trainer (more than 1 needs `ray.enabled=true`, or torchrun)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """`auto` (cuda if available else cpu), `cpu` or `cuda`. With Ray a rank gets a GPU only with `cuda` (`trainer.gpus_per_rank` each); `cuda` where no GPU can be had is a config error. To run a GPU recipe on CPU switch every GPU setting at once with `hardware=cpu`."""
     cpus_per_rank: float = 1.0

@@ -103,22 +103,38 @@ def test_shipped_recipes_load():
         load("configs/gsm8k_qwen2.5_0.5b.yaml")
 
 
-def test_configs_readme_documents_every_key():
-    text = open("configs/README.md").read()
-    missing = [key for key, _, _ in document() if f"| `{key}` |" not in text]
-    assert missing == [], f"configs/README.md is stale (run `asyncrl config --doc`): {missing}"
+def test_configs_readme_is_what_config_doc_prints():
+    from asyncrl.config.doc import GENERATED, page
+
+    head, found, rest = open("configs/README.md").read().partition(GENERATED)
+    assert found and head.startswith("# Config keys"), "configs/README.md lost its generated line"
+    assert found + rest == page(), "configs/README.md is stale: run bash scripts/gen_config_doc.sh"
+    missing = [key for key, _, _ in document() if f"| `{key}` |" not in rest]
+    assert missing == []
 
 
-def test_configs_readme_shows_every_policy_loss_setting():
-    from asyncrl.config_algorithm import LOSS_DOC_BEGIN, LOSS_DOC_END, loss_settings_table
+def test_config_doc_shows_every_policy_loss_setting():
+    from asyncrl.config.doc import loss_settings_table, page
 
     table = loss_settings_table()
-    assert f"{LOSS_DOC_BEGIN}\n{table}{LOSS_DOC_END}" in open("configs/README.md").read(), \
-        "configs/README.md is stale: run python -m asyncrl.config_algorithm --write configs/README.md"
+    assert table in page()
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[2:]]
     assert {"`ppo_clip`", "`gspo`", "`cispo`", "`vanilla_pg`"} <= {r[0] for r in rows}
     assert ["`algorithm.loss_args.clip_ratio_c`", "`3.0`"] in [r[2:4] for r in rows]
     assert all(len(r) == 5 and r[4] for r in rows)  # every setting documented by its field's docstring
+
+
+def test_config_command_help_doc_and_bad_option(capsys):
+    from asyncrl.cli import main
+    from asyncrl.config.doc import page
+
+    for flag in ("--help", "-h"):
+        assert main(["config", flag]) == 0
+        assert capsys.readouterr().out.startswith("usage: asyncrl config [CONFIG.yaml] [key=value ...]")
+    assert main(["config", "--doc"]) == 0
+    assert capsys.readouterr().out == page()
+    assert main(["config", "--nope"]) == 2
+    assert "unknown option --nope" in capsys.readouterr().err
 
 
 def test_loss_args_and_the_older_keys_roundtrip(tmp_path):
