@@ -9,7 +9,7 @@
     asyncrl plan [--profile NAME] [--gpus 128,256] [--validate] [--json]
                                                   predicted throughput, staleness, best split (asyncrl/plan)
     asyncrl config [CONFIG.yaml] [key=value ...] [--doc]
-                                                  print the resolved config, or document every key
+                                                  print the resolved config, or document every key and loss setting
     asyncrl status [--run DIR | --redis URL] [--json | --watch]
                                                   state of a run (docs/status.md)
     asyncrl scale [RUN_DIR | --redis URL --name RUN] --servers N|+K|-K [--fleet F]
@@ -86,7 +86,7 @@ def train_help() -> str:
 
 
 def _print_changes(changes: list[tuple[str, str, str]]) -> None:
-    """One line per reason of the presets `load` applied (`config_io.load_with_changes`)."""
+    """One line per reason of the presets `load` applied (`asyncrl.config.io.load_with_changes`)."""
     by: dict[str, list[str]] = {}
     for key, value, why in changes:
         by.setdefault(why, []).append(f"{key}={value}")
@@ -96,7 +96,7 @@ def _print_changes(changes: list[tuple[str, str, str]]) -> None:
 
 def train(args: list[str], debug: bool = False) -> int:
     from asyncrl.config import dump_resolved, to_dict
-    from asyncrl.config_io import load_with_changes
+    from asyncrl.config.io import load_with_changes
     from asyncrl.preflight import preflight
     from asyncrl.run_dir import resolve_run_dir, write_status
 
@@ -119,7 +119,7 @@ def train(args: list[str], debug: bool = False) -> int:
         from asyncrl.controller import Pipeline
         from asyncrl.launch import build
         from asyncrl.metrics import MetricsLogger
-        from asyncrl.trainer.handle import TrainerDied
+        from asyncrl.trainer.rank import TrainerDied
 
         parts = build(cfg, run_dir)  # a ConfigError here (e.g. a data file with no usable row) is one line too
         metrics = MetricsLogger(cfg.logging, run_dir, to_dict(cfg))
@@ -168,7 +168,7 @@ def train(args: list[str], debug: bool = False) -> int:
 
 
 STOPS = ("agents.scoring:RewardBroken", "asyncrl.rollout.parity:WeightParityError", "asyncrl.rollout.rollouter:EndlessFiltering",
-         "asyncrl.trainer.handle:TrainerDied", "asyncrl.engines.openai_server:ReplyError", "asyncrl.rollout.router:NoServerError",
+         "asyncrl.trainer.rank:TrainerDied", "asyncrl.engines.openai_server:ReplyError", "asyncrl.rollout.router:NoServerError",
          "builtins:FloatingPointError")
 """The errors the framework raises on purpose to stop a run, each with a message that says what, which key and what
 to do: a broken reward, a weight-parity failure, DAPO filtering that never fills a batch, a trainer that keeps dying,
@@ -271,16 +271,38 @@ class RunEnd:
         return rc
 
 
+CONFIG_HELP = """\
+usage: asyncrl config [CONFIG.yaml] [key=value ...]
+       asyncrl config --doc
+
+Print the config a command line resolves to, as YAML with every key (what `asyncrl train` with the same
+arguments runs; a bad value is one line naming the key). With --doc: every key with its default and meaning,
+and each policy loss's own settings, as Markdown (configs/README.md below its generated line; rewrite that
+file with bash scripts/gen_config_doc.sh).
+
+  CONFIG.yaml   a recipe (configs/*.yaml); none: the defaults, the embedded demo
+  key=value     overrides, the last value of a key wins (e.g. trainer.lr=3e-4 hardware=cpu)
+  --doc         document every key and the policy losses' settings
+  -h, --help    this text"""
+"""`asyncrl config --help`."""
+
+
 def config_cmd(args: list[str]) -> int:
     from omegaconf import OmegaConf
 
-    from asyncrl.config import document, load, to_dict
+    from asyncrl.config import load, to_dict
+    from asyncrl.config.doc import page
 
-    if "--doc" in args:
-        print("| key | default | meaning |\n|---|---|---|")
-        for key, default, doc in document():
-            print(f"| `{key}` | `{default}` | {doc} |")
+    if "-h" in args or "--help" in args:
+        print(CONFIG_HELP)
         return 0
+    if "--doc" in args:
+        print(page(), end="")
+        return 0
+    flags = [a for a in args if a.startswith("-")]
+    if flags:
+        print(f"asyncrl config: unknown option {flags[0]}\n\n{CONFIG_HELP}", file=sys.stderr)
+        return 2
     path, overrides = _split(args)
     print(OmegaConf.to_yaml(OmegaConf.create(to_dict(load(path, overrides)))), end="")
     return 0

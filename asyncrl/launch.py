@@ -2,8 +2,8 @@
 
 The controller drives what this module builds; nothing here runs a loop. In the embedded
 default every part lives in this process (`ray.enabled=false`): one trainer rank, the servers'
-hosts and the queue share this process's data plane. With Ray the trainer pool is a group of
-FSDP2 actors in a placement group (GPUs with `trainer.device=cuda`) and each rollout server is
+hosts and the queue share this process's data plane. With Ray the trainer is a group of
+FSDP2 rank actors in a placement group (GPUs with `trainer.device=cuda`) and each rollout server is
 an actor in its fleet's placement group that runs whole samples and loads weights itself; this
 process then holds metadata only: it never reads a trajectory tensor and holds no `Sender` or
 `Receiver`.
@@ -17,7 +17,7 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from asyncrl.engines.sample import Sample
 from asyncrl.config import Config, ConfigError
@@ -25,7 +25,10 @@ from asyncrl.data.datasets import PromptStream
 from asyncrl.data.tasks import Task, build_task
 from asyncrl.engines.base import SamplingParams
 from asyncrl.rollout.host_spec import HostSpec, make_agent, tokenizer_codec
-from asyncrl.trainer.pool import TrainerPool
+
+if TYPE_CHECKING:
+    from asyncrl.trainer.actor import TrainerGroup
+    from asyncrl.trainer.rank import TrainerRank
 
 
 def resolve_model_path(cfg: Config) -> str:
@@ -42,8 +45,8 @@ class Components:
     tokenizer: Any
     task: Task
     prompts: PromptStream
-    trainer: TrainerPool
-    """`TrainerRank` (in this process) or `TrainerGroup` (Ray actors): same verbs."""
+    trainer: TrainerRank | TrainerGroup
+    """One rank in this process, or the group of Ray rank actors: the same blocking verbs."""
     eval_samples: list[Sample]
     make_plan: Callable[[list[list[Any]]], tuple[Any, int]]
     """Groups of queue records -> (`BatchPlan`, trained tokens)."""
@@ -236,7 +239,7 @@ def _named_fleets(r: Any) -> list[tuple[str, Any]]:
     return list(fleet_configs(r).items())
 
 
-def build_trainer(cfg: Config, model_path: str, storage: Any) -> Any:
+def build_trainer(cfg: Config, model_path: str, storage: Any) -> TrainerRank | TrainerGroup:
     if cfg.trainer.threads:
         import torch
 
@@ -296,10 +299,10 @@ def local_fleets(cfg: Config, model_path: str, spec: HostSpec, tokenizer: Any, s
 def share_run_secret(cfg: Config) -> None:
     """One secret per run on every socket the planes open (queue controller, storage units, weight
     senders): `queue.secret` or `weights.secret` if set (either names it for both), else
-    `ASYNCRL_SECRET` or the 0600 file `ASYNCRL_SECRET_FILE` (`config_io.run_secret`), else a fresh
+    `ASYNCRL_SECRET` or the 0600 file `ASYNCRL_SECRET_FILE` (`asyncrl.config.io.run_secret`), else a fresh
     random one. It travels to the run's processes inside their configs and is never written to the
     run directory (the resolved config records `<set>`)."""
-    from asyncrl.config_io import run_secret
+    from asyncrl.config.io import run_secret
 
     secret = cfg.queue.secret or cfg.weights.secret or run_secret() or secrets.token_hex(16)
     cfg.queue.secret = cfg.weights.secret = secret

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncrl.config_checks import ConfigError, check, check_gpu_layout, fleets_of
+from asyncrl.config.checks import ConfigError, check, check_gpu_layout, fleets_of
 
 
 def load_tokenizer(path: str) -> Any:
@@ -116,7 +116,7 @@ def check_agent(cfg: Any, tokenizer: Any = None) -> None:
     (`agent.kwargs...`, e.g. a sandbox limit) is a `ConfigError` naming the key (`make_agent`), before a run
     directory exists. The default agent with no settings has nothing to refuse and is skipped. The reward is
     `agent.reward` when set; the task's own is known only once the data is read (checked then, by `launch`)."""
-    from asyncrl.config_tree import AgentConfig
+    from asyncrl.config.tree import AgentConfig
 
     if cfg.agent.name == AgentConfig.name and not cfg.agent.kwargs:
         return

@@ -12,7 +12,7 @@ the run (the descendants of that head and of the `asyncrl train` process, by the
   every replacement before it serves ends the run): the first one is hung (SIGSTOP: alive, connected,
   silent; the fleet must find it, by its health probe or the weight plane's silence, kill it and start
   another), every later one SIGKILLed;
-- one trainer rank (`ray::TrainerRankShell...`) once, after the first checkpoint: SIGKILL
+- one trainer rank (`ray::TrainerRankActor...`) once, after the first checkpoint: SIGKILL
   (`asyncrl train` restarts the run's processes from that checkpoint);
 - the controller once, after a later checkpoint: SIGKILL to the whole `asyncrl train` process
   group (the cluster lives on), then `asyncrl train ... resume=true`;
@@ -148,7 +148,7 @@ def _segment(cmd: list[str], run: Path, steps: int, faults: dict[str, int], *, k
                 proc.wait()
                 return proc.returncode, "stuck"
             if kill_trainer and ckpts and faults["trainer_rank"] == 0:
-                ranks = _descendants(cluster, "ray::TrainerRankShell")
+                ranks = _descendants(cluster, "ray::TrainerRankActor")
                 if len(ranks) >= 2:
                     rng.choice(ranks).send_signal(signal.SIGKILL)
                     faults["trainer_rank"] += 1

@@ -35,7 +35,7 @@ class Costs:
     """Seconds per generated token of one running request (the base: see `token_cost_at`)."""
     lengths: LongTail
     trainer_tokens_per_s: float
-    """Loss tokens per second of the whole trainer pool."""
+    """Loss tokens per second of the whole trainer (all its ranks)."""
     groups: int
     """Groups per trainer step (trainer.prompts_per_step)."""
     group_size: int
@@ -99,7 +99,7 @@ class Costs:
     def slice_factor(self, max_groups: int) -> int:
         """The smallest f dividing both `servers` and `groups` with `groups / f <= max_groups` (else the
         largest f dividing both): the fleet is homogeneous and the batch grows with it, so 1/f of the
-        servers, of the groups and of the trainer pool run the same steps as the whole, at 1/f of its
+        servers, of the groups and of the trainer's ranks run the same steps as the whole, at 1/f of its
         tokens/s."""
         if self.groups <= max_groups:
             return 1

@@ -28,12 +28,12 @@ from asyncrl.rollout.fleet_build import START_ATTEMPTS, Fleet, fleet_configs
 from asyncrl.rollout.fleet_log import FleetLog
 from asyncrl.rollout.parity import ParityCheck, WeightParityError
 from asyncrl.rollout.router import Router, ServerDied
-from asyncrl.trainer.handle import TrainerDied
+from asyncrl.trainer.rank import TrainerDied
 
 
 
 class WeightSource(Protocol):
-    """Where servers get weights: the trainer's weight plane (`TrainerHandle`), or a test double."""
+    """Where servers get weights: the trainer's weight plane (the controller's `AsyncTrainer`), or a test double."""
 
     endpoints: list[str]
     """The senders servers join: one, or one per trainer rank (sharded publish)."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from asyncrl.config_checks import check, max_response_length
+from asyncrl.config.checks import check, max_response_length
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
-"""Ray shell of the trainer: one `TrainerWorker` actor per FSDP2 rank, and `TrainerGroup` to drive them.
+"""Ray shell of the trainer: `TrainerRankActor`, a rank's actor form (one per FSDP2 rank, each its own
+process, titled `ray::TrainerRankActor`), and `TrainerGroup`, the controller's handle to N of them.
 
-The worker only sets the torch.distributed environment (MASTER_ADDR / MASTER_PORT / RANK /
+The actor only sets the torch.distributed environment (MASTER_ADDR / MASTER_PORT / RANK /
 WORLD_SIZE, and `ASYNCRL_PG_KEY`: the group's random rendezvous prefix, so that a process reaching
 rank 0's store without it cannot join, `setup.rendezvous_store`) and forwards verbs to a `TrainerRank` (`rank.py`), which reads its shard of each
 batch from the data plane and, on rank 0, holds the weight plane's `Sender`. The group places
-the workers in one placement group (a bundle per rank: `trainer.cpus_per_rank` CPUs, plus
+the actors in one placement group (a bundle per rank: `trainer.cpus_per_rank` CPUs, plus
 `trainer.gpus_per_rank` GPUs when `trainer.device=cuda`, plus `trainer.ray_resources`) and fans every verb out to all ranks
 (FSDP collectives need every rank), returning rank 0's result. What crosses Ray is small: a
 plan of handles (msgpack bytes), metrics, a publish outcome. This is the only trainer module
@@ -15,7 +16,7 @@ that imports ray.
     outcome = group.publish(1, ["main-0"])                # the ranks stream to the servers' receivers
     group.close()
 
-A rank that dies fails the verb in flight with `TrainerDied` (the other ranks are killed: they
+A rank that dies fails the verb in flight with `TrainerDied` (`rank.py`; the other ranks are killed: they
 would wait for it in a collective); `asyncrl train` then restarts the run's processes from the last
 checkpoint (`trainer.max_restarts`).
 """
@@ -36,19 +37,21 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from asyncrl.config import AlgorithmConfig, TrainerConfig
 from asyncrl.orphan import NAMESPACE, Detached, DetachedNames, OrphanWatch, watched, while_name_taken
-from asyncrl.trainer.handle import TrainerDied
 from asyncrl.trainer.plan import BatchPlan
-from asyncrl.trainer.rank import merge_outcomes
+from asyncrl.trainer.rank import TrainerDied, merge_outcomes
 
 
 DEAD_PEER_S = 10.0
 """After a rank's verb failed, how long Ray is given to report another rank's death (its process
 gone makes the survivors' collectives fail at once, before Ray has noticed)."""
 
+
+@ray.remote
 @watched
-class TrainerRankShell:
-    """One rank. Built empty; `setup` joins the process group, loads the model, opens the planes.
-    In a detached run (`ray.detached`) it outlives the controller and watches for one (`asyncrl/orphan.py`)."""
+class TrainerRankActor:
+    """One rank's process: built empty; `setup` joins the process group, loads the model, opens the planes
+    (a `TrainerRank`, to which the verbs pass). In a detached run (`ray.detached`) it outlives the controller
+    and watches for one (`asyncrl/orphan.py`)."""
 
     def __init__(self, rank: int, world_size: int, detached: dict[str, Any] | None = None) -> None:
         self.rank, self.world_size = rank, world_size
@@ -121,21 +124,18 @@ class TrainerRankShell:
             self.trainer = None
 
 
-TrainerWorker = ray.remote(TrainerRankShell)
-"""The Ray actor class of one rank."""
-
-
-def _orphaned(shell: TrainerRankShell, placement: str) -> None:
+def _orphaned(actor: Any, placement: str) -> None:
     """No controller for `ray.orphan_timeout_s`: close the rank, then remove the trainer's placement
     group (Ray ends every rank in it, this one too)."""
     try:
-        shell.close()
+        actor.close()
     finally:
         remove_placement_group(ray.util.get_placement_group(placement))
 
 
 class TrainerGroup:
-    """N `TrainerWorker`s acting as one trainer; every verb runs on all ranks and returns rank 0's result."""
+    """N `TrainerRankActor`s acting as one trainer, with the blocking verbs of a `TrainerRank`: every verb
+    runs on all ranks and returns rank 0's result."""
 
     def __init__(
         self,
@@ -168,8 +168,8 @@ class TrainerGroup:
             remove_placement_group(self.placement)
             raise TimeoutError(f"trainer placement: {num_ranks} bundles of {bundle} not placed in {placement_timeout_s} s "
                                f"(cluster: {ray.cluster_resources()}); lower trainer.num_ranks / trainer.gpus_per_rank")
-        self.workers = [
-            while_name_taken(lambda r=r: TrainerWorker.options(
+        self.ranks = [
+            while_name_taken(lambda r=r: TrainerRankActor.options(
                 num_cpus=trainer.cpus_per_rank, num_gpus=gpus,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=r),
                 **(dict(name=detached.rank(r), namespace=NAMESPACE, lifetime="detached") if detached else {}),
@@ -177,7 +177,7 @@ class TrainerGroup:
                      if detached else None))
             for r in range(num_ranks)
         ]
-        addr, port = ray.get(self.workers[0].rendezvous_address.remote())
+        addr, port = ray.get(self.ranks[0].rendezvous_address.remote())
         kwargs = dict(trainer=trainer, algorithm=algorithm, critic=critic, lora=lora, dtype=dtype, temperature=temperature, seed=seed)
         wcfg = dataclasses.asdict(weights) if weights is not None else None
         pg_key = secrets.token_hex(16)  # the process group's rendezvous prefix: only these ranks know it
@@ -197,11 +197,11 @@ class TrainerGroup:
         its checkpoint's: the next publish must exceed it)."""
 
     @classmethod
-    def attach(cls, workers: list[Any], placement: Any, orphan_timeout_s: float) -> "TrainerGroup":
+    def attach(cls, ranks: list[Any], placement: Any, orphan_timeout_s: float) -> "TrainerGroup":
         """The ranks of a detached run whose controller died, taken back as they are (set up, models
         loaded; `load` then brings them to a checkpoint)."""
         group = object.__new__(cls)
-        group.workers, group.placement, group._died = list(workers), placement, None
+        group.ranks, group.placement, group._died = list(ranks), placement, None
         group._took(group._all("info"))
         group.keep_alive(orphan_timeout_s / 4)
         return group
@@ -211,7 +211,7 @@ class TrainerGroup:
         as it lives and the group is up (`ray.detached`: their orphan watch must not fire while a long
         start, an evaluation or a slow rollout keeps the controller from calling them)."""
         def run() -> None:
-            while self.workers:
+            while self.ranks:
                 time.sleep(every_s)
                 try:
                     self.touch()
@@ -247,7 +247,7 @@ class TrainerGroup:
         self._all("touch")
 
     def secret(self) -> str:
-        return ray.get(self.workers[0].secret.remote())
+        return ray.get(self.ranks[0].secret.remote())
 
     def _all(self, verb: str, *args: Any) -> list[Any]:
         """`verb` on every rank; results in rank order. A rank that dies fails the verb at once:
@@ -256,7 +256,7 @@ class TrainerGroup:
         for every later one (e.g. a train step after a server's sync found the rank dead)."""
         if self._died is not None:
             raise TrainerDied(f"{self._died}; the group is gone ({verb} not run)")
-        refs = [getattr(w, verb).remote(*args) for w in self.workers]
+        refs = [getattr(r, verb).remote(*args) for r in self.ranks]
         pending = list(refs)
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
@@ -290,9 +290,9 @@ class TrainerGroup:
 
     def _kill(self, why: str = "the trainer group was closed") -> None:
         self._died = self._died or why
-        for w in self.workers:
-            ray.kill(w, no_restart=True)
-        self.workers = []
+        for r in self.ranks:
+            ray.kill(r, no_restart=True)
+        self.ranks = []
         remove_placement_group(self.placement)
 
     def train(self, plan: BatchPlan | bytes) -> dict[str, float]:
@@ -318,7 +318,7 @@ class TrainerGroup:
 
     def close(self) -> None:
         """Close every rank and end the actors."""
-        if not self.workers:
+        if not self.ranks:
             return
         try:
             self._all("close")

@@ -51,7 +51,7 @@ SEQUENCE_ADVANTAGE = AdvantageSpec()
 TOKEN_LEVEL_ADVANTAGES: dict[str, AdvantageSpec] = {"gae": AdvantageSpec(needs_critic=True)}
 """Valid `algorithm.advantage` names that are not sequence estimators in `ADVANTAGES`: token-level
 advantages computed on the trainer ranks (`gae`, with a critic: `trainer/gae.py`). Config accepts
-them too (`config_checks.check_registered`); `compute_advantages` does not compute them."""
+them too (`asyncrl.config.checks.check_registered`); `compute_advantages` does not compute them."""
 
 
 def advantage_spec(name: str) -> AdvantageSpec:

@@ -3,7 +3,7 @@ adapted entropy weight; with a critic (`algorithm.advantage=gae`) its model, opt
 KL-in-reward beta too (`critic.CriticState`).
 
 Each rank writes and reads only its own shards, so a checkpoint costs no gather and
-scales with the pool; DCP reshards on load, so a run saved with N ranks resumes on M.
+scales with the ranks; DCP reshards on load, so a run saved with N ranks resumes on M.
 The reference model is not saved: it is always the initial weights of `model_path`.
 
 This module knows the engine's attributes (`model`, `optimizer`, `scheduler`, `step`)

@@ -3,7 +3,7 @@
 Job: measure the pipeline (admission, the data plane, the weight plane, the controller) without
 paying for forward/backward passes. A step reads its shard from the data plane like a real one
 (`TrainerRank.train`), then sleeps `cost_per_token_s` per loss token of this rank's rows, so the
-pool trains `world / cost_per_token_s` tokens/s. `CostModelEngine` loads and shards the real
+trainer's ranks train `world / cost_per_token_s` tokens/s. `CostModelEngine` loads and shards the real
 model, so publishing sends its real weights (real sizes, real FSDP all-gathers); `TimedEngine`
 has no model at all (one small tensor to publish) for in-process schedule benchmarks
 (`asyncrl bench pipeline`).

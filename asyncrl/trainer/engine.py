@@ -1,7 +1,7 @@
-"""TrainerEngine: one FSDP2 rank of the trainer pool; log-probs, the optimizer step, full weights.
+"""TrainerEngine: one FSDP2 rank's math, in the rank's process; log-probs, the optimizer step, full weights.
 
 Plain Python on torch.distributed, no Ray: the same class runs in a unit test, under
-`torchrun` and inside the Ray shell (`actor.py`). If no process group exists it starts a
+`torchrun` and inside a rank actor (`TrainerRankActor`, `actor.py`). If no process group exists it starts a
 1-rank one (gloo on CPU, nccl on GPU) on a free 127.0.0.1 port, so `fully_shard` always
 applies and one code path serves 1 and N ranks.
 

@@ -1,4 +1,4 @@
-"""BatchPlan: what the controller sends the trainer pool for one step, and how a rank reads its shard.
+"""BatchPlan: what the controller sends the trainer for one step, and how a rank reads its shard.
 
 The controller never fetches a trajectory's tensors. It takes whole groups from the queue
 (metadata and data-plane handles), computes one advantage per trajectory from the rewards and

@@ -1,4 +1,4 @@
-"""TrainerRank: one rank of the trainer pool as the pipeline drives it, in whatever process it lives.
+"""TrainerRank: what runs in one trainer process: its engine, its data plane and its weight sender.
 
 Job: per step, read this rank's shard of the batch straight from the data plane
 (`plan.load_shard`) and train on it (`TrainerEngine.train_local`); per publish, stream the
@@ -9,8 +9,9 @@ and report who loaded them. Two layouts, chosen by the backend:
   servers join every rank and assemble the pieces (`checkpoint_engine.sharded`);
 - gathered (`gloo`, `nccl`, whose broadcast group has one root, or one rank): rank 0's `Sender`
   streams the full tensors, one FSDP unit at a time, the other ranks join the all-gathers. The controller sends a plan and "publish version v"; no trajectory tensor
-and no weight byte passes through it. With Ray each rank is an actor (`actor.py`); the
-embedded default runs one rank in the controller's own process (the `local` planes).
+and no weight byte passes through it. The rank lives in the controller's own process (the embedded
+default: one rank, the `local` planes) or in a Ray actor (`TrainerRankActor`, `actor.py`), N of
+them driven as one by a `TrainerGroup`, which has these same blocking verbs.
 
     rank = TrainerRank(engine, plane=make_storage(cfg.queue), weights=cfg.weights)
     metrics = rank.train(plan)                       # plan: BatchPlan or its bytes
@@ -34,6 +35,11 @@ makes a server join the weight plane before it asks for its sync, so both arrive
 seen on a loaded 2-core host); one not there by then died meanwhile (a server killed as it started). It is
 reported not loaded and its restart goes on, where waiting `timeout_s` held the trainer as long: its verbs
 run one at a time."""
+
+
+class TrainerDied(RuntimeError):
+    """A trainer rank's process is gone (or the group was torn down because one was): the run
+    restarts its processes from the last checkpoint (`trainer.max_restarts`)."""
 
 
 def build_engine(model_path: str, *, trainer: Any, **kw: Any) -> Any:

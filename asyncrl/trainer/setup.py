@@ -1,7 +1,7 @@
 """Where a trainer rank runs: its device, its process group, its sharded model, its LR schedule.
 
 Plain torch.distributed, no Ray: used by `TrainerEngine` (engine.py) in
-a unit test, under `torchrun` and inside the Ray shell.
+a unit test, under `torchrun` and inside a rank actor (`actor.py`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def pick_device(setting: str) -> torch.device:
 
 
 PG_KEY_ENV = "ASYNCRL_PG_KEY"
-"""Environment variable the Ray shell sets to the run's random rendezvous prefix (`rendezvous_store`)."""
+"""Environment variable a rank actor sets to the run's random rendezvous prefix (`rendezvous_store`)."""
 
 
 def rendezvous_store(addr: str, port: int, rank: int, world_size: int, key: str, timeout_s: float = 1800.0) -> dist.Store:
@@ -71,7 +71,7 @@ def ensure_process_group(device: torch.device) -> bool:
     """Use the existing process group, or start one; True if this call started it.
 
     - one rank (no `RANK` / `MASTER_ADDR`): an in-process store (no TCPStore listens);
-    - the Ray shell (`ASYNCRL_PG_KEY` set): `rendezvous_store` on `MASTER_ADDR:MASTER_PORT`;
+    - a rank actor (`ASYNCRL_PG_KEY` set): `rendezvous_store` on `MASTER_ADDR:MASTER_PORT`;
     - torchrun (`RANK`, `MASTER_ADDR`, no key): torchrun's own rendezvous (its store is torchrun's).
     """
     if dist.is_initialized():

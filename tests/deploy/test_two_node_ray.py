@@ -101,7 +101,7 @@ def test_trainer_and_servers_run_on_different_nodes(two_nodes, tmp_path):
     assert where.returncode == 0, where.stderr[-3000:]
     state = json.loads(where.stdout.strip().splitlines()[-1])
     assert sorted(map(tuple, state["nodes"].values())) == [("node_a",), ("node_b",)]
-    trainers = [a for a in state["actors"] if a["class"] == "TrainerRankShell"]
+    trainers = [a for a in state["actors"] if a["class"] == "TrainerRankActor"]
     servers = [a for a in state["actors"] if a["class"] == "ServerActor"]
     assert len(trainers) == 1 and len(servers) == 2, state["actors"]
     assert all(a["node"] == ["node_a"] for a in trainers), trainers

@@ -1,7 +1,7 @@
 """Feature combinations that cannot work, and settings an agent or a tool refuses, are one-line config
 errors naming the key, from `preflight` (before a run directory, Ray or a server), never a traceback at step 1.
 
-The GPU rules: `asyncrl/config_checks.py` (`check_gpu_layout`, from the config alone) and
+The GPU rules: `asyncrl/config/checks.py` (`check_gpu_layout`, from the config alone) and
 `asyncrl/preflight.py` (`check_cuda`, against this machine); the agent's: `make_agent`
 (`asyncrl/rollout/host_spec.py`), called by `preflight.check_agent`. Most tests call the real loader and
 `preflight` in-process; one runs the real CLI.
@@ -139,7 +139,7 @@ def test_gpu_layouts_that_work_pass(monkeypatch, n, overrides):
 def test_shipped_gpu_layouts_pass(monkeypatch, tmp_path):
     """The GSM8K recipe on one GPU (cuda_ipc), its README variant on two (nccl) and the KubeRay job's layout.
     Needs GPUs: `torch.cuda.is_available` / `device_count` are patched."""
-    from asyncrl.config_checks import check_gpu_layout
+    from asyncrl.config.checks import check_gpu_layout
     from asyncrl.preflight import check_cuda
 
     data = tmp_path / "train.jsonl"

@@ -201,7 +201,7 @@ def open_tmp():
 def test_2_4_secret_is_never_written_and_the_run_is_unreadable_to_other_users(open_tmp, monkeypatch):
     tmp_path = open_tmp
     from asyncrl.config import ConfigError, dump_resolved, load, to_dict
-    from asyncrl.config_io import run_secret
+    from asyncrl.config.io import run_secret
     from asyncrl.metrics import MetricsLogger
     from asyncrl.run_dir import resolve_run_dir
 

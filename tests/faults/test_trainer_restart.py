@@ -18,7 +18,7 @@ STEPS = 12
 """The kill comes right after the first checkpoint (step 3): the steps after it are the resumed segment."""
 
 
-def _actors(pid: int, title: str = "ray::TrainerRankShell") -> list[psutil.Process]:
+def _actors(pid: int, title: str = "ray::TrainerRankActor") -> list[psutil.Process]:
     out = []
     try:
         children = psutil.Process(pid).children(recursive=True)

@@ -18,18 +18,18 @@ def test_cuda_ipc_publish_trainer_to_server_on_one_gpu(tiny_model):
     import ray
 
     from asyncrl.config import AlgorithmConfig, RolloutConfig, TrainerConfig
+    from asyncrl.controller import AsyncTrainer
     from asyncrl.engines.base import SamplingParams
     from asyncrl.rollout.fleet import FleetManager
     from asyncrl.rollout.fleet_build import Fleet
     from asyncrl.trainer.actor import TrainerGroup
-    from asyncrl.trainer.handle import TrainerHandle
     from checkpoint_engine import WeightsConfig
     from transfer_queue import TransferQueueConfig
 
     weights = WeightsConfig(backend="cuda_ipc", device="cuda", checksum=False, timeout_s=60)
     ray.init(num_cpus=4, num_gpus=1, include_dashboard=False, log_to_driver=False)
     try:
-        trainer = TrainerHandle(TrainerGroup(1, str(tiny_model), trainer=TrainerConfig(device="cuda", gpus_per_rank=0.5),
+        trainer = AsyncTrainer(TrainerGroup(1, str(tiny_model), trainer=TrainerConfig(device="cuda", gpus_per_rank=0.5),
                                              algorithm=AlgorithmConfig(), queue=TransferQueueConfig(), weights=weights))
         cfg = RolloutConfig(backend="vllm", num_servers=1, gpu_bundles=True, gpus_per_worker=0.5, gpu_memory_utilization=0.2)
 

@@ -75,7 +75,7 @@ def test_a_killed_controllers_actors_are_taken_back_or_end_themselves(tmp_path):
         _kill_after_first_checkpoint(cmd, run, env, tmp_path / "killed.log")
         run_id = (run / "queue_run_id").read_text().strip()
         before = _gcs(address, env, run_id)
-        assert sorted(a["class"] for a in before["actors"] if a["state"] == "ALIVE") == ["ServerActor"] * 2 + ["TrainerRankShell"] * 2
+        assert sorted(a["class"] for a in before["actors"] if a["state"] == "ALIVE") == ["ServerActor"] * 2 + ["TrainerRankActor"] * 2
         done = subprocess.run(cmd + ["resume=true"], env=env, capture_output=True, text=True, timeout=400)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert "took back the run's 2 trainer ranks and 2 servers (ray.detached)" in done.stdout, done.stdout[-3000:]
@@ -102,7 +102,7 @@ def test_a_killed_controllers_actors_are_taken_back_or_end_themselves(tmp_path):
             done.stdout[-3000:]
         assert json.loads((run / "summary.json").read_text())["steps"] == 12
         after = _gcs(address, env, run_id)
-        ranks = lambda state: sorted(a["pid"] for a in state["actors"] if a["class"] == "TrainerRankShell")
+        ranks = lambda state: sorted(a["pid"] for a in state["actors"] if a["class"] == "TrainerRankActor")
         assert ranks(after) == ranks(before)  # the same rank processes trained to the end
         started = sorted(a["pid"] for a in after["actors"] if a["class"] == "ServerActor")
         assert servers[1] in started and len(started) == 3, after  # the live one kept, one new for the dead one

@@ -22,6 +22,7 @@ def test_probe_passes_a_clean_multi_bucket_load_and_stops_the_old_corruption(tin
     pytest.importorskip("vllm")
     import asyncrl.engines.vllm_worker_ext as ext
     from asyncrl.config import AlgorithmConfig, TrainerConfig
+    from asyncrl.controller import AsyncTrainer
     from asyncrl.rollout.fleet import FleetManager
     from asyncrl.rollout.fleet_build import Fleet
     from asyncrl.rollout.host import ServerHost
@@ -29,7 +30,6 @@ def test_probe_passes_a_clean_multi_bucket_load_and_stops_the_old_corruption(tin
     from asyncrl.rollout.router import Router
     from asyncrl.engines.vllm_engine import VLLMRolloutServer
     from asyncrl.trainer.engine import TrainerEngine
-    from asyncrl.trainer.handle import TrainerHandle
     from asyncrl.trainer.rank import TrainerRank
     from checkpoint_engine import WeightsConfig
 
@@ -42,7 +42,7 @@ def test_probe_passes_a_clean_multi_bucket_load_and_stops_the_old_corruption(tin
         server = VLLMRolloutServer(start, dtype="float32", seed=0, in_process=True)
         manager = FleetManager(Router(), restart_dead=False)
         await manager.add_fleet(Fleet("main", [ServerHost(server, name="vllm-0", agent=None, eval_agent=None, plane=None)]))
-        await manager.attach_weights(TrainerHandle(rank), cfg, "keep", parity=parity)
+        await manager.attach_weights(AsyncTrainer(rank), cfg, "keep", parity=parity)
         try:
             clean = await manager.publish(0)
             monkeypatch.setattr(ext, "own_pending", lambda model, buf: 0)  # the worker as it was

@@ -17,13 +17,13 @@ import pytest
 import torch
 
 from asyncrl.config import AlgorithmConfig, TrainerConfig
+from asyncrl.controller import AsyncTrainer
 from asyncrl.rollout.fleet import FleetManager
 from asyncrl.rollout.fleet_build import Fleet
 from asyncrl.rollout.host import ServerHost
 from asyncrl.rollout.parity import ParityCheck, WeightParityError, vocab_bound
 from asyncrl.rollout.router import Router
 from asyncrl.engines.torch_engine import TorchRolloutServer
-from asyncrl.trainer.handle import TrainerHandle
 from asyncrl.trainer.rank import TrainerRank
 from checkpoint_engine import WeightsConfig
 
@@ -55,7 +55,7 @@ def trainer(tiny_model):
     cfg = WeightsConfig(backend="shm", bucket_size_mb=0.3, timeout_s=20)  # the demo model spans 7 buckets
     engine = TrainerEngine(str(tiny_model), trainer=TrainerConfig(), algorithm=AlgorithmConfig())
     rank = TrainerRank(engine, plane=None, weights=cfg)
-    yield TrainerHandle(rank), cfg
+    yield AsyncTrainer(rank), cfg
     rank.close()
 
 

@@ -7,7 +7,7 @@ from typing import Iterator
 
 import torch
 
-from asyncrl.trainer.handle import TrainerHandle
+from asyncrl.controller import AsyncTrainer
 from asyncrl.trainer.rank import TrainerRank
 from checkpoint_engine import WeightsConfig
 
@@ -28,7 +28,7 @@ class StateEngine:
         pass
 
 
-def weight_source(state: list[tuple[str, torch.Tensor]], backend: str = "shm") -> tuple[TrainerHandle, StateEngine, WeightsConfig]:
+def weight_source(state: list[tuple[str, torch.Tensor]], backend: str = "shm") -> tuple[AsyncTrainer, StateEngine, WeightsConfig]:
     cfg = WeightsConfig(backend=backend, timeout_s=20.0, bucket_size_mb=4)
     engine = StateEngine(state)
-    return TrainerHandle(TrainerRank(engine, plane=None, weights=cfg)), engine, cfg
+    return AsyncTrainer(TrainerRank(engine, plane=None, weights=cfg)), engine, cfg

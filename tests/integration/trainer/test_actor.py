@@ -1,4 +1,4 @@
-"""The Ray shell: two TrainerWorker ranks behind TrainerGroup. Each rank reads only its own rows of a
+"""The Ray shell: two TrainerRankActor ranks behind TrainerGroup. Each rank reads only its own rows of a
 batch straight from the shm plane this process wrote them into, the step is taken, and rank 0
 publishes the weights straight to a receiver here (Ray start costs ~7 s)."""
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from asyncrl.config import ConfigError, load
-from asyncrl.config_aliases import ALIASES, BEGIN, END, hint, markdown_table
-from asyncrl.config_io import asyncrl_keys
+from asyncrl.config.aliases import ALIASES, BEGIN, END, hint, markdown_table
+from asyncrl.config.doc import asyncrl_keys
 
 ROOT = Path(__file__).resolve().parents[3]
 PAGE = ROOT / "docs" / "verl.md"
@@ -28,7 +28,7 @@ def page_table() -> list[tuple[str, list[str]]]:
 @pytest.mark.timeout(30)
 def test_docs_page_shows_the_table_of_the_module():
     text = PAGE.read_text()
-    assert f"{BEGIN}\n{markdown_table()}{END}" in text, "regenerate: python -m asyncrl.config_aliases --write docs/verl.md"
+    assert f"{BEGIN}\n{markdown_table()}{END}" in text, "regenerate: python -m asyncrl.config.aliases --write docs/verl.md"
     assert len(page_table()) == len(ALIASES) >= 40
 
 

@@ -1,7 +1,7 @@
-"""String choices of the config tree are `Literal[...]` fields, checked in one place (`config_checks.check_literals`).
+"""String choices of the config tree are `Literal[...]` fields, checked in one place (`asyncrl.config.checks.check_literals`).
 
 Through `load` OmegaConf rejects a value outside the choices first; its message is reworded so that either way the
-user reads `<key>: must be one of [...], got '<value>'`, the message of `config_checks.one_of`.
+user reads `<key>: must be one of [...], got '<value>'`, the message of `asyncrl.config.checks.one_of`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Literal
 import pytest
 
 from asyncrl.config import Config, ConfigError, load
-from asyncrl.config_checks import check_literals, literal_fields
+from asyncrl.config.checks import check_literals, literal_fields
 
 CHOICE_KEYS = {
     "model.dtype", "data.task", "trainer.mode", "trainer.admission", "trainer.staleness_level", "trainer.lr_schedule",

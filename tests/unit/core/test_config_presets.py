@@ -1,4 +1,4 @@
-"""What `load` decides for the user and says so (`config_io.load_with_changes`): a data path selects the data task,
+"""What `load` decides for the user and says so (`asyncrl.config.io.load_with_changes`): a data path selects the data task,
 `hardware=cpu` moves every GPU setting of a recipe to CPU below the command line's keys; and the load errors a verl
 user meets first: Hydra's `+` / `~`, several unknown keys at once, a GPU-only weight backend on CPU."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.config import ConfigError, load
-from asyncrl.config_io import load_with_changes
+from asyncrl.config.io import load_with_changes
 
 RECIPE = str(Path(__file__).resolve().parents[3] / "configs" / "gsm8k_qwen2.5_0.5b.yaml")
 

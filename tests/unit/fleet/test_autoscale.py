@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from asyncrl.config import ConfigError, load
-from asyncrl.config_rollout import AutoscaleConfig
+from asyncrl.config.rollout import AutoscaleConfig
 from asyncrl.rollout.autoscale import Autoscaler, Window
 
 

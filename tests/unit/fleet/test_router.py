@@ -347,7 +347,7 @@ def test_a_trainer_that_dies_during_a_restarts_sync_is_the_trainers_death_not_th
     failed with the next train step's IndexError instead of restarting). Now the fleet stops at once
     and raises `TrainerDied` (the run restarts its processes), and the group stays dead for every verb."""
     from asyncrl.trainer.actor import TrainerGroup
-    from asyncrl.trainer.handle import TrainerDied
+    from asyncrl.trainer.rank import TrainerDied
 
     class DyingWeights(Weights):
         async def sync(self, receivers, resend=False, probe=None):
@@ -373,7 +373,7 @@ def test_a_trainer_that_dies_during_a_restarts_sync_is_the_trainers_death_not_th
 
     asyncio.run(go())
     group = object.__new__(TrainerGroup)  # a group whose rank died in an earlier verb (no Ray needed)
-    group.workers, group._died = [], "trainer rank 1 died during sync: ActorDiedError"
+    group.ranks, group._died = [], "trainer rank 1 died during sync: ActorDiedError"
     with pytest.raises(TrainerDied, match="rank 1 died during sync"):
         group.train(b"")
 
@@ -384,7 +384,7 @@ def test_requests_waiting_for_a_restart_that_fails_on_the_trainers_death_stop_wi
     request; the status reporter died on the fleet's error and the health loop slept on. Now the
     waiting request and the health loop both raise `TrainerDied` as soon as the restart fails, and
     the fleet's stats (an observer's verb) still answer."""
-    from asyncrl.trainer.handle import TrainerDied
+    from asyncrl.trainer.rank import TrainerDied
 
     class DyingWeights(Weights):
         async def sync(self, receivers, resend=False, probe=None):
@@ -455,7 +455,7 @@ def test_a_restart_in_flight_when_the_trainer_dies_finishes_with_the_next_traine
     """A trainer restart no longer waits for the fleet's restarts in flight (a server's restart takes a
     model load): `detach_weights` forgets the dead source at once, and a restart whose sync then meets
     that source's death joins the new source and is synced by it, instead of failing the run."""
-    from asyncrl.trainer.handle import TrainerDied
+    from asyncrl.trainer.rank import TrainerDied
 
     class DyingWeights(Weights):
         def __init__(self, manager):
