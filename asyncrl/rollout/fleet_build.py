@@ -39,16 +39,21 @@ def fleet_configs(cfg: RolloutConfig) -> dict[str, RolloutConfig]:
     return out
 
 
-async def _named_spawn(spawn: Callable[[], Any], timeout_s: float = 30.0) -> Any:
+async def _named_spawn(spawn: Callable[[], Any], name: str, timeout_s: float = 30.0) -> Any:
     """`spawn()`, waiting while Ray still holds the name for the dead actor it replaces (a detached run's
-    servers keep their names; Ray frees one a moment after the death)."""
+    servers keep their names; Ray frees one a moment after the death). A name still held after `timeout_s`
+    (a loaded head slow to mark a replacement that died while starting dead) is a failed start, `ServerDied`,
+    like the death itself: the restart tries again, and the run goes on with the other servers meanwhile."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         try:
             return spawn()
-        except ValueError as exc:
-            if "already taken" not in str(exc) or asyncio.get_running_loop().time() > deadline:
+        except ValueError as exc:  # ray's ActorAlreadyExistsError is one
+            if "already taken" not in str(exc):
                 raise
+            if asyncio.get_running_loop().time() > deadline:
+                raise ServerDied(f"rollout server {name}: Ray still holds its actor name after {timeout_s:.0f} s "
+                                 f"(the actor it replaces is not yet dead to Ray)") from exc
             await asyncio.sleep(0.1)
 
 
@@ -157,12 +162,15 @@ class Fleet:
             placement, bundle, pg_name = placement_of(i)
             for attempt in range(START_ATTEMPTS):
                 named = Detached(detached.server(name, i), pg_name, orphan_timeout_s) if detached else None
-                server = await _named_spawn(lambda: sa.spawn_server(cfg, model_path, dtype=dtype, seed=seed, index=i, placement=placement,
-                                                                    bundle=bundle, name=f"{name}-{i}", spec=spec, detached=named))
+                server = None
                 try:
+                    server = await _named_spawn(lambda: sa.spawn_server(cfg, model_path, dtype=dtype, seed=seed, index=i, placement=placement,
+                                                                        bundle=bundle, name=f"{name}-{i}", spec=spec, detached=named),
+                                                f"{name}-{i}")
                     return await server.ready()
                 except ServerDied:
-                    await server.close()
+                    if server is not None:
+                        await server.close()
                     if attempt == START_ATTEMPTS - 1:
                         raise
             raise AssertionError("unreachable")
