@@ -4,7 +4,7 @@ Job: forward the verbs to the actor through Ray, keep what the synchronous part 
 (`stats()`, `version`) answers from, and turn "the actor is gone or hung" into the router's
 `ServerDied` (a control verb unanswered within `rollout.health_timeout_s` is a hung server).
 Boundary: never builds or places an actor (server_actor.py's `spawn_server` does and returns one
-of these); no routing, no restart policy (fleet.py).
+of these); no routing, no restart policy (fleet_health.py).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ only the queue record (metadata and handles, msgpack bytes) comes back; weights 
 the actor's own `Receiver` on the weight plane (`join_weights`), so neither trajectory tensors
 nor weights ever cross Ray or the controller. (name, tensor) pairs through Ray's object store
 (`update_weights`) remain for small models in tests.
-Boundary: no routing, no restart policy (fleet.py), no engine logic (`asyncrl/engines/`),
+Boundary: no routing, no restart policy (fleet_health.py), no engine logic (`asyncrl/engines/`),
 no backend choice (`asyncrl/engines/backends.py` builds the server). This, remote_server.py and launch code are the only rollout modules that import ray.
 
     pg = make_placement(cfg, num_servers=2)

@@ -7,7 +7,7 @@ Its parts are named by the process they live in:
   its data plane and weight sender; the embedded default runs one in the controller's process;
 - rank actor (`actor.py`: `TrainerRankActor`, titled `ray::TrainerRankActor`): a rank in its own Ray process;
 - group (`actor.py`: `TrainerGroup`): the controller's handle to N rank actors, with a rank's blocking verbs.
-The controller runs the rank's or the group's verbs off its event loop, one at a time (`controller.AsyncTrainer`).
+The controller runs the rank's or the group's verbs off its event loop, one at a time (`calls.py`: `AsyncTrainer`).
 
 - `batch.py`: `TrainBatch`, the padded [B, T] tensors of one step (built from `Trajectory` records);
 - `plan.py`: `BatchPlan`, the handles of one step's rows, and how a rank reads its shard;

@@ -18,11 +18,11 @@ def test_cuda_ipc_publish_trainer_to_server_on_one_gpu(tiny_model):
     import ray
 
     from asyncrl.config import AlgorithmConfig, RolloutConfig, TrainerConfig
-    from asyncrl.controller import AsyncTrainer
     from asyncrl.engines.base import SamplingParams
     from asyncrl.rollout.fleet import FleetManager
     from asyncrl.rollout.fleet_build import Fleet
     from asyncrl.trainer.actor import TrainerGroup
+    from asyncrl.trainer.calls import AsyncTrainer
     from checkpoint_engine import WeightsConfig
     from transfer_queue import TransferQueueConfig
 

@@ -22,13 +22,13 @@ def test_probe_passes_a_clean_multi_bucket_load_and_stops_the_old_corruption(tin
     pytest.importorskip("vllm")
     import asyncrl.engines.vllm_worker_ext as ext
     from asyncrl.config import AlgorithmConfig, TrainerConfig
-    from asyncrl.controller import AsyncTrainer
     from asyncrl.rollout.fleet import FleetManager
     from asyncrl.rollout.fleet_build import Fleet
     from asyncrl.rollout.host import ServerHost
     from asyncrl.rollout.parity import ParityCheck, WeightParityError, vocab_bound
     from asyncrl.rollout.router import Router
     from asyncrl.engines.vllm_engine import VLLMRolloutServer
+    from asyncrl.trainer.calls import AsyncTrainer
     from asyncrl.trainer.engine import TrainerEngine
     from asyncrl.trainer.rank import TrainerRank
     from checkpoint_engine import WeightsConfig

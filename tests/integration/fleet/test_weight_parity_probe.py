@@ -17,13 +17,13 @@ import pytest
 import torch
 
 from asyncrl.config import AlgorithmConfig, TrainerConfig
-from asyncrl.controller import AsyncTrainer
 from asyncrl.rollout.fleet import FleetManager
 from asyncrl.rollout.fleet_build import Fleet
 from asyncrl.rollout.host import ServerHost
 from asyncrl.rollout.parity import ParityCheck, WeightParityError, vocab_bound
 from asyncrl.rollout.router import Router
 from asyncrl.engines.torch_engine import TorchRolloutServer
+from asyncrl.trainer.calls import AsyncTrainer
 from asyncrl.trainer.rank import TrainerRank
 from checkpoint_engine import WeightsConfig
 

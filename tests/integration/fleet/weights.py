@@ -7,7 +7,7 @@ from typing import Iterator
 
 import torch
 
-from asyncrl.controller import AsyncTrainer
+from asyncrl.trainer.calls import AsyncTrainer
 from asyncrl.trainer.rank import TrainerRank
 from checkpoint_engine import WeightsConfig
 

@@ -417,7 +417,7 @@ def test_a_server_slow_to_join_is_left_out_of_routing_not_waited_for():
     """`attach_weights` (after a trainer restart, a hung server among them) waits for the first server's
     join and `JOIN_GRACE_S` more: a server still joining then is taken out of routing and joins in the
     background, so the publish that follows does not wait on it; once it joins it is synced and routed."""
-    from asyncrl.rollout import fleet as fleet_mod
+    from asyncrl.rollout import fleet_weights
 
     class Joining(ScriptedServer):
         def __init__(self, name: str, gate: asyncio.Event | None) -> None:
@@ -438,7 +438,7 @@ def test_a_server_slow_to_join_is_left_out_of_routing_not_waited_for():
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         await manager.attach_weights(weights, cfg=None)
-        assert loop.time() - t0 < fleet_mod.JOIN_GRACE_S + 1.0
+        assert loop.time() - t0 < fleet_weights.JOIN_GRACE_S + 1.0
         assert manager.router.servers == [fast]
         await manager.publish(1)
         assert weights.calls == [("publish", 1, ["s0"])]
@@ -506,9 +506,9 @@ def test_a_server_that_cannot_be_brought_back_leaves_the_fleet_degraded_not_the_
     """Its replacement dies at every start (a node that kills what starts on it): after START_ATTEMPTS the
     run goes on with the servers it has, trying again with a back-off, and takes the server back when a
     start succeeds; with no server left, the same failures stop the run."""
-    from asyncrl.rollout import fleet as fleet_mod
+    from asyncrl.rollout import fleet_health
 
-    monkeypatch.setattr(fleet_mod, "RESTART_BACKOFF_S", 0.01)
+    monkeypatch.setattr(fleet_health, "RESTART_BACKOFF_S", 0.01)
 
     async def go():
         starts = []
