@@ -105,3 +105,25 @@ def test_an_engine_that_loads_in_place_stays_paused_after_a_failed_load():
     with pytest.raises(ValueError):
         asyncio.run(apply_update(server, _Update([("w", 1.0)]), "wait"))
     assert server.calls == [("pause", "wait")]
+
+
+class _Echo(_Plain):
+    """A backend a user adds: its module (this class, with `from_config`) ..."""
+
+    @classmethod
+    def from_config(cls, cfg, model_path, *, dtype, seed, index=0, log_dir=None) -> "_Echo":
+        server = cls()
+        server.built = (cfg.backend, model_path, dtype, seed + index)
+        return server
+
+
+def test_a_new_backend_is_its_module_plus_one_registry_line():
+    BACKENDS.add("echo", f"{__name__}:_Echo")  # ... plus this one line in engines/registry.py
+    try:
+        cfg = RolloutConfig(backend="echo")  # the config's check accepts the name now
+        server = build_server(cfg, "/models/m", dtype="bfloat16", seed=1, index=2)
+        assert isinstance(server, _Echo) and server.built == ("echo", "/models/m", "bfloat16", 3)
+    finally:
+        del BACKENDS._entries["echo"]
+    with pytest.raises(ValueError, match="rollout.backend"):
+        RolloutConfig(backend="echo")
