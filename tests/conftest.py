@@ -36,11 +36,14 @@ def tiny_model_b(tmp_path_factory: pytest.TempPathFactory) -> Path:
 HEAVY = (
     "tests/deploy/test_follow_cluster.py", "tests/deploy/test_two_node_ray.py", "tests/faults/test_live_faults.py",
     "tests/faults/test_trainer_restart.py", "tests/integration/fleet/", "tests/integration/test_chaos_quick.py",
-    "tests/integration/test_first_hour.py", "tests/integration/test_ray_pipeline.py", "tests/integration/test_resume_reattach.py",
-    "tests/integration/test_resume_redis.py", "tests/integration/test_scale_live.py", "tests/integration/trainer/test_actor.py",
+    "tests/integration/test_first_hour.py::test_the_gpu_recipe_runs_on_cpu", "tests/integration/test_ray_pipeline.py",
+    "tests/integration/test_resume_reattach.py", "tests/integration/test_resume_redis.py",
+    "tests/integration/test_scale_live.py::test_scale_a_ray_run", "tests/integration/trainer/test_actor.py",
 )
-"""Tests that run a Ray cluster or a whole multi-process run with faults: under `pytest -n 2` (`make test`)
-they run one after another on one worker, never two at once on this 2-core host."""
+"""Tests that run a Ray cluster or a whole multi-process run with faults (files, or single tests by node id
+prefix where the rest of the file is light): under `pytest -n 2` (`make test`) they run one after another
+on one worker, never two at once on this 2-core host. That worker's chain is the suite's wall time, so
+nothing lighter belongs in it."""
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -55,7 +58,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             config.option.loadscopereorder = False  # collection order: `tests/deploy/test_follow_cluster.py`, heavy, is first
 
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return "heavy" if path.startswith(HEAVY) else path
+            return "heavy" if nodeid.startswith(HEAVY) else nodeid.split("::", 1)[0]
 
     return HeavyApart(config, log)
