@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from asyncrl.admission import ModeRule, mode_rule
-from asyncrl.config.tree import MODES
 
+MODES = ("sync", "one_step_off", "fully_async")
 UPDATE_MODES = ("keep", "abort", "wait")
 STALENESS_LEVELS = ("group", "token")
 
