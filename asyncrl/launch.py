@@ -179,6 +179,9 @@ def init_ray(cfg: Config) -> None:
 
     ray.init(address=cfg.ray.address or None, num_cpus=num_cpus, resources=resources, include_dashboard=False, log_to_driver=False,
              namespace=NAMESPACE if cfg.ray.detached else None)
+    from asyncrl.hosts import on_node
+
+    on_node(ray.util.get_node_ip_address(), ray.util.get_node_ip_address())  # this process's listeners' `auto`
     token = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
     if os.path.isfile(token) and os.stat(token).st_uid == os.getuid():
         os.chmod(token, 0o600)  # Ray writes the token it generates for a local cluster world-readable
@@ -204,6 +207,35 @@ def check_resources(cfg: Config) -> None:
                 offered = sorted(k for k in have if not k.startswith("node:") and k not in ("CPU", "GPU", "memory", "object_store_memory"))
                 raise ConfigError(f"{key}.{name}: no node of the Ray cluster offers resource {name!r} (custom resources: {offered}); "
                                   f"start the nodes with `ray start --resources '{{\"{name}\": N}}'` (deploy/ray/start_cluster.sh --resources)")
+
+
+def may_land(cfg: Config) -> tuple[set[str], set[str]]:
+    """The hosts (node addresses) of the live Ray nodes that offer a trainer rank's bundle, and those that
+    offer a server's (of any fleet): where each role may land."""
+    import ray
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    t = cfg.trainer
+    rank = {"CPU": t.cpus_per_rank, **({"GPU": t.gpus_per_rank} if t.device == "cuda" else {}), **t.ray_resources}
+    server = [{"CPU": c.cpus_per_server, **({"GPU": c.gpus_per_worker} if cfg.rollout.gpu_bundles else {}), **c.ray_resources}
+              for c in _fleets(cfg.rollout)]
+
+    def offering(need: dict[str, float]) -> set[str]:
+        return {n["NodeManagerAddress"] for n in nodes if all(n["Resources"].get(k, 0.0) >= v for k, v in need.items())}
+
+    return offering(rank), set().union(*(offering(s) for s in server))
+
+
+def check_hosts(cfg: Config) -> None:
+    """A placement the planes cannot serve (a plane that does not cross hosts, a loopback listener) on
+    every host the roles may land on: a config error naming the key, before anything starts
+    (`asyncrl.hosts.check_placement`; asked again with where they landed, `spawn`)."""
+    import ray
+
+    from asyncrl.hosts import check_placement
+
+    trainer, servers = may_land(cfg)
+    check_placement(cfg, trainer, servers, ray.util.get_node_ip_address(), may=True)
 
 
 def check_gpus(cfg: Config) -> None:
@@ -296,6 +328,26 @@ def local_fleets(cfg: Config, model_path: str, spec: HostSpec, tokenizer: Any, s
     return spawn
 
 
+async def ray_fleets(cfg: Config, model_path: str, spec: HostSpec, trainer: Callable[[], Any]) -> Any:
+    """The run's fleets as Ray actors in their placement groups (`FleetManager.spawn`), once they run
+    checked against where the trainer ranks run (`asyncrl.hosts.check_placement`): a placement the planes
+    cannot serve stops the run with the key to change before the first publish."""
+    import ray
+
+    from asyncrl.hosts import check_placement
+    from asyncrl.rollout.fleet import FleetManager
+
+    manager = await FleetManager.spawn(cfg.rollout, model_path, dtype=cfg.model.dtype, seed=cfg.seed, spec=dataclasses.asdict(spec),
+                                       detached=detached_names(cfg), orphan_timeout_s=cfg.ray.orphan_timeout_s)
+    try:
+        check_placement(cfg, set(getattr(trainer(), "nodes", [])), {s.node for s in manager.servers if getattr(s, "node", "")},
+                        ray.util.get_node_ip_address())
+    except ConfigError:
+        await manager.close()
+        raise
+    return manager
+
+
 def share_run_secret(cfg: Config) -> None:
     """One secret per run on every socket the planes open (queue controller, storage units, weight
     senders): `queue.secret` or `weights.secret` if set (either names it for both), else
@@ -320,6 +372,7 @@ def build(cfg: Config, run_dir: Any = None) -> Components:
         init_ray(cfg)
         check_gpus(cfg)
         check_resources(cfg)
+        check_hosts(cfg)
         kept = take_back(cfg) if cfg.ray.detached and cfg.resume else None
     model_path = resolve_model_path(cfg)
     tok = load_tokenizer(model_path)  # an unreadable tokenizer: a ConfigError naming model.path
@@ -334,12 +387,7 @@ def build(cfg: Config, run_dir: Any = None) -> Components:
     make_agent(spec.agent, spec.reward, encode, decode, sampling, tokenizer=tok)  # a bad agent key or template fails here, before anything starts
     storage = make_storage(cfg.queue)
     if cfg.ray.enabled:  # servers are Ray actors in placement groups, started inside the event loop
-        from asyncrl.rollout.fleet import FleetManager
-
-        names = detached_names(cfg)
-        spawn: Callable[[], Awaitable[Any]] = lambda: FleetManager.spawn(r, model_path, dtype=cfg.model.dtype, seed=cfg.seed,
-                                                                         spec=dataclasses.asdict(spec), detached=names,
-                                                                         orphan_timeout_s=cfg.ray.orphan_timeout_s)
+        spawn: Callable[[], Awaitable[Any]] = lambda: ray_fleets(cfg, model_path, spec, lambda: parts.trainer)
     else:
         check_gpus(cfg)
         spawn = local_fleets(cfg, model_path, spec, tok, storage)
@@ -348,7 +396,7 @@ def build(cfg: Config, run_dir: Any = None) -> Components:
         for p in task.eval.prompts
     ]
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    return Components(
+    parts = Components(
         model_path=model_path,
         tokenizer=tok,
         task=task,
@@ -361,3 +409,4 @@ def build(cfg: Config, run_dir: Any = None) -> Components:
         spawn=spawn,
         sweep=cfg.queue.metadata == "memory",
     )
+    return parts

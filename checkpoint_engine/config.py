@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from plane_common.net import check_spec
+
 BACKENDS = ("local", "shm", "gloo", "nccl", "nixl", "cuda_ipc")
+CROSSING_BACKENDS = ("gloo", "nccl", "nixl")
+"""The backends whose bytes reach a receiver on another host; `local` stays in one process, `shm` and
+`cuda_ipc` in one host (its /dev/shm, its GPUs)."""
 
 
 @dataclass
@@ -43,9 +48,12 @@ class WeightsConfig:
     nccl) cannot leave a member out of a broadcast in flight: there it applies to the acks only."""
 
     host: str = "127.0.0.1"
-    """Address the sender binds its control socket, the gloo/nccl TCP store and its gloo pair
-    listener to (never every interface); receivers' gloo listeners bind the local address that
-    routes to it."""
+    """Where a sender (a trainer rank, or a server that hands its weights to a joiner) binds its control
+    socket, the gloo/nccl TCP store and its gloo pair listener, resolved in that sender's own process
+    (`plane_common.net`): an address (`127.0.0.1`: one host), `auto` (each process its node's address, what
+    a run over several hosts wants), `iface:NAME` (that interface's address) or a CIDR (this host's address
+    inside it); never every interface. Receivers reach a sender at the address it bound (its endpoint), and
+    their gloo listeners bind the local address that routes to it."""
 
     port: int = 0
     """Control socket port (ZeroMQ ROUTER); 0 picks a free port (read `Sender.endpoint`)."""
@@ -108,8 +116,7 @@ class WeightsConfig:
                 raise ValueError(f"weights.{key} must be in [0, 65535], got {value}")
         if not 4096 <= self.max_message_bytes < (1 << 31):
             raise ValueError(f"weights.max_message_bytes must be in [4096, 2**31), got {self.max_message_bytes}")
-        if not self.host:
-            raise ValueError("weights.host must be a non-empty address")
+        check_spec(self.host, "weights.host")
         if not 1 <= self.max_connections <= 65536:
             raise ValueError(f"weights.max_connections must be in [1, 65536], got {self.max_connections}")
         if not isinstance(self.secret, str):
@@ -124,6 +131,11 @@ class WeightsConfig:
             raise ValueError(f"weights.device must be cuda[:N] with backend {self.backend}, got {self.device!r}")
         if self.backend in ("local", "shm", "gloo") and self.device != "cpu":
             raise ValueError(f"weights.device must be cpu with backend {self.backend}, got {self.device!r}")
+
+    @property
+    def crosses_hosts(self) -> bool:
+        """Whether the backend reaches receivers on other hosts than the sender's."""
+        return self.backend in CROSSING_BACKENDS
 
     @property
     def bucket_bytes(self) -> int:

@@ -45,7 +45,7 @@ from checkpoint_engine.buckets import TensorAssembler, crc32
 from checkpoint_engine.config import WeightsConfig
 from checkpoint_engine.wire import (MAX_REASON, Abort, Ack, Begin, Bucket, End, Group, Join, Malformed, Nack, Pong, Probe,
                                     decode, encode)
-from plane_common import curve
+from plane_common import curve, net
 
 READY = -1
 GROUP = -2
@@ -80,7 +80,7 @@ class Receiver:
         curve.client(self._sock, config.secret, config.max_message_bytes)
         self.malformed = 0
         """Frames from the sender's socket that were not a valid record (dropped)."""
-        self._sock.connect(endpoint or f"tcp://{config.host}:{config.port}")
+        self._sock.connect(endpoint or net.endpoint(net.resolve(config.host, "weights.host"), config.port))
         self._send(self._join())
         self._inbox: deque = deque()
         """Messages read ahead while looking for an Abort (see `_evicted`)."""

@@ -50,6 +50,7 @@ is sent the update's `Begin` (the new process takes part), a later one evicts th
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import secrets
 import threading
@@ -65,6 +66,7 @@ from checkpoint_engine.config import WeightsConfig
 from checkpoint_engine.control import SenderSocket
 from checkpoint_engine.membership import DISCONNECTED, STRAGGLER, TIMEOUT, Membership, UpdateOutcome
 from checkpoint_engine.wire import Abort, Ack, Begin, Bucket, BucketMeta, End, Group, Join, Nack, Pong, Probe
+from plane_common.net import endpoint, resolve
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
 READY = -1
@@ -88,11 +90,12 @@ class Sender:
     """
 
     def __init__(self, config: WeightsConfig, state_fn: Callable[[], NamedTensors] | None = None):
-        self.config = config
+        self.config = dataclasses.replace(config, host=resolve(config.host, "weights.host"))
+        """`config` with `host` resolved on this process's host: what its listeners bind and advertise."""
         self.state_fn = state_fn
         self.membership = Membership()
-        self.transport = make_sender_transport(config)
-        self._ctl = SenderSocket(config)
+        self.transport = make_sender_transport(self.config)
+        self._ctl = SenderSocket(self.config)
         self.port = self._ctl.port
         self._update_id = 0
         self._epoch = 0
@@ -116,8 +119,8 @@ class Sender:
 
     @property
     def endpoint(self) -> str:
-        """ZeroMQ address receivers connect to."""
-        return f"tcp://{self.config.host}:{self.port}"
+        """ZeroMQ address receivers connect to: the address the control socket bound (never a wildcard)."""
+        return endpoint(self.config.host, self.port)
 
     # ---- control plane -------------------------------------------------------------
     def _send(self, rid: str, msg) -> bool:

@@ -9,8 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from plane_common.net import check_spec
+
 METADATA_BACKENDS = ("memory", "redis")
 STORAGE_PLANES = ("local", "shm", "zmq", "nixl")
+CROSSING_PLANES = ("zmq", "nixl")
+"""The planes whose tensors a consumer on another host than the producer's can read; `local` stays in
+one process, `shm` in one host (its /dev/shm)."""
 
 
 @dataclass
@@ -44,7 +49,10 @@ class TransferQueueConfig:
     controller lives in this process (memory backend only)."""
 
     bind_host: str = "127.0.0.1"
-    """Interface every endpoint of this package binds to."""
+    """Where every listener of this package (a `zmq` storage unit, an arena's free endpoint, the controller
+    service) binds, resolved in the listener's own process (`plane_common.net`): an address (`127.0.0.1`: one
+    host), `auto` (each process its node's address: a run over several hosts), `iface:NAME` or a CIDR (this
+    host's address inside it); never every interface. Handles and addresses carry the address bound."""
 
     redis_url: str = "redis://127.0.0.1:6379/0"
     """Redis server of the `redis` backend."""
@@ -110,6 +118,11 @@ class TransferQueueConfig:
     instead of in the data plane (no segment, round trip or registration for tiny fields);
     0 sends every tensor through the plane, so metadata holders never receive tensor bytes."""
 
+    @property
+    def crosses_hosts(self) -> bool:
+        """Whether the storage plane serves consumers on other hosts than the producer's."""
+        return self.storage in CROSSING_PLANES
+
     def __post_init__(self) -> None:
         if self.metadata not in METADATA_BACKENDS:
             raise ValueError(f"queue.metadata={self.metadata!r}: expected one of {METADATA_BACKENDS}")
@@ -131,6 +144,7 @@ class TransferQueueConfig:
             raise ValueError("queue.storage='local' keeps tensors in one process; use shm, zmq or nixl with queue.controller_address")
         if not self.run_id or ":" in self.run_id:
             raise ValueError(f"queue.run_id={self.run_id!r}: must be non-empty without ':'")
+        check_spec(self.bind_host, "queue.bind_host")
         if self.shm_arena_bytes < 0:
             raise ValueError(f"queue.shm_arena_bytes={self.shm_arena_bytes}: must be >= 0 (0: a file per tensor)")
         if self.nixl_arena_bytes < 1 << 20:

@@ -52,6 +52,7 @@ import msgspec
 import zmq
 
 from plane_common import curve
+from plane_common.net import endpoint, resolve
 from transfer_queue import auth
 from transfer_queue.codec import WireError, decode, pack
 from transfer_queue.config import TransferQueueConfig
@@ -96,8 +97,9 @@ class ControllerService:
         self._ctx = zmq.Context()
         self.gate = auth.Gate(self._ctx, config.secret, config.max_connections)
         self._sock = self.gate.server(self._ctx.socket(zmq.ROUTER), config.max_frame_bytes)
-        port = self.gate.bind(self._sock, config.bind_host, port)
-        self.address = f"tcp://{config.bind_host}:{port}"
+        host = resolve(config.bind_host, "queue.bind_host")
+        port = self.gate.bind(self._sock, host, port)
+        self.address = endpoint(host, port)
         self._inproc = f"inproc://tq-replies-{id(self)}"
         self._replies = self._ctx.socket(zmq.PULL)
         self._replies.bind(self._inproc)

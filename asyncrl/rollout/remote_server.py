@@ -26,10 +26,13 @@ def startup_split(asked: float, times: dict[str, float], now: float) -> dict[str
     request to its process: Ray placing it and starting a worker; 0 when a worker Ray had started before
     took it), `imports_s` (that process up to the actor body: the interpreter, Ray's worker, the
     modules), `build_s` (the engine and its host: the model loaded), `total_s` (the request to ready,
-    as the controller saw it). Same-host clocks; across hosts the first two carry the clocks' skew."""
-    process = max(times.get("process_at") or asked, asked)
-    init = max(times.get("init_at", process), process)
-    built = max(times.get("built_at", now), init)
+    as the controller saw it). The actor's times are moved onto this clock by the offset its reply shows
+    (`reply_at`, the actor's time as it answered, against `now`): hosts whose clocks disagree split alike."""
+    skew = now - times["reply_at"] if "reply_at" in times else 0.0
+    at = {k: v + skew for k, v in times.items() if v}
+    process = max(at.get("process_at") or asked, asked)
+    init = max(at.get("init_at", process), process)
+    built = min(max(at.get("built_at", now), init), now)
     return {"queued_s": round(process - asked, 3), "imports_s": round(init - process, 3),
             "build_s": round(built - init, 3), "total_s": round(now - asked, 3)}
 
@@ -84,6 +87,11 @@ class RemoteServer(RolloutServer):
             self._dead = True
             raise ServerDied(f"rollout server {self.name} died during {verb}: {type(exc).__name__}") from exc
 
+    @property
+    def node(self) -> str:
+        """The node address the actor runs on ('' before `ready`)."""
+        return self._node
+
     async def probe(self) -> None:
         """Raise `ServerDied` if the actor is dead or does not answer within `control_timeout_s`; else
         keep its stats and the handles of its running samples' snapshots (written by this very call)."""
@@ -97,6 +105,8 @@ class RemoteServer(RolloutServer):
         """Wait until the engine is built (model loaded); `startup` then splits the wait."""
         version, self._pid, self._node, times = await self._call("start")
         self._stats = dataclasses.replace(self._stats, version=version)
+        self.ifname = str(times.pop("ifname", ""))
+        """The interface the actor's gloo / NCCL sockets use (`asyncrl.hosts.on_node`)."""
         self.startup = startup_split(self._made_at, times, time.time())
         return self
 

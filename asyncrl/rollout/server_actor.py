@@ -36,6 +36,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from asyncrl.config import CostModelConfig, RolloutConfig
+from asyncrl.hosts import on_node
 from asyncrl.orphan import NAMESPACE, Detached, DetachedNames, OrphanWatch, watched
 from asyncrl.engines.backends import build_server
 from asyncrl.engines.base import PauseMode, RolloutServer, ServerStats
@@ -69,6 +70,8 @@ class ServerActor:
                  name: str = "", spec: dict[str, Any] | None = None, detached: dict[str, Any] | None = None) -> None:
         self._times = {"init_at": time.time(), "process_at": _process_started()}
         """Wall times of this process's start, this body's construction and the engine's build (`start`)."""
+        self.sockets = on_node(ray.util.get_node_ip_address(), ray.get_runtime_context().gcs_address.rsplit(":", 1)[0])
+        """`GLOO_SOCKET_IFNAME` / `NCCL_SOCKET_IFNAME` in force here (`asyncrl/hosts.py`)."""
         cfg = dict(cfg, cost_model=CostModelConfig(**cfg["cost_model"]))
         self._args = (RolloutConfig(**cfg), model_path, dtype, seed, index)
         self.name, self.spec = name or f"server-{index}", spec
@@ -88,13 +91,14 @@ class ServerActor:
         """Build the engine on the actor's event loop (vLLM's AsyncLLM wants one), once (a second call
         waits for the first); returns its version, this process's pid and node address (what lets the
         driver kill a hung one at once), and the wall times of its start-up (`process_at`, `init_at`,
-        `built_at`: what `RemoteServer.startup` splits a start's seconds by)."""
+        `built_at`: what `RemoteServer.startup` splits a start's seconds by) with the interface its
+        sockets use (`ifname`)."""
         if self._built is None:
             self._built = asyncio.ensure_future(self._build())
         await asyncio.shield(self._built)
         import os
 
-        return self.server.version, os.getpid(), ray.util.get_node_ip_address(), dict(self._times)
+        return self.server.version, os.getpid(), ray.util.get_node_ip_address(), dict(self._times, reply_at=time.time(), ifname=self.sockets)
 
     async def _build(self) -> None:
         cfg, model_path, dtype, seed, index = self._args

@@ -36,6 +36,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from asyncrl.config import AlgorithmConfig, TrainerConfig
+from asyncrl.hosts import on_node
 from asyncrl.orphan import NAMESPACE, Detached, DetachedNames, OrphanWatch, watched, while_name_taken
 from asyncrl.trainer.plan import BatchPlan
 from asyncrl.trainer.rank import TrainerDied, merge_outcomes
@@ -55,6 +56,8 @@ class TrainerRankActor:
 
     def __init__(self, rank: int, world_size: int, detached: dict[str, Any] | None = None) -> None:
         self.rank, self.world_size = rank, world_size
+        self.node = ray.util.get_node_ip_address()
+        self.sockets = ""
         self.trainer: Any = None
         self._secret = ""
         self.watch: OrphanWatch | None = None
@@ -77,6 +80,7 @@ class TrainerRankActor:
         )  # fmt: skip
         if pg_key:  # every rank gets the same one from the group (without: torch's env:// rendezvous)
             os.environ[PG_KEY_ENV] = pg_key
+        self.sockets = on_node(self.node, master_addr)  # gloo / NCCL sockets on the interface that reaches rank 0
         from checkpoint_engine import WeightsConfig
         from transfer_queue import TransferQueueConfig, make_storage
 
@@ -90,7 +94,8 @@ class TrainerRankActor:
 
     def info(self) -> dict[str, Any]:
         """What a controller needs of a rank it did not set up (a detached run taken back): step, endpoint."""
-        return {"step": self.trainer.engine.step, "endpoint": self.trainer.endpoint, "published": self.trainer.published}
+        return {"step": self.trainer.engine.step, "endpoint": self.trainer.endpoint, "published": self.trainer.published,
+                "node": self.node, "ifname": self.sockets}
 
     def secret(self) -> str:
         """The run's secret, for a controller that takes the run back (`ray.detached`): whoever can call
@@ -195,6 +200,10 @@ class TrainerGroup:
         self.published: int = max(i["published"] for i in infos)
         """The last version the ranks' senders published (-1 for a new group; a taken-back one's may be
         its checkpoint's: the next publish must exceed it)."""
+        self.nodes: list[str] = [i["node"] for i in infos]
+        """Each rank's node address, in rank order."""
+        where = ", ".join(f"rank {r} on {i['node']} ({i['ifname'] or 'no interface found'})" for r, i in enumerate(infos))
+        print(f"asyncrl: trainer {where}", flush=True)
 
     @classmethod
     def attach(cls, ranks: list[Any], placement: Any, orphan_timeout_s: float) -> "TrainerGroup":

@@ -6,11 +6,12 @@ trainer's own default group and can be rebuilt at will: each membership *epoch* 
 its own store prefix. The sender is rank 0 and the broadcast root. With `nccl` the slots
 and the receive buffers live on `config.device`; the code path is otherwise identical.
 
-Listeners bind `config.host` only: the store's socket is bound here and handed to the TCPStore
-(`master_listen_fd`; TCPStore itself would listen on every interface), and gloo's pair
-listener binds `config.host` on the sender and, on a receiver, the local address that routes
-to it. NCCL's own bootstrap listener follows `NCCL_SOCKET_IFNAME` (process-wide, read once by
-NCCL; not set here).
+Listeners bind `config.host` only (the sender's, resolved on its host: `Sender`): the store's socket is
+bound here and handed to the TCPStore (`master_listen_fd`; TCPStore itself would listen on every
+interface), and gloo's pair listener binds `config.host` on the sender and, on a receiver, the local
+address that routes to it (`plane_common.net.route_to`), so members on several hosts reach each other.
+NCCL's own bootstrap listener follows `NCCL_SOCKET_IFNAME` (process-wide, read once by NCCL): asyncrl's
+server and trainer processes set it to the interface that reaches their peer (`plane_common.net.socket_env`).
 
 The store has no authentication of its own (anyone who reaches its port may set and get keys),
 so every key the groups use lives under a random prefix of the sender's (`key`, 128 bits), handed
@@ -53,6 +54,7 @@ import torch.distributed as dist
 from checkpoint_engine.backends.base import ReceiverTransport, SenderTransport, resolve_device, sync_stream
 from checkpoint_engine.config import WeightsConfig
 from checkpoint_engine.wire import BucketMeta
+from plane_common.net import route_to
 
 
 def _listen(host: str, port: int) -> tuple[int, int]:
@@ -68,14 +70,6 @@ def _listen(host: str, port: int) -> tuple[int, int]:
         raise OSError(f"weights.host / weights.store_port: cannot listen on {host}:{port}: {e}") from e
     bound = sock.getsockname()[1]
     return sock.detach(), bound
-
-
-def local_address(peer: str) -> str:
-    """The local address this host uses to reach `peer` (no packet is sent)."""
-    family = socket.AF_INET6 if ":" in peer else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as s:
-        s.connect((peer, 9))
-        return s.getsockname()[0]
 
 
 def _watchdog_s(timeout_s: float) -> float:
@@ -239,7 +233,7 @@ class CollectiveReceiverTransport(ReceiverTransport):
         abort_group(self.pg)
         self.pg = None
         self.pg = _new_group(self.config, self.device, self.store, epoch, rank, world_size,
-                             local_address(self.addr[0]), self.key)
+                             route_to(self.addr[0]) or self.addr[0], self.key)
 
     def recv(self, meta: BucketMeta) -> torch.Tensor:
         assert self.pg is not None, "form_group before recv"

@@ -27,6 +27,7 @@ import numpy as np
 import zmq
 
 from plane_common import curve
+from plane_common.net import endpoint
 from plane_common.strict_msgpack import decoder
 from transfer_queue import auth
 from transfer_queue.codec import WireError, decode, pack
@@ -107,7 +108,7 @@ class FreeEndpoint:
         self._ctx = zmq.Context()
         self.gate = auth.Gate(self._ctx, secret, max_connections)
         sock = self.gate.server(self._ctx.socket(zmq.PULL), max_frame_bytes)
-        self.address = f"tcp://{bind_host}:{self.gate.bind(sock, bind_host)}"
+        self.address = endpoint(bind_host, self.gate.bind(sock, bind_host))
         self.rejected = 0
         self._release = release
         self._stop = threading.Event()

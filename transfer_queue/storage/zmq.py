@@ -36,6 +36,7 @@ import numpy as np
 import zmq
 
 from plane_common import curve
+from plane_common.net import endpoint
 from plane_common.strict_msgpack import decoder
 from transfer_queue import auth
 from transfer_queue.codec import WireError, decode, from_buffer, pack
@@ -91,7 +92,7 @@ class ZmqStorageUnit:
         self.max_tensor_bytes = min(max_tensor_bytes, max_frame_bytes)
         """Bytes of one key (all its parts) at most."""
         port = self.gate.bind(self._sock, bind_host, port)
-        self.address = f"tcp://{bind_host}:{port}"
+        self.address = endpoint(bind_host, port)
         self.max_message_bytes = max_message_bytes
         self._frames: dict[str, list[zmq.Frame]] = {}
         self._key = os.urandom(32)
