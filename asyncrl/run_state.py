@@ -86,6 +86,10 @@ class RunState:
     """`weights.parity_tol` as applied (None: the probe is off)."""
     lengths: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: MappingProxyType({}))
     """Response lengths by fate (`asyncrl.lengths.LengthBias.summary`): trained, dropped_stale, ..."""
+    data_plane: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    """The back-pressure of the controller's data plane (`StoragePlane.backpressure`): its arena's waits
+    (the embedded default's servers write there) and `undelivered_frees`, the frees it sent that a
+    producer did not get (rows {endpoint, producer, frees})."""
 
 
 class RunSource(Protocol):
@@ -100,7 +104,7 @@ class RunSource(Protocol):
 
     async def fleet_stats(self) -> dict[str, dict[str, Any]]:
         """Per fleet: its servers (name, version, in_flight, tokens_per_s, generated_tokens,
-        healthy, paused) and totals (healthy, in_flight, tokens_per_s)."""
+        healthy, paused, arena_waits, arena_wait_s, arena_waiting) and totals (healthy, in_flight, tokens_per_s)."""
         ...
 
 
@@ -112,6 +116,12 @@ def _frozen(m: Mapping[Any, Any]) -> Mapping[Any, int]:
 def _frozen_text(m: Mapping[str, Any]) -> Mapping[str, str]:
     """A read-only copy of a name -> reason mapping."""
     return MappingProxyType({str(k): str(v) for k, v in m.items()})
+
+
+def _frozen_plane(bp: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A read-only copy of a plane's `backpressure()`."""
+    rows = tuple(MappingProxyType(dict(r)) for r in bp.get("undelivered_frees", ()))
+    return MappingProxyType({**bp, "undelivered_frees": rows})
 
 
 class PipelineSource:
@@ -139,6 +149,7 @@ class PipelineSource:
             parity_max_abs=p.parity.max_gap() if p.parity is not None and p.parity.gaps else None,
             parity_tol=p.parity.tol if p.parity is not None else None,
             lengths=MappingProxyType({k: MappingProxyType(v) for k, v in p.lengths.summary().items()}),
+            data_plane=_frozen_plane(p.queue.storage.backpressure()),
         )
 
     async def queue_stats(self) -> QueueStats:
@@ -157,9 +168,11 @@ class PipelineSource:
             rows.append({
                 "name": getattr(srv, "name", f"server-{i}"), "version": st.version, "in_flight": st.in_flight,
                 "tokens_per_s": round(st.tokens_per_s, 3), "generated_tokens": st.generated_tokens,
-                "healthy": bool(st.healthy), "paused": bool(st.paused),
+                "healthy": bool(st.healthy), "paused": bool(st.paused), "arena_waits": st.arena_waits,
+                "arena_wait_s": round(st.arena_wait_s, 3), "arena_waiting": st.arena_waiting,
             })
         return {"default": {
             "servers": rows, "healthy": sum(r["healthy"] for r in rows),
             "in_flight": sum(r["in_flight"] for r in rows), "tokens_per_s": round(sum(r["tokens_per_s"] for r in rows), 3),
+            "arena_waiting": sum(r["arena_waiting"] for r in rows),
         }}

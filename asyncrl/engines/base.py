@@ -112,6 +112,13 @@ class ServerStats:
     tokens_per_s: float
     """Recent generation throughput."""
     healthy: bool = True
+    arena_waits: int = 0
+    """Writes of finished samples that found this server's data-plane arena full and waited for frees
+    (back-pressure: `StoragePlane.backpressure`; 0 where the plane has no arena). Its host fills these three."""
+    arena_wait_s: float = 0.0
+    """Seconds those writes waited, the waits in progress included."""
+    arena_waiting: int = 0
+    """Writes waiting for arena space now."""
 
 
 class RolloutServer(abc.ABC):

@@ -27,6 +27,12 @@ HELP = {
     "server_version": "version a server serves", "server_in_flight": "requests in flight on a server",
     "server_tokens_per_s": "tokens per second of a server", "server_healthy": "1 when a server answers its health probe",
     "weights_parity_max_abs": "max-abs log-prob gap between a server and the trainer on the weight-parity probe",
+    "server_arena_waits": "writes of a server's samples that found its data-plane arena full and waited",
+    "server_arena_wait_s": "seconds those writes waited", "server_arena_waiting": "writes waiting for arena space now",
+    "data_plane_arena_waits": "writes that found the controller's data-plane arena full and waited",
+    "data_plane_arena_wait_s": "seconds those writes waited",
+    "data_plane_arena_waiting": "writes waiting for the controller's arena now",
+    "undelivered_frees": "frees the controller sent that a producer's free endpoint did not get",
 }
 
 
@@ -77,8 +83,17 @@ def gauges(snap: dict[str, Any]) -> list[GaugeMetricFamily]:
         for s in f["servers"]:
             for key in ("version", "in_flight", "tokens_per_s", "healthy"):
                 g.add(f"server_{key}", s[key], fleet=fleet, server=s["name"])
+            for key in ("arena_waits", "arena_wait_s", "arena_waiting"):
+                if key in s:  # snapshots of older runs do not have them
+                    g.add(f"server_{key}", s[key], fleet=fleet, server=s["name"])
             if s.get("parity_max_abs") is not None:
                 g.add("weights_parity_max_abs", s["parity_max_abs"], fleet=fleet, server=s["name"])
+    dp = snap.get("data_plane", {})
+    for key in ("arena_waits", "arena_wait_s", "arena_waiting"):
+        if key in dp:
+            g.add(f"data_plane_{key}", dp[key])
+    for r in dp.get("undelivered_frees", []):
+        g.add("undelivered_frees", r["frees"], endpoint=r["endpoint"], producer=r["producer"])
     for k, v in snap["liveness"]["component_age_s"].items():
         g.add("heartbeat_age_s", v, component=k)
     return list(g.families.values())

@@ -1,9 +1,9 @@
 """One status snapshot of a running pipeline: the JSON that `asyncrl status` shows.
 
 Job: read the run's own accounting at one moment through its `RunSource`
-(`asyncrl/run_state.py`: the typed `RunState` the controller publishes, the queue's
-`stats()`, the fleets' stats) and lay it out in the stable schema documented in
-docs/status.md (`SCHEMA_VERSION`). The snapshot embeds the
+(`asyncrl/run_state.py`: the typed `RunState` the controller publishes, its data plane's
+back-pressure included, the queue's `stats()`, the fleets' stats) and lay it out in the
+stable schema documented in docs/status.md (`SCHEMA_VERSION`). The snapshot embeds the
 `QueueStats` it read (`queue.stats`), so every queue figure can be checked against the
 queue's own numbers at the same instant.
 
@@ -138,6 +138,7 @@ class SnapshotBuilder:
             "drops": {k: int(v) for k, v in sorted(s.drops.items())},
             "lengths": {k: dict(v) for k, v in s.lengths.items()},
             "fleets": servers,
+            "data_plane": data_plane(s.data_plane),
             "rates": {
                 "produced_per_s": round(float(stats.rates.get("put_per_s", 0.0)), 4),
                 "consumed_per_s": round((s.trained_samples - self._base[0]) / span, 4),
@@ -146,6 +147,14 @@ class SnapshotBuilder:
             },
             "heartbeats": dict(self._beats),
         }
+
+
+def data_plane(bp: Mapping[str, Any]) -> dict[str, Any]:
+    """The controller's data-plane back-pressure as JSON: its arena's waits and the frees it could not deliver."""
+    return {"arena_waits": int(bp.get("arena_waits", 0)), "arena_wait_s": round(float(bp.get("arena_wait_s", 0.0)), 3),
+            "arena_waiting": int(bp.get("arena_waiting", 0)),
+            "undelivered_frees": [{"endpoint": str(r["endpoint"]), "producer": str(r["producer"]), "frees": int(r["frees"])}
+                                  for r in bp.get("undelivered_frees", ())]}
 
 
 def lifecycle_snapshot(record: dict[str, Any], run_dir: str, last: dict[str, Any] | None) -> dict[str, Any]:

@@ -2,8 +2,9 @@
 
 Job: lay out the snapshot of `snapshot.py` (plus the `liveness` that `command.py` adds)
 with the same words as the JSON keys: queue_depth by state, staleness histograms, per
-fleet / per server version, in_flight, tokens/s and health, trainer step and version,
-last publish, drops by cause, rates, idle ratios and heartbeat ages. Boundary: display
+fleet / per server version, in_flight, tokens/s, arena_waits and health, trainer step and version,
+last publish, the data plane's back-pressure (arena_waits, undelivered_frees), drops by cause,
+rates, idle ratios and heartbeat ages. Boundary: display
 only; it computes nothing that is not in the snapshot except ages relative to now.
 """
 
@@ -85,14 +86,17 @@ def render(snap: dict[str, Any], now: float | None = None) -> Group:
     t.add_row("trained (all)", _hist(st["trained"]))
     parts.append(t)
 
-    t = _table("rollout fleets", "fleet", "server", "version", "in_flight", "tokens/s", "parity", "health")
+    t = _table("rollout fleets", "fleet", "server", "version", "in_flight", "tokens/s", "parity", "arena_waits", "health")
     for name, fleet in snap["fleets"].items():
         for s in fleet["servers"]:
             health = ("healthy" if s["healthy"] else "UNHEALTHY") + (" paused" if s.get("paused") else "")
             gap = s.get("parity_max_abs")
             parity = "-" if gap is None else f"{gap:.2g} @v{s.get('parity_version')}"
-            t.add_row(name, str(s["name"]), str(s["version"]), str(s["in_flight"]), f"{s['tokens_per_s']:.1f}", parity, health)
+            t.add_row(name, str(s["name"]), str(s["version"]), str(s["in_flight"]), f"{s['tokens_per_s']:.1f}", parity,
+                      _arena(s), health)
     parts.append(t)
+    if "data_plane" in snap:
+        parts.append(_data_plane(snap["data_plane"]))
 
     changes = [(name, f) for name, f in snap["fleets"].items() if f.get("events") or len(f.get("history", [])) > 1 or f.get("autoscale")]
     if changes:  # an elastic run: its size over time, and what changed it
@@ -128,6 +132,25 @@ def render(snap: dict[str, Any], now: float | None = None) -> Group:
     if snap.get("error") and snap.get("state") != "interrupted":  # an interrupted run's line is the head's detail
         parts.append(Text(f"error: {snap['error']}", style="red"))
     return Group(*parts)
+
+
+def _arena(row: dict[str, Any]) -> str:
+    """A data plane's arena waits: `-` (none, or not reported), else `3 (1.2 s)`, `WAITING` while one waits now."""
+    waits, waiting = row.get("arena_waits", 0), row.get("arena_waiting", 0)
+    if not waits:
+        return "-"
+    return f"{waits} ({row.get('arena_wait_s', 0.0):.1f} s)" + (f" {waiting} WAITING" if waiting else "")
+
+
+def _data_plane(dp: dict[str, Any]) -> Text:
+    """The controller's data plane: its arena's waits and, in red, the producers its frees do not reach."""
+    out = Text.assemble(("data plane ", "bold"), f"(controller) arena_waits {_arena(dp)}; undelivered_frees ")
+    rows = dp.get("undelivered_frees", [])
+    if not rows:
+        out.append("none")
+    for i, r in enumerate(rows):
+        out.append(("; " if i else "") + f"{r['endpoint']} ({r['producer'] or 'producer unknown'}) {r['frees']}", style="red")
+    return out
 
 
 def _parity(gap: float | None, tol: float | None) -> str:

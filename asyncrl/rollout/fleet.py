@@ -97,7 +97,7 @@ class FleetManager(FleetWeights, FleetMembership, FleetHealth):
         return self.changes.take()
 
     async def stats(self) -> dict[str, Any]:
-        """Per fleet and per server: health, in-flight, version, tokens/s; plus totals. An observer's
+        """Per fleet and per server: health, in-flight, version, tokens/s, data-plane arena waits; plus totals. An observer's
         verb: it never raises the manager's error (the health loop, `watch`, does)."""
         fleets: dict[str, Any] = {}
         for name, fleet in self.fleets.items():
@@ -109,11 +109,14 @@ class FleetManager(FleetWeights, FleetMembership, FleetHealth):
                 rows.append({"name": getattr(s, "name", f"{name}-{len(rows)}"), "healthy": st.healthy,
                              "routed": s in self.router.servers, "in_flight": st.in_flight, "version": st.version,
                              "paused": st.paused, "tokens_per_s": st.tokens_per_s, "generated_tokens": st.generated_tokens,
+                             "arena_waits": st.arena_waits, "arena_wait_s": round(st.arena_wait_s, 3),
+                             "arena_waiting": st.arena_waiting,
                              "parity_max_abs": parity[1] if parity else None, "parity_version": parity[0] if parity else None})
             self.changes.note_sizes(self.size())
             fleets[name] = {
                 "servers": rows, "healthy": sum(r["healthy"] for r in rows),
                 "in_flight": sum(r["in_flight"] for r in rows), "tokens_per_s": sum(r["tokens_per_s"] for r in rows),
+                "arena_waiting": sum(r["arena_waiting"] for r in rows),
                 "size": sum(r["routed"] for r in rows), "target": self.targets.get(name, len(fleet.servers)),
                 "history": [list(h) for h in self.history.get(name, [])],
                 "events": [{k: v for k, v in e.items() if k != "size"} for e in self.events if e["fleet"] == name][-EVENTS_SHOWN:],

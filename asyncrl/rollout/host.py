@@ -289,7 +289,14 @@ class ServerHost(RolloutServer):
         return self.server.receiver_transport(cfg)
 
     def stats(self) -> ServerStats:
-        return self.server.stats()
+        """The engine's stats, with the back-pressure of the data plane this host writes samples into
+        (`StoragePlane.backpressure`: its arena's waits)."""
+        st = self.server.stats()
+        if self.plane is None:
+            return st
+        bp = self.plane.backpressure()
+        return dataclasses.replace(st, arena_waits=bp["arena_waits"], arena_wait_s=bp["arena_wait_s"],
+                                   arena_waiting=bp["arena_waiting"])
 
     @property
     def version(self) -> int:

@@ -34,6 +34,7 @@ import os
 import stat
 import threading
 import weakref
+from typing import Any
 
 import numpy as np
 
@@ -166,10 +167,12 @@ class ShmStorage(StoragePlane):
 
     def _free(self, handles: list[Handle]) -> None:
         slots: dict[str, list[list[int]]] = {}
+        producers: dict[str, str] = {}
         for h in handles:
             if h.offset is not None:
                 if h.slot is not None:  # a consumer's copy (no free capability) frees nothing
                     slots.setdefault(h.free, []).append([h.offset, h.nbytes, h.slot])
+                    producers[h.free] = self._producer(h.path)
                 continue
             if self._path(h).endswith("-arena"):
                 continue  # an arena is removed by its producer only
@@ -178,7 +181,13 @@ class ShmStorage(StoragePlane):
             except FileNotFoundError:  # freed twice (a late duplicate): nothing left to do
                 pass
         if slots:
-            self._sender.send(slots)
+            self._sender.send(slots, producers)
+
+    def _producer(self, path: str) -> str:
+        """Who owns the arena at `path`, for a free that does not reach it: its pid (`tq-<run>-<pid>-...`)."""
+        name = os.path.basename(path)
+        pid = name[len(self.run_prefix):].split("-", 1)[0] if name.startswith(self.run_prefix) else ""
+        return f"shm producer pid {pid}" if pid.isdigit() else f"shm arena {path}"
 
     def _path(self, h: Handle) -> str:
         path = h.path
@@ -189,6 +198,11 @@ class ShmStorage(StoragePlane):
     def arena_used(self) -> int:
         """Bytes of this producer's arena held by records not yet freed."""
         return self._arena.used if self._arena is not None else 0
+
+    def backpressure(self) -> dict[str, Any]:
+        """This producer's arena waits (`queue.shm_arena_bytes`) and the frees this process could not deliver."""
+        arena = self._arena.backpressure() if self._arena is not None else {}
+        return {**super().backpressure(), **arena, "undelivered_frees": self._sender.undelivered_frees()}
 
     def resident_bytes(self) -> int:
         """Bytes of tmpfs held by this run's files (every producer), for the benchmark."""

@@ -29,11 +29,20 @@ class FakeClient:
 
 
 class FakeServer:
-    def __init__(self, version: int, healthy: bool = True) -> None:
-        self.version, self.healthy = version, healthy
+    def __init__(self, version: int, healthy: bool = True, arena_waits: int = 0) -> None:
+        self.version, self.healthy, self.arena_waits = version, healthy, arena_waits
 
     def stats(self) -> ServerStats:
-        return ServerStats(version=self.version, in_flight=3, paused=False, generated_tokens=500, tokens_per_s=41.5, healthy=self.healthy)
+        return ServerStats(version=self.version, in_flight=3, paused=False, generated_tokens=500, tokens_per_s=41.5, healthy=self.healthy,
+                           arena_waits=self.arena_waits, arena_wait_s=2.5 * self.arena_waits, arena_waiting=min(self.arena_waits, 1))
+
+
+class FakePlane:
+    """The controller's data plane as the run state reads it: one arena wait, frees one producer did not get."""
+
+    def backpressure(self) -> dict:
+        return {"arena_waits": 1, "arena_wait_s": 0.75, "arena_waiting": 0,
+                "undelivered_frees": [{"endpoint": "tcp://10.0.0.7:41000", "producer": "shm producer pid 42", "frees": 17}]}
 
 
 def fake_pipeline(run_dir: Path) -> SimpleNamespace:
@@ -48,9 +57,9 @@ def fake_pipeline(run_dir: Path) -> SimpleNamespace:
     lengths.add("dropped_stale", [30])
     return SimpleNamespace(parity=parity, lengths=lengths,
         cfg=Config(), run_dir=run_dir, step=3, staleness=staleness, publish_every=1,
-        queue=SimpleNamespace(client=FakeClient(), consumer="trainer"),
+        queue=SimpleNamespace(client=FakeClient(), consumer="trainer", storage=FakePlane()),
         rollouter=SimpleNamespace(generated_tokens=1000, reward_failures=0, idle_seconds=lambda: 1.0),
-        parts=SimpleNamespace(servers=[FakeServer(3), FakeServer(2, healthy=False)],
+        parts=SimpleNamespace(servers=[FakeServer(3), FakeServer(2, healthy=False, arena_waits=4)],
                               fleets=SimpleNamespace(last_publish_s=0.25, last_publish_time=time.time() - 2,
                                                  evicted={"server-1": "timeout"})),
         staleness_hist=Counter({0: 8, 1: 12, 2: 4}), wait_s=0.5, trained_samples=24, trained_tokens=300,
