@@ -97,10 +97,22 @@ def test_every_field_is_documented():
     assert undocumented == []
 
 
-def test_shipped_recipes_load():
+def test_shipped_recipes_load(tmp_path, monkeypatch):
     load("configs/demo.yaml")
     with pytest.raises(ConfigError):  # the GPU recipe needs local paths: the error names them
         load("configs/gsm8k_qwen2.5_0.5b.yaml")
+    multinode = "configs/gsm8k_qwen2.5_0.5b_multinode.yaml"
+    paths = [f"model.path={tmp_path}", f"data.train_path={tmp_path / 'train.jsonl'}"]
+    with pytest.raises(ConfigError, match="queue.redis_url"):  # the queue's Redis cannot be guessed either
+        load(multinode, paths)
+    # as the deploy files give it: the URL (its password) from the environment, never on the command line
+    monkeypatch.setenv("ASYNCRL_REDIS_URL", "redis://:pw@10.0.0.1:6380/0")
+    cfg = load(multinode, paths + ["queue.redis_url=${oc.env:ASYNCRL_REDIS_URL}"])
+    assert cfg.queue.redis_url == "redis://:pw@10.0.0.1:6380/0" and cfg.queue.metadata == "redis"
+    assert cfg.trainer.mode == "fully_async" and cfg.trainer.gpus_per_rank == 1 and cfg.rollout.gpus_per_worker == 1
+    assert cfg.weights.host == "auto" and cfg.queue.bind_host == "auto"
+    assert cfg.weights.crosses_hosts and cfg.queue.crosses_hosts and cfg.weights.backend == "nccl"
+    assert cfg.rollout.gpu_memory_utilization >= 0.8  # a server has its GPU alone
 
 
 def test_configs_readme_is_what_config_doc_prints():
