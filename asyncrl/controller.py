@@ -122,7 +122,9 @@ class Pipeline(PipelineCheckpoint):
         """Control requests (`asyncrl scale`) that were not valid requests: counted, logged, not applied."""
         self.failover: Counter[str] = Counter()
         """Samples whose server died under them: `continued` from its snapshot or `redone` from the
-        prompt, and `tokens_kept` (the snapshots' tokens); summary.json `failover`."""
+        prompt, and `tokens_kept` (the snapshots' tokens); records whose producer died or was cut off
+        after they were queued, dropped untrained (`unreadable`, the queue's drop cause too); summary.json
+        `failover`."""
         self.resume_counts: Counter[str] = Counter()
         """What resumes did with the work in flight at their checkpoints (`asyncrl/rollout/resume.py`;
         `continued` and `redone` as the resumed samples end); summary.json `resume`."""
@@ -245,14 +247,20 @@ class Pipeline(PipelineCheckpoint):
             plan, n_tokens = self.parts.make_plan(groups)
             plan.version, plan.lineage = self.version, self.staleness.lineage  # what token versions are aged against
             stats = await self.trainer.train(plan)
+            unreadable: dict[str, str] = stats.pop("unreadable", None) or {}
+            if unreadable:  # their producer did not answer (its host died or is cut off): not trained, counted
+                await self.queue.drop_unreadable(handle, set(unreadable))
+                self.failover["unreadable"] += len(unreadable)
+                print(f"asyncrl: step {self.step + 1}: {len(unreadable)} records unreadable and dropped "
+                      f"({sorted(set(unreadable.values()))[0]})", flush=True)
             m["time/train_s"] = time.time() - t_batch
             m["time/wait_rollout_s"] = t_batch - t_wait
             self.step += 1
             self.bad_steps += int(stats.get("bad_step", 0))
-            self.trained_samples += sum(len(g) for g in groups)
+            self.trained_samples += sum(len(g) for g in groups) - len(unreadable)
             self.trained_tokens += n_tokens
             await self.queue.trained(handle)
-            self._audit.write(json.dumps({"step": self.step, "uids": [s.uid for g in groups for s in g]}) + "\n")
+            self._audit.write(json.dumps({"step": self.step, "uids": [s.uid for g in groups for s in g if s.uid not in unreadable]}) + "\n")
             self._audit.flush()
             last = self.step == cfg.trainer.total_steps
             if self.step % self.publish_every == 0 or last:

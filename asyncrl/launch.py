@@ -211,19 +211,35 @@ def check_resources(cfg: Config) -> None:
 
 def may_land(cfg: Config) -> tuple[set[str], set[str]]:
     """The hosts (node addresses) of the live Ray nodes that offer a trainer rank's bundle, and those that
-    offer a server's (of any fleet): where each role may land."""
+    offer a server's (of every fleet): where each role may land. A bundle that no node offers is a config
+    error naming the key (placement would wait its timeout for a node that may never come)."""
     import ray
 
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     t = cfg.trainer
-    rank = {"CPU": t.cpus_per_rank, **({"GPU": t.gpus_per_rank} if t.device == "cuda" else {}), **t.ray_resources}
-    server = [{"CPU": c.cpus_per_server, **({"GPU": c.gpus_per_worker} if cfg.rollout.gpu_bundles else {}), **c.ray_resources}
-              for c in _fleets(cfg.rollout)]
+    rank = {"CPU": t.cpus_per_rank, **({"GPU": t.gpus_per_rank} if t.device == "cuda" else {}), **t.ray_resources}  # as TrainerGroup's
+    servers = {name: {"CPU": c.cpus_per_server, **c.ray_resources, **({"GPU": c.tensor_parallel_size * c.gpus_per_worker}
+                                                                      if c.gpu_bundles else {})}
+               for name, c in _named_fleets(cfg.rollout)}  # as `server_actor.make_placement` builds them
 
-    def offering(need: dict[str, float]) -> set[str]:
-        return {n["NodeManagerAddress"] for n in nodes if all(n["Resources"].get(k, 0.0) >= v for k, v in need.items())}
+    def offering(need: dict[str, float], key: str) -> set[str]:
+        found = {n["NodeManagerAddress"] for n in nodes if all(n["Resources"].get(k, 0.0) >= v for k, v in need.items())}
+        if not found:
+            raise ConfigError(f"{key}: no live node of the Ray cluster offers a whole bundle {need} at once "
+                              f"(the nodes: {[_offer(n) for n in nodes]})")
+        return found
 
-    return offering(rank), set().union(*(offering(s) for s in server))
+    trainer = offering(rank, "trainer.ray_resources")
+    server_hosts: set[str] = set()
+    for name, need in servers.items():
+        server_hosts |= offering(need, "rollout.ray_resources" if name == "main" else f"rollout.fleets[{name}].ray_resources")
+    return trainer, server_hosts
+
+
+def _offer(node: dict[str, Any]) -> str:
+    """A node's address and what it offers (CPUs, GPUs, custom resources), for an error line."""
+    res = {k: v for k, v in node["Resources"].items() if not k.startswith("node:") and k not in ("memory", "object_store_memory")}
+    return f"{node['NodeManagerAddress']} {res}"
 
 
 def check_hosts(cfg: Config) -> None:

@@ -256,6 +256,13 @@ class TrajectoryQueue:
         else:
             await self.client.ack(batch)
 
+    async def drop_unreadable(self, batch: Batch, uids: set[str]) -> None:
+        """Finish the records of `batch` the trainer could not read (their producer gone or cut off),
+        counted as dropped `unreadable`: they leave by a counted rule, never trained, never lost silently."""
+        gone = [s for s in batch.samples if s.uid in uids]
+        if gone:
+            await self.client.drop(Batch(consumer=batch.consumer, lease_id=batch.lease_id, samples=gone), "unreadable")
+
     async def checkpointed(self) -> None:
         for b in self.pending:
             await self.client.ack(b)

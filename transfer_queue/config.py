@@ -41,6 +41,13 @@ class TransferQueueConfig:
     """A batch handed to a consumer and neither acked nor renewed within this time is
     redelivered to the next consumer of the same group."""
 
+    read_timeout_s: float = 30.0
+    """How long a consumer waits for another process's bytes (a `zmq` storage unit, a `nixl` producer's
+    agent), asking a `zmq` unit again meanwhile (a request lost with a connection that broke and came
+    back). Past it the read fails with `StorageUnreachable` naming the producer: its process is gone or
+    its host cut off. asyncrl's trainer then drops that producer's records of the step, counted as
+    `unreadable`, and trains on the rest."""
+
     put_timeout_s: float | None = None
     """How long `put` waits for space before raising `TimeoutError`; None waits forever."""
 
@@ -136,6 +143,8 @@ class TransferQueueConfig:
             raise ValueError(f"queue.consumer_groups={self.consumer_groups!r}: names must be non-empty strings without ':'")
         if self.lease_timeout_s <= 0:
             raise ValueError(f"queue.lease_timeout_s={self.lease_timeout_s}: must be > 0")
+        if not self.read_timeout_s > 0:
+            raise ValueError(f"queue.read_timeout_s={self.read_timeout_s}: must be > 0")
         if self.put_timeout_s is not None and self.put_timeout_s < 0:
             raise ValueError(f"queue.put_timeout_s={self.put_timeout_s}: must be >= 0 or None")
         if self.controller_address and self.metadata != "memory":

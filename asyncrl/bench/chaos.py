@@ -188,6 +188,24 @@ def lineage(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def accounting(redis_url: str, run_id: str, run: Path, code: int) -> dict[str, Any]:
+    """A run's Redis queue counters against its trained lineage (`trained_uids.jsonl`): `trajectories_produced`,
+    `trained`, `trained_twice`, `dropped`, `resident`, `last_step`, and `lost` (produced - trained - dropped -
+    resident; only for a run that finished (`code` 0), which acked its whole lineage at its last checkpoint)."""
+    from transfer_queue import TransferQueueConfig, connect
+
+    lines = [json.loads(line) for line in (run / "trained_uids.jsonl").read_text().splitlines() if line.strip()] \
+        if (run / "trained_uids.jsonl").exists() else []
+    effective = lineage(lines)
+    uids = [u for line in effective for u in line["uids"]]
+    stats = connect(TransferQueueConfig(metadata="redis", redis_url=redis_url, run_id=run_id, storage="local")).stats()
+    dropped = sum(stats.dropped.get("trainer", {}).values())
+    resident = sum(stats.depth.get("trainer", {}).values())
+    return {"trajectories_produced": stats.put, "trained": len(set(uids)), "trained_twice": len(uids) - len(set(uids)),
+            "dropped": dropped, "resident": resident, "last_step": effective[-1]["step"] if effective else 0,
+            "lost": stats.put - len(set(uids)) - dropped - resident if code == 0 else None}
+
+
 def run_once(tmp: Path, redis_url: str, steps: int, faults_on: bool, server_every: float, seed: int,
              max_tokens: int = MAX_TOKENS) -> dict[str, Any]:
     """One run (with or without faults) on a Ray head of its own."""

@@ -389,24 +389,8 @@ def _drive(cmd: list[str], run: Path, env: dict[str, str], cluster: int, phase_s
             "answers": [{"servers": r.servers, **a} for r, a in zip(requests, answers)], "wall_s": round(time.time() - launched, 1)}
 
 
-def _accounting(redis_url: str, name: str, run: Path, code: int) -> dict[str, Any]:
-    """Queue counters against the trained lineage, as `asyncrl bench chaos` counts them."""
-    from asyncrl.bench.chaos import lineage
-    from transfer_queue import TransferQueueConfig, connect
-
-    effective = lineage(_jsonl(run / "trained_uids.jsonl"))
-    uids = [u for line in effective for u in line["uids"]]
-    stats = connect(TransferQueueConfig(metadata="redis", redis_url=redis_url, run_id=name, storage="local")).stats()
-    dropped = sum(stats.dropped.get("trainer", {}).values())
-    resident = sum(stats.depth.get("trainer", {}).values())
-    return {"trajectories_produced": stats.put, "trained": len(set(uids)), "trained_twice": len(uids) - len(set(uids)),
-            "dropped": dropped, "resident": resident, "last_step": effective[-1]["step"] if effective else 0,
-            # a finished run acked its whole lineage at its last checkpoint; before that the count means nothing
-            "lost": stats.put - len(set(uids)) - dropped - resident if code == 0 else None}
-
-
 def run(phase_s: float = PHASE_S, seed: int = 0, load: Load | None = None) -> dict[str, Any]:
-    from asyncrl.bench.chaos import _cmd
+    from asyncrl.bench.chaos import _cmd, accounting
     from asyncrl.bench.cluster import ray_head
     from asyncrl.bench.redis_tools import redis_server
 
@@ -421,7 +405,7 @@ def run(phase_s: float = PHASE_S, seed: int = 0, load: Load | None = None) -> di
             cmd = _cmd(tmp, url, address, steps, False, name, *load.overrides(SIZES[0]), max_tokens=round(load.tokens * 1.5))
             drive = _drive(cmd, run_dir, env, cluster, phase_s, log, timeout_s=len(SIZES) * phase_s * 2 + 300, rng=random.Random(seed))
         (tmp / "drive.json").write_text(json.dumps(drive))  # what the run's files do not say, for a second look
-        acc = _accounting(url, name, run_dir, drive["code"])
+        acc = accounting(url, name, run_dir, drive["code"])
     finally:
         redis.kill()
         redis.wait()

@@ -143,6 +143,8 @@ class SimCluster:
         self.env: dict[str, str] = {}
         """Environment for the cluster's processes: this venv first on PATH, Ray's token, the run secret."""
         self._procs: list[subprocess.Popen] = []
+        self._ray_args: dict[int, list[str]] = {}
+        """Each host's `start_cluster.sh` arguments (`revive` starts its Ray node again with them)."""
 
     # ---- up and down ---------------------------------------------------------------
     def __enter__(self) -> "SimCluster":
@@ -196,18 +198,24 @@ class SimCluster:
             hdir = self.base / f"h{i}"
             (hdir / "tmp").mkdir(parents=True)
             os.chmod(hdir / "tmp", 0o1777)
-            clock = ["--time", "--monotonic", str(int(self.skew[i])), "--boottime", str(int(self.skew[i]))] if self.skew[i] else []
-            init = subprocess.Popen(
-                ["ip", "netns", "exec", netns, "unshare", "--pid", "--fork", "--mount", "--uts", "--propagation", "private",
-                 "--mount-proc", *clock, sys.executable, "-c", _INIT, f"{self.name}-h{i}", str(hdir / "tmp"), str(hosts_file),
-                 str(self.skew[i])],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-            line = init.stdout.readline() if init.stdout else ""
-            if line.strip() != "ready":
-                raise RuntimeError(f"host {i} did not start: {line}{init.stderr.read() if init.stderr else ''}")
-            self._procs.append(init)
-            self.hosts.append(SimHost(i, f"{self.name}-h{i}", netns, address, _pid_one(init.pid), hdir, self.skew[i]))
+            self.hosts.append(SimHost(i, f"{self.name}-h{i}", netns, address, self._boot(i, netns), hdir, self.skew[i]))
             self._save()
+
+    def _boot(self, i: int, netns: str) -> int:
+        """Start host i's pid 1 in its network namespace (new pid, mount, UTS and, with a skew, time
+        namespaces; its /dev/shm a fresh tmpfs); its pid as the machine sees it."""
+        hdir = self.base / f"h{i}"
+        clock = ["--time", "--monotonic", str(int(self.skew[i])), "--boottime", str(int(self.skew[i]))] if self.skew[i] else []
+        init = subprocess.Popen(
+            ["ip", "netns", "exec", netns, "unshare", "--pid", "--fork", "--mount", "--uts", "--propagation", "private",
+             "--mount-proc", *clock, sys.executable, "-c", _INIT, f"{self.name}-h{i}", str(hdir / "tmp"), str(self.base / "hosts"),
+             str(self.skew[i])],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        line = init.stdout.readline() if init.stdout else ""
+        if line.strip() != "ready":
+            raise RuntimeError(f"host {i} did not start: {line}{init.stderr.read() if init.stderr else ''}")
+        self._procs.append(init)
+        return _pid_one(init.pid)
 
     def _save(self) -> None:
         state = {"name": self.name, "owner": os.getpid(), "bridge": self.bridge, "base": str(self.base),
@@ -247,7 +255,10 @@ class SimCluster:
 
     def run(self, i: int, argv: Sequence[str], env: dict[str, str] | None = None, timeout: float = 600,
             **kw: Any) -> subprocess.CompletedProcess:
-        kw.setdefault("capture_output", True)
+        if "stderr" in kw or "stdout" in kw:
+            kw.setdefault("stdout", subprocess.PIPE)
+        else:
+            kw.setdefault("capture_output", True)
         kw.setdefault("text", True)
         return subprocess.run(self.exec_argv(i) + list(argv), env=env or self.env_for(i), timeout=timeout, **kw)
 
@@ -268,16 +279,19 @@ class SimCluster:
         for k, i in enumerate(hosts):
             res = json.dumps(dict(resources[k])) if k < len(resources) and resources[k] else "{}"
             role = ["head", "--port", str(RAY_PORT)] if k == 0 else ["worker", "--address", self.ray_address]
-            log = open(self.hosts[i].dir / "ray.log", "ab")
-            self._procs.append(self.popen(i, ["bash", str(SCRIPT), *role, "--ip", self.hosts[i].address, "--num-cpus",
-                                              str(cpus[k]), "--resources", res, "--block"],
-                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
-            log.close()
+            self._ray_args[i] = [*role, "--ip", self.hosts[i].address, "--num-cpus", str(cpus[k]), "--resources", res, "--block"]
+            self._start_node(i)
             if k == 0:
                 self.wait_nodes(1, hosts[0], wait_s)
         self.wait_nodes(len(hosts), hosts[0], wait_s)
         self._save()
         return self.ray_address
+
+    def _start_node(self, i: int) -> None:
+        log = open(self.hosts[i].dir / "ray.log", "ab")
+        self._procs.append(self.popen(i, ["bash", str(SCRIPT), *self._ray_args[i]], stdout=log, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL))
+        log.close()
 
     def wait_nodes(self, count: int, on: int = 0, wait_s: float = 120) -> None:
         out = self.run(on, ["bash", str(SCRIPT), "run", "--address", self.ray_address, "--wait-nodes", str(count),
@@ -294,6 +308,21 @@ class SimCluster:
             os.kill(self.hosts[i].init_pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+    def revive(self, i: int, wait_s: float = 120) -> None:
+        """Host i, killed, boots again: a new pid 1 (an empty process table, /dev/shm and /tmp as they were
+        left on disk: its /tmp is a folder), its link up, its Ray node started again (a new node to Ray, on
+        the same address) if it had one."""
+        h = self.hosts[i]
+        if _alive(h.init_pid):
+            raise RuntimeError(f"host {i} is alive")
+        h.init_pid = self._boot(i, h.netns)
+        self.heal(i)
+        self._save()
+        if i in self._ray_args:
+            self._start_node(i)
+            head = next(k for k, args in self._ray_args.items() if args[0] == "head")
+            self.wait_nodes(len(self._ray_args), head, wait_s)
 
     def partition(self, i: int) -> None:
         """Cut host i off: its link on the bridge goes down; its processes run on, their packets are lost."""

@@ -64,7 +64,10 @@ def read_redis(url: str, name: str | None) -> dict[str, Any]:
             if not newest:
                 raise RunNotFound(f"no run has reported to {url} ({RUNS_KEY} is empty)")
             name = newest[0].decode()
-        live = client.get(status_key(name))
+        pipe = client.pipeline(transaction=True)
+        pipe.get(status_key(name))
+        pipe.pttl(status_key(name))
+        live, ttl_ms = pipe.execute()
         raw = live if live is not None else client.get(status_key(name) + ":last")
     finally:
         client.close()
@@ -73,12 +76,20 @@ def read_redis(url: str, name: str | None) -> dict[str, Any]:
     snap = json.loads(raw)
     snap["source"] = f"{url} {status_key(name)}" + ("" if live is not None else ":last")
     snap["heartbeat_expired"] = live is None
+    full = snap.pop("heartbeat_ttl_s", None)
+    if live is not None and full and ttl_ms and ttl_ms > 0 and snap.get("time") is not None:
+        # the heartbeat's age by Redis' clock (the key's TTL has run down that long), so the writer's and this
+        # host's clocks need not agree: the difference is this host's offset from the writer's clock
+        age = max(full - ttl_ms / 1000.0, 0.0)
+        snap["clock_offset_s"] = round(time.time() - snap["time"] - age, 3)
     return snap
 
 
 def judge(snap: dict[str, Any], now: float | None = None) -> dict[str, Any]:
-    """`liveness` of a snapshot: status (state, or dead / stalled), alive, detail, heartbeat ages."""
-    now = time.time() if now is None else now
+    """`liveness` of a snapshot: status (state, or dead / stalled), alive, detail, heartbeat ages. Ages
+    are on the writer's clock where the reader knows its offset from it (`clock_offset_s`, a snapshot read
+    from Redis): a host whose clock is off does not see a live run as dead."""
+    now = (time.time() if now is None else now) - snap.get("clock_offset_s", 0.0)
     state = snap.get("state", "running")
     beat = snap.get("time")
     age = None if beat is None else max(now - beat, 0.0)

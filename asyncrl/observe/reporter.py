@@ -57,7 +57,7 @@ class RedisStatus:
         self.name, self.ttl_s = run_name, max(int(ttl_s + 0.999), 1)
 
     def write(self, snap: dict[str, Any]) -> None:
-        data = json.dumps(snap)
+        data = json.dumps({**snap, "heartbeat_ttl_s": self.ttl_s})  # a reader ages the heartbeat by the key's TTL
         pipe = self.client.pipeline(transaction=True)
         pipe.set(status_key(self.name), data, ex=self.ttl_s)
         pipe.set(status_key(self.name) + ":last", data, ex=LAST_TTL_S)

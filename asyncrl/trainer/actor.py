@@ -306,7 +306,11 @@ class TrainerGroup:
 
     def train(self, plan: BatchPlan | bytes) -> dict[str, float]:
         data = plan.to_bytes() if isinstance(plan, BatchPlan) else plan
-        metrics = self._all("train", data)[0]
+        outs = self._all("train", data)
+        metrics = outs[0]
+        unreadable = {u: why for out in outs for u, why in out.get("unreadable", {}).items()}  # every rank's rows
+        if unreadable:
+            metrics["unreadable"] = unreadable
         self.step += 1
         return metrics
 

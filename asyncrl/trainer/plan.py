@@ -15,7 +15,7 @@ every rank runs the same forward/backward passes (FSDP collectives must match) a
 padding adds exactly zero to losses and gradients.
 
     plan = BatchPlan(rows=[PlanRow("u0", handles, 0.5), ...], pad_id=0, minibatches=4)
-    parts, real_rows = load_shard(plan, plane, rank=1, world=2)   # one TrainBatch per mini-batch
+    parts, real_rows, unreadable = load_shard(plan, plane, rank=1, world=2)   # one TrainBatch per mini-batch
     metrics = engine.train_local(parts, real_rows)
 
 Wire: `to_bytes` / `from_bytes` (msgpack through msgspec, typed on decode), the form it takes
@@ -96,23 +96,34 @@ def shard_range(num_rows: int, rank: int, world: int) -> tuple[int, int, int]:
     return start, min(start + per, num_rows), per
 
 
-def load_shard(plan: BatchPlan, plane: Any, rank: int, world: int) -> tuple[list[Any], list[int]]:
-    """This rank's `TrainBatch` of every mini-batch of `plan`, read from `plane` (one `read` per
-    mini-batch), and the number of real (non-padding) rows in each."""
+def load_shard(plan: BatchPlan, plane: Any, rank: int, world: int) -> tuple[list[Any], list[int], dict[str, str]]:
+    """This rank's `TrainBatch` of every mini-batch of `plan`, read from `plane` (one read per producer
+    and mini-batch), the number of real (non-padding) rows in each, and the rows it could not read:
+    {uid: why} of those whose producer did not answer within `queue.read_timeout_s` (its process gone or
+    its host cut off: `StorageUnreachable`). Those rows become padding rows (no loss, the same shapes on
+    every rank), so the step goes on with the rest; the controller drops them, counted as `unreadable`."""
     from asyncrl.trainer.batch import TrainBatch
+    from transfer_queue.storage.handles import as_handle
 
-    parts, real = [], []
+    parts, real, unreadable = [], [], {}
     for rows in plan.shard(rank, world):
         mine = [r for r in rows if r is not None]
-        arrays = plane.read([r.handles[f] for r in mine for f in FIELDS]) if mine else []
+        arrays, failed = plane.read_by_source([r.handles[f] for r in mine for f in FIELDS]) if mine else ([], {})
         per_row: list[dict[str, np.ndarray] | None] = []
-        for i in range(len(mine)):
-            per_row.append(dict(zip(FIELDS, arrays[i * len(FIELDS):(i + 1) * len(FIELDS)])))
+        for i, row in enumerate(mine):
+            got = arrays[i * len(FIELDS):(i + 1) * len(FIELDS)]
+            if any(a is None for a in got):
+                source = next(as_handle(row.handles[f]).source for f, a in zip(FIELDS, got) if a is None)
+                unreadable[row.uid] = failed.get(source, source)
+                per_row.append(None)
+            else:
+                per_row.append(dict(zip(FIELDS, got)))
         per_row += [None] * (len(rows) - len(mine))
-        parts.append(TrainBatch.from_arrays(per_row, [r.advantage if r else 0.0 for r in rows], pad_id=plan.pad_id,
-                                            scores=[r.score if r else 0.0 for r in rows]))
-        real.append(len(mine))
-    return parts, real
+        kept = [r if r is not None and row is not None else None for r, row in zip(rows, per_row)]
+        parts.append(TrainBatch.from_arrays(per_row, [r.advantage if r else 0.0 for r in kept], pad_id=plan.pad_id,
+                                            scores=[r.score if r else 0.0 for r in kept]))
+        real.append(sum(row is not None for row in per_row))
+    return parts, real, unreadable
 
 
 def plan_rows(samples: Sequence[Any], advantages: Sequence[float], scores: Sequence[float] | None = None) -> list[PlanRow]:

@@ -92,16 +92,19 @@ class TrainerRank:
         """Where receivers join the weight plane: this rank's sender (one rank in this process)."""
         return [self.endpoint] if self.endpoint else []
 
-    def train(self, plan: BatchPlan | bytes) -> dict[str, float]:
-        """One trainer step on this rank's shard of `plan`; returns the step's metrics."""
+    def train(self, plan: BatchPlan | bytes) -> dict[str, Any]:
+        """One trainer step on this rank's shard of `plan`; returns the step's metrics, and under
+        `unreadable` the rows whose producer could not be reached ({uid: why}; see `plan.load_shard`)."""
         if isinstance(plan, (bytes, bytearray, memoryview)):
             plan = BatchPlan.from_bytes(bytes(plan))
         t0, b0 = time.perf_counter(), StoragePlane.delivered_bytes
-        parts, real = load_shard(plan, self.plane, self.engine.rank, self.engine.world)
+        parts, real, unreadable = load_shard(plan, self.plane, self.engine.rank, self.engine.world)
         self.last_read_s = time.perf_counter() - t0
         read_bytes = StoragePlane.delivered_bytes - b0
-        metrics = self.engine.train_local(parts, real, plan.version, plan.lineage)
+        metrics: dict[str, Any] = self.engine.train_local(parts, real, plan.version, plan.lineage)
         metrics.update(read_s=self.last_read_s, read_bytes=float(read_bytes))
+        if unreadable:  # {uid: why}: not trained (padding rows); the controller drops them, counted
+            metrics["unreadable"] = unreadable
         return metrics
 
     def _params(self) -> Iterator[Any]:

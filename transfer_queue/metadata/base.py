@@ -27,7 +27,7 @@ from transfer_queue.codec import MAX_COUNT, MAX_INT, WireError, check_int, check
 from transfer_queue.records import Batch, QueueStats, SampleMeta
 from transfer_queue.rules import check_lineage
 
-DROP_CAUSES = ("stale", "failed", "filtered")
+DROP_CAUSES = ("stale", "failed", "filtered", "unreadable")
 FreeHook = Callable[[list[dict[str, Any]]], None]
 
 

@@ -145,7 +145,7 @@ class RedisController(MetadataStore):
             except redis.ResponseError as e:
                 if "BUSYGROUP" not in str(e):
                     raise
-        self.r.setnx(self.p + "t0", time.time())
+        self.r.setnx(self.p + "t0", self._now())
 
     # ---- producers -------------------------------------------------------
     def put(self, samples: list[SampleMeta], timeout: float | None = None, client_id: str = "") -> None:
@@ -348,13 +348,18 @@ class RedisController(MetadataStore):
             leased = sum(len(g) for g in self._load(entries))
             in_flight = put - acked[cg] - sum(dropped[cg].values())
             depth[cg] = {"ready": in_flight - leased - waiting, "waiting": waiting, "leased": leased}
-        t0 = float(self.r.get(self.p + "t0") or time.time())
-        up = max(time.time() - t0, 1e-9)
+        now = self._now()
+        up = max(now - float(self.r.get(self.p + "t0") or now), 1e-9)
         return QueueStats(
             capacity=self.config.capacity, resident=resident, put=put,
             complete_groups=int(self.r.xlen(self.p + "stream")), depth=depth, acked=acked, dropped=dropped,
             redelivered=redelivered, not_owner=c.get("not_owner", 0), staleness=hist,
             rates={"put_per_s": put / up, "ack_per_s": sum(acked.values()) / up})
+
+    def _now(self) -> float:
+        """The Redis server's clock: the queue's clients run on hosts whose clocks need not agree."""
+        sec, usec = self.r.time()
+        return sec + usec / 1e6
 
     def close(self) -> None:
         self.r.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from plane_common.net import resolve
 from transfer_queue.config import TransferQueueConfig
-from transfer_queue.storage.base import Handle, StoragePlane, inline_bytes
+from transfer_queue.storage.base import Handle, StoragePlane, StorageUnreachable, inline_bytes
 
 
 def make_storage(config: TransferQueueConfig, storage_address: str | None = None) -> StoragePlane:
@@ -25,13 +25,14 @@ def make_storage(config: TransferQueueConfig, storage_address: str | None = None
         from transfer_queue.storage.zmq import ZmqStorage
 
         address = config.storage_address if storage_address is None else storage_address
-        return ZmqStorage(address=address, bind_host=bind, data_max_frame_bytes=config.data_max_frame_bytes, **kw)
+        return ZmqStorage(address=address, bind_host=bind, data_max_frame_bytes=config.data_max_frame_bytes,
+                          read_timeout_s=config.read_timeout_s, **kw)
     if config.storage == "nixl":
         from transfer_queue.storage.nixl import NixlStorage
 
         return NixlStorage(arena_bytes=config.nixl_arena_bytes, backend=config.nixl_backend,
-                           bind_host=bind, **kw)
+                           bind_host=bind, read_timeout_s=config.read_timeout_s, **kw)
     raise ValueError(f"queue.storage={config.storage!r}: no such plane")
 
 
-__all__ = ["Handle", "StoragePlane", "inline_bytes", "make_storage"]
+__all__ = ["Handle", "StoragePlane", "StorageUnreachable", "inline_bytes", "make_storage"]

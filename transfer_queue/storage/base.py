@@ -23,6 +23,15 @@ from transfer_queue.codec import from_buffer, to_numpy
 from transfer_queue.storage.handles import Handle, InlineHandle, as_handle, check_handle
 
 
+class StorageUnreachable(OSError):
+    """A producer's bytes could not be read within `queue.read_timeout_s`: its process (a zmq storage
+    unit, a nixl agent) is gone or cut off. Names the producer (`source`)."""
+
+    def __init__(self, source: str, why: str) -> None:
+        super().__init__(f"{source}: {why}")
+        self.source = source
+
+
 class StoragePlane(ABC):
     """Write once, read zero-copy where the plane allows, free when told."""
 
@@ -86,6 +95,26 @@ class StoragePlane(ABC):
         StoragePlane.delivered_bytes += sum(a.nbytes for a in out)  # type: ignore[union-attr]
         return out  # type: ignore[return-value]
 
+    def read_by_source(self, handles: list[Handle]) -> tuple[list[np.ndarray | None], dict[str, str]]:
+        """`read`, one producer (`Handle.source`) at a time: the arrays of the producers that answered
+        (None for the handles of one that could not be reached: `StorageUnreachable`) and why each such
+        producer failed. A host that died or is cut off then costs its own records, not the whole read."""
+        handles = [as_handle(h) for h in handles]
+        by_source: dict[str, list[int]] = {}
+        for i, h in enumerate(handles):
+            by_source.setdefault(h.source, []).append(i)
+        out: list[np.ndarray | None] = [None] * len(handles)
+        failed: dict[str, str] = {}
+        for source, idx in by_source.items():
+            try:
+                arrays = self.read([handles[i] for i in idx])
+            except StorageUnreachable as e:
+                failed[source] = str(e)
+                continue
+            for i, arr in zip(idx, arrays):
+                out[i] = arr
+        return out, failed
+
     def free(self, handles: list[Handle]) -> None:
         """Release the memory behind `handles` (any process may call it)."""
         mine = [h for h in map(as_handle, handles) if h.plane == self.kind]
@@ -104,6 +133,14 @@ class StoragePlane(ABC):
     def address(self) -> str:
         """Where other processes reach this plane's storage unit ('' if they need none)."""
         return ""
+
+    def backpressure(self) -> dict[str, Any]:
+        """What holds this process's side of the plane back, for `asyncrl status`: `arena_waits` (writes
+        that found this producer's arena full and waited for frees), `arena_wait_s` (the seconds they
+        waited, waits in progress included), `arena_waiting` (writes waiting now), `undelivered_frees`
+        (rows {endpoint, producer, frees}: frees this process sent that a producer did not get,
+        `arena.FreeSender`). A plane without a producer arena has none of them."""
+        return {"arena_waits": 0, "arena_wait_s": 0.0, "arena_waiting": 0, "undelivered_frees": []}
 
     def close(self) -> None:
         """Stop serving; memory still referenced by handles of other processes may be lost."""

@@ -53,6 +53,13 @@ class _HandleBase(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     def plane(self) -> str:
         return self.__struct_config__.tag  # type: ignore[return-value]
 
+    @property
+    def source(self) -> str:
+        """The process that must answer a read of these bytes ('' where the reader's own host holds them:
+        inline bytes, a local key, a file of this host's /dev/shm). Reads are grouped by it, so one
+        producer that cannot be reached fails its own handles only (`StoragePlane.read_by_source`)."""
+        return ""
+
     # read-only map view: `h["key"]`, `h.get(...)`, `dict(h)`, `{**h}`
     def keys(self) -> list[str]:
         return ["plane", *(f for f in self.__struct_fields__ if getattr(self, f) is not None)]
@@ -114,6 +121,10 @@ class ZmqHandle(_HandleBase, frozen=True, tag="zmq"):
     token: Annotated[bytes, msgspec.Meta(max_length=64)] | None = None
     """The unit's free token for `key` (what its `put` was answered with); absent in a consumer's copy."""
 
+    @property
+    def source(self) -> str:
+        return self.address
+
 
 class NixlHandle(_HandleBase, frozen=True, tag="nixl"):
     """A slot of a producer's NIXL-registered arena: what a consumer needs to READ it."""
@@ -127,6 +138,10 @@ class NixlHandle(_HandleBase, frozen=True, tag="nixl"):
     free: Address | None = None
     """The producer's free endpoint (absent in a consumer's copy, with `slot`)."""
     slot: U63 | None = None
+
+    @property
+    def source(self) -> str:
+        return f"nixl agent {self.agent}"
 
 
 Handle = Union[InlineHandle, LocalHandle, ShmHandle, ZmqHandle, NixlHandle]

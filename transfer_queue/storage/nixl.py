@@ -26,7 +26,7 @@ import numpy as np
 
 from transfer_queue.codec import check_header
 from transfer_queue.storage.arena import Arena, FreeEndpoint, FreeSender, aligned
-from transfer_queue.storage.base import StoragePlane, handle_of
+from transfer_queue.storage.base import StoragePlane, StorageUnreachable, handle_of
 from transfer_queue.storage.handles import Handle, NixlHandle
 
 
@@ -44,9 +44,14 @@ class NixlStorage(StoragePlane):
     kind = "nixl"
 
     def __init__(self, arena_bytes: int = 1 << 30, backend: str = "UCX", bind_host: str = "127.0.0.1",
-                 timeout_s: float = 120.0, **kw) -> None:
+                 timeout_s: float = 120.0, read_timeout_s: float = 30.0, **kw) -> None:
         super().__init__(**kw)
         self.arena_bytes, self.backend, self.bind_host, self.timeout_s = arena_bytes, backend, bind_host, timeout_s
+        self.read_timeout_s = read_timeout_s
+        """`queue.read_timeout_s`: how long a READ from another producer's agent may take before
+        `StorageUnreachable` (the producer gone or cut off)."""
+        self._abandoned: list[np.ndarray] = []
+        """Destination buffers of READs given up (a transfer may still land in them): kept, never reused."""
         self.name = f"tq-{os.getpid()}-{os.urandom(4).hex()}"
         self._agent: Any = None
         self._lock = threading.Lock()  # every agent call
@@ -106,17 +111,29 @@ class NixlStorage(StoragePlane):
                     local = agent.get_xfer_descs([(base + int(offs[i]), sizes[i], 0) for i in idx], "DRAM")
                     remote = agent.get_xfer_descs([(handles[i].addr, sizes[i], 0) for i in idx], "DRAM")
                     x = agent.initialize_xfer("READ", local, remote, peer, b"")
-                    if agent.transfer(x) == "ERR":
-                        raise RuntimeError(f"nixl READ from {peer} failed to start")
                     xfers.append((peer, x))
-                deadline = time.monotonic() + self.timeout_s
+                    if agent.transfer(x) == "ERR":
+                        raise StorageUnreachable(f"nixl agent {peer}", "its READ failed to start")
+                deadline = time.monotonic() + self.read_timeout_s
                 for peer, x in xfers:
                     while (state := agent.check_xfer_state(x)) != "DONE":
                         if state == "ERR" or time.monotonic() > deadline:
-                            raise RuntimeError(f"nixl READ from {peer}: {state}")
+                            raise StorageUnreachable(f"nixl agent {peer}", f"READ {state} after {self.read_timeout_s:g} s "
+                                                     "(its process gone, or its host cut off: queue.read_timeout_s)")
                     agent.release_xfer_handle(x)
+                xfers.clear()
+            except StorageUnreachable:
+                for _, x in xfers:  # a READ may still be in flight: its buffer is kept, never reused
+                    try:
+                        agent.release_xfer_handle(x)
+                    except Exception:  # deliberate: the transfer failed already; releasing is best effort
+                        pass
+                self._abandoned = (self._abandoned + [dst])[-8:]
+                reg = None
+                raise
             finally:
-                agent.deregister_memory(reg)
+                if reg is not None:
+                    agent.deregister_memory(reg)
         out = []
         for h, off, n in zip(handles, offs, sizes):
             dt, shape, _ = check_header(h, self.max_tensor_bytes)
@@ -125,13 +142,20 @@ class NixlStorage(StoragePlane):
 
     def _free(self, handles: list[Handle]) -> None:
         slots: dict[str, list[list[int]]] = {}
+        producers: dict[str, str] = {}
         for h in handles:
             if h.slot is not None:  # a consumer's copy (no free capability) frees nothing
                 slots.setdefault(h.free, []).append([h.offset, h.nbytes, h.slot])
-        self._sender.send(slots)
+                producers[h.free] = f"nixl agent {h.agent}"
+        self._sender.send(slots, producers)
 
     def arena_used(self) -> int:
         return self._arena.used if self._arena is not None else 0
+
+    def backpressure(self) -> dict[str, Any]:
+        """This producer's arena waits (`queue.nixl_arena_bytes`) and the frees this process could not deliver."""
+        arena = self._arena.backpressure() if self._arena is not None else {}
+        return {**super().backpressure(), **arena, "undelivered_frees": self._sender.undelivered_frees()}
 
     def close(self) -> None:
         if self._endpoint is not None:

@@ -29,6 +29,7 @@ import hmac
 import itertools
 import os
 import threading
+import time
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -40,7 +41,7 @@ from plane_common.net import endpoint
 from plane_common.strict_msgpack import decoder
 from transfer_queue import auth
 from transfer_queue.codec import WireError, decode, from_buffer, pack
-from transfer_queue.storage.base import StoragePlane, handle_of
+from transfer_queue.storage.base import StoragePlane, StorageUnreachable, handle_of
 from transfer_queue.storage.handles import Handle, ZmqHandle
 
 
@@ -55,6 +56,9 @@ class UnitRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
     """`put`: data frames of each key, in order (empty: one each)."""
     tokens: list[Annotated[bytes, msgspec.Meta(max_length=64)]] = []
     """`free`: the token the unit answered each key's `put` with."""
+    rid: Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)] = 0
+    """The client's number of this request, echoed in the reply: a `get` sent again (its first copy
+    or its reply lost with a connection that broke) is told apart from the answer to the one before."""
 
 
 class UnitReply(msgspec.Struct, omit_defaults=True):
@@ -71,6 +75,8 @@ class UnitReply(msgspec.Struct, omit_defaults=True):
     rejected: int = 0
     auth_refused: int = 0
     handshake_failed: int = 0
+    rid: int = 0
+    """The request's `rid` (0: a malformed request's, or a unit that does not number replies)."""
 
 
 _requests = decoder(UnitRequest)
@@ -96,6 +102,8 @@ class ZmqStorageUnit:
         self.max_message_bytes = max_message_bytes
         self._frames: dict[str, list[zmq.Frame]] = {}
         self._key = os.urandom(32)
+        self._rid = 0
+        """The `rid` of the request being handled (the loop's thread only)."""
         self.rejected = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tq-zmq-unit", daemon=True)
@@ -117,11 +125,12 @@ class ZmqStorageUnit:
                 continue
             msg = self._sock.recv_multipart(copy=False)
             ident, rest = msg[0], msg[1:]
+            self._rid = 0
             try:
                 reply = self._handle(rest)
             except WireError as e:
                 self.rejected += 1
-                reply = [pack(UnitReply(False, str(e)))]
+                reply = [pack(UnitReply(False, str(e), rid=self._rid))]
             if reply is not None:
                 self._sock.send_multipart([ident, *reply], copy=False)
         self._sock.close(0)
@@ -132,6 +141,7 @@ class ZmqStorageUnit:
         if not frames:
             raise WireError("empty message")
         req = decode(_requests, frames[0].buffer, self.max_message_bytes, "storage unit header")
+        self._rid = rid = req.rid
         keys = req.keys
         if len(keys) > self.max_keys:
             raise WireError(f"keys must be a list of at most {self.max_keys} non-empty strings of <= 256 chars")
@@ -154,12 +164,12 @@ class ZmqStorageUnit:
                 if sum(len(f.buffer) for f in held[k]) > self.max_tensor_bytes:
                     raise WireError(f"put: key {k!r} holds more than {self.max_tensor_bytes} bytes")
             self._frames.update(held)
-            return [pack(UnitReply(True, tokens=[self.token(k) for k in keys]))]
+            return [pack(UnitReply(True, tokens=[self.token(k) for k in keys], rid=rid))]
         if op == "get":
             missing = [k for k in keys if k not in self._frames]
             if missing:
                 raise WireError(f"get: unknown keys {missing[:3]}")
-            return [pack(UnitReply(True, parts=[len(self._frames[k]) for k in keys])),
+            return [pack(UnitReply(True, parts=[len(self._frames[k]) for k in keys], rid=rid)),
                     *[f for k in keys for f in self._frames[k]]]
         if op == "free":
             tokens = req.tokens + [b""] * (len(keys) - len(req.tokens))
@@ -173,7 +183,7 @@ class ZmqStorageUnit:
                 self.rejected += 1
             return None
         return [pack(UnitReply(True, count=len(self._frames), nbytes=self.nbytes, rejected=self.rejected,
-                               auth_refused=self.gate.refused, handshake_failed=self.gate.handshake_failed))]
+                               auth_refused=self.gate.refused, handshake_failed=self.gate.handshake_failed, rid=rid))]
 
     def close(self) -> None:
         self._stop.set()
@@ -198,7 +208,7 @@ class ZmqStorage(StoragePlane):
     kind = "zmq"
 
     def __init__(self, address: str = "", bind_host: str = "127.0.0.1", timeout_s: float = 120.0,
-                 data_max_frame_bytes: int = (4 << 30) + (1 << 20), **kw) -> None:
+                 data_max_frame_bytes: int = (4 << 30) + (1 << 20), read_timeout_s: float = 30.0, **kw) -> None:
         super().__init__(**kw)
         self.data_max_frame_bytes = data_max_frame_bytes
         self._unit: ZmqStorageUnit | None = None
@@ -213,7 +223,11 @@ class ZmqStorage(StoragePlane):
         self._socks: list[zmq.Socket] = []
         self._prefix = f"{os.getpid()}-{os.urandom(4).hex()}-"
         self._ids = itertools.count()
-        self._timeout_ms = int(timeout_s * 1000)
+        self._rids = itertools.count(1)
+        self._timeout_s = timeout_s
+        self.read_timeout_s = read_timeout_s
+        """`queue.read_timeout_s`: how long a `get` of another process's unit is waited for (sent again
+        meanwhile) before `StorageUnreachable`."""
 
     def address(self) -> str:
         with self._unit_lock:
@@ -234,16 +248,40 @@ class ZmqStorage(StoragePlane):
             self._socks.append(s)
         return socks[address]
 
-    def _call(self, address: str, header: UnitRequest, data: list[Any]) -> tuple[UnitReply, list[zmq.Frame]]:
+    def _call(self, address: str, header: UnitRequest, data: list[Any], timeout_s: float | None = None,
+              resend: bool = False) -> tuple[UnitReply, list[zmq.Frame]]:
+        """Send `header` (and `data`) to the unit at `address` and wait for its reply, at most `timeout_s`
+        (default: the plane's); `resend` (an idempotent `get`) sends the request again after 2, 4, 8 ...
+        s without an answer: a request or reply lost with a connection that broke (a link down, then up)
+        is asked again. Replies to earlier requests (their `rid`) are dropped. No answer in time:
+        `StorageUnreachable` naming the unit."""
         s = self._sock(address)
-        s.send_multipart([pack(header), *data], copy=False)
-        if not s.poll(self._timeout_ms):
-            raise TimeoutError(f"zmq storage unit {address} did not answer {header.op}")
-        frames = s.recv_multipart(copy=False)
-        rep = decode(_replies, frames[0].buffer, 1 << 20, "storage unit reply")
-        if not rep.ok:
-            raise WireError(f"zmq storage unit {address}: {rep.error}")
-        return rep, frames[1:]
+        header.rid = next(self._rids)
+        msg = [pack(header), *data]
+        s.send_multipart(msg, copy=False)
+        limit = self._timeout_s if timeout_s is None else timeout_s
+        now = time.monotonic()
+        deadline, gap = now + limit, 2.0
+        again = now + gap if resend else deadline
+        while True:
+            wait = max(min(deadline, again) - now, 0.0)
+            if s.poll(int(wait * 1000) + 1):
+                frames = s.recv_multipart(copy=False)
+                rep = decode(_replies, frames[0].buffer, 1 << 20, "storage unit reply")
+                if rep.rid and rep.rid != header.rid:  # the answer to a request given up before, or sent twice
+                    now = time.monotonic()
+                    continue
+                if not rep.ok:
+                    raise WireError(f"zmq storage unit {address}: {rep.error}")
+                return rep, frames[1:]
+            now = time.monotonic()
+            if now >= deadline:
+                raise StorageUnreachable(f"zmq storage unit {address}", f"no answer to {header.op} in {limit:g} s "
+                                         "(its process gone, or its host cut off: queue.read_timeout_s)")
+            if now >= again:
+                s.send_multipart(msg, copy=False)
+                gap *= 2
+                again = now + gap
 
     def _write(self, uid: str, arrays: dict[str, tuple[np.ndarray, str]]) -> dict[str, Handle]:
         keys = {name: f"{self._prefix}{next(self._ids)}" for name in arrays}
@@ -269,7 +307,7 @@ class ZmqStorage(StoragePlane):
 
     def _read_some(self, addr: str, handles: list[Handle], idx: list[int], out: list[Any]) -> None:
         """Read `handles` (all at `addr`, one request) into `out[idx]`."""
-        rep, frames = self._call(addr, UnitRequest("get", [h.key for h in handles]), [])
+        rep, frames = self._call(addr, UnitRequest("get", [h.key for h in handles]), [], self.read_timeout_s, resend=True)
         counts = rep.parts or [1] * len(idx)
         if len(counts) != len(idx) or sum(counts) != len(frames):
             raise WireError(f"zmq storage unit {addr}: {len(frames)} data frames for parts {counts[:8]}")

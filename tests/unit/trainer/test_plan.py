@@ -43,7 +43,8 @@ def test_rank_shards_match_the_full_batch_split(rows, minibatches, world):
     full = TrainBatch.from_trajectories(trajs, [r.advantage for r in plan.rows], pad_id=0)
     real_total = 0
     for rank in range(world):
-        parts, real = load_shard(plan, plane, rank, world)
+        parts, real, unreadable = load_shard(plan, plane, rank, world)
+        assert unreadable == {}
         assert len(parts) == len(minibatch_slices(rows, minibatches))
         for part, n_real, mb in zip(parts, real, minibatch_slices(rows, minibatches)):
             want = full[mb].shard(rank, world).trim()
