@@ -140,6 +140,7 @@ def train(args: list[str], debug: bool = False) -> int:
                             end.note = f" (after {restarts} restarts: trainer.max_restarts={cfg.trainer.max_restarts})"
                             raise
                         restarts += 1
+                        end.restarted = True
                         print(f"asyncrl: {e}; restarting the trainer from the last checkpoint ({restarts} of "
                               f"trainer.max_restarts={cfg.trainer.max_restarts})", file=sys.stderr, flush=True)
                         cfg.resume = True
@@ -168,10 +169,12 @@ def train(args: list[str], debug: bool = False) -> int:
 
 
 STOPS = ("agents.scoring:RewardBroken", "asyncrl.rollout.parity:WeightParityError", "asyncrl.rollout.rollouter:EndlessFiltering",
-         "asyncrl.trainer.rank:TrainerDied", "asyncrl.engines.openai_server:ReplyError", "asyncrl.rollout.router:NoServerError",
+         "asyncrl.trainer.rank:TrainerDied", "asyncrl.trainer.rank:TrainerUnplaced", "asyncrl.engines.openai_server:ReplyError",
+         "asyncrl.rollout.router:NoServerError",
          "builtins:FloatingPointError")
 """The errors the framework raises on purpose to stop a run, each with a message that says what, which key and what
 to do: a broken reward, a weight-parity failure, DAPO filtering that never fills a batch, a trainer that keeps dying,
+a restarted trainer that finds no room (the stop then carries the command that resumes the run),
 an external server's unusable reply, no server left, `trainer.max_bad_steps` non-finite steps in a row. Such a stop
 prints `asyncrl: stopped: <message>`; `ConfigError` prints `asyncrl: config error: <message>`."""
 
@@ -227,6 +230,8 @@ class RunEnd:
         self.line = ""
         self.note = ""
         """Appended to a stop's message (e.g. how many trainer restarts were spent)."""
+        self.restarted = False
+        """The trainer was restarted (its processes died): a stop now leaves checkpoints a resume continues from."""
 
     def resume_command(self) -> str:
         import shlex
@@ -242,6 +247,7 @@ class RunEnd:
 
         from asyncrl.config import ConfigError
         from asyncrl.run_dir import latest_checkpoint, write_status
+        from asyncrl.trainer.rank import TrainerUnplaced
 
         log = self.run_dir / "error.log"
         with log.open("a") as f:
@@ -261,6 +267,9 @@ class RunEnd:
                 self.line, rc = f"asyncrl: {text}", 2
             elif stop is not None:
                 text = one_line(stop) + self.note
+                if isinstance(stop, TrainerUnplaced) and self.restarted:  # the run can go on where it left off
+                    text += f"; resume with: {self.resume_command()}"
+                    out["resume_command"] = self.resume_command()
                 self.line, rc = f"asyncrl: stopped: {text}", 1
             else:
                 text = f"{type(e).__name__}: {one_line(e)}"[:500]

@@ -107,6 +107,7 @@ class Components:
             close()
         if self.sweep and hasattr(self.storage, "sweep"):
             self.storage.sweep()
+        self.storage.close()  # the run's plane: its queue clients (one per segment, `Pipeline`) leave it open
 
 
 def detached_names(cfg: Config) -> Any:
@@ -300,7 +301,7 @@ def build_trainer(cfg: Config, model_path: str, storage: Any) -> TrainerRank | T
         from asyncrl.trainer.actor import TrainerGroup
 
         return TrainerGroup(cfg.trainer.num_ranks, model_path, queue=cfg.queue, weights=cfg.weights, detached=detached_names(cfg),
-                            orphan_timeout_s=cfg.ray.orphan_timeout_s, **kw)
+                            orphan_timeout_s=cfg.ray.orphan_timeout_s, placement_timeout_s=cfg.trainer.placement_timeout_s, **kw)
     from asyncrl.trainer.rank import TrainerRank, build_engine
 
     return TrainerRank(build_engine(model_path, **kw), plane=storage, weights=cfg.weights)

@@ -80,9 +80,21 @@ def check_spec(spec: str, key: str) -> None:
 
 
 def is_loopback(spec: str) -> bool:
-    """Whether `spec` is a loopback address (reachable from its own host only)."""
+    """Whether `spec` binds a loopback address (reachable from its own host only): a loopback address, a
+    CIDR inside 127.0.0.0/8 or ::1, or an interface whose address on this host is one (`iface:lo`). `auto`
+    is not: each process resolves it to its own node's address."""
     addr = _as_address(spec)
-    return addr is not None and addr.is_loopback
+    if addr is not None:
+        return addr.is_loopback
+    net = _as_network(spec)
+    if net is not None:
+        return net.subnet_of(ipaddress.ip_network("127.0.0.0/8")) if net.version == 4 else net == ipaddress.ip_network("::1/128")
+    if spec.startswith("iface:"):
+        try:
+            return _as_address(resolve(spec)).is_loopback  # type: ignore[union-attr]
+        except ValueError:  # no such interface here: it may be on the other hosts
+            return False
+    return False
 
 
 def resolve(spec: str, key: str = "host") -> str:

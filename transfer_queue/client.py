@@ -57,6 +57,9 @@ class TransferQueueClient:
                  storage: StoragePlane | None = None, consumer_id: str = "") -> None:
         self.config = config
         self.consumer_id = consumer_id or default_consumer_id()
+        self._owns_storage = storage is None
+        """`close` closes the data plane only when this client made it: one passed in is its maker's (a run's
+        plane outlives the queue clients of its segments: a trainer restart makes a new one on the same plane)."""
         if metadata is None and config.metadata == "memory" and not config.controller_address:
             self.storage = storage or make_storage(config)
             self.metadata = make_metadata(config, on_free=self.storage.free)
@@ -148,7 +151,8 @@ class TransferQueueClient:
 
     def close(self) -> None:
         self.metadata.close()
-        self.storage.close()
+        if self._owns_storage:
+            self.storage.close()
 
 
 class AsyncTransferQueueClient:

@@ -116,8 +116,9 @@ def overrides(model: str, tokens: int, shm_dir: str) -> list[str]:
     ]
 
 
-def run_pipeline(model: str, tokens: int) -> dict[str, Any]:
-    """The pipeline in this process (a fresh one per size): what reached it, and its publishes."""
+def run_pipeline(model: str, tokens: int, address: str = "", extra: list[str] | None = None) -> dict[str, Any]:
+    """The pipeline in this process (a fresh one per size): what reached it, and its publishes. `address`:
+    a running Ray cluster's (`ray.address`); `extra`: overrides after the bench's own (they win)."""
     import ray
 
     from asyncrl.config import load
@@ -129,7 +130,7 @@ def run_pipeline(model: str, tokens: int) -> dict[str, Any]:
 
     read0, weights0 = StoragePlane.delivered_bytes, Receiver.delivered_bytes
     with tempfile.TemporaryDirectory(prefix="asyncrl-bench-planes-") as tmp:
-        cfg = load(None, overrides(model, tokens, tmp))
+        cfg = load(None, overrides(model, tokens, tmp) + ([f"ray.address={address}"] if address else []) + list(extra or []))
         run_dir = Path(tmp) / "run"
         run_dir.mkdir()
         metrics = MetricsLogger(cfg.logging, run_dir, {})
@@ -282,13 +283,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pipeline", metavar="MODEL", help=argparse.SUPPRESS)
     p.add_argument("--bare", metavar="MODEL", help=argparse.SUPPRESS)
     p.add_argument("--tokens", type=int, default=64, help=argparse.SUPPRESS)
+    p.add_argument("--address", default="", help=argparse.SUPPRESS)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=argparse.SUPPRESS)
+    p.add_argument("--hosts", type=int, nargs="?", const=3, default=0, metavar="N",
+                   help="run on N simulated hosts of this machine instead (3 or more, 3 if N is left out; needs root): "
+                        "asyncrl/bench/planes_hosts.py")
     a = p.parse_args(argv)
     if a.pipeline:
-        print(json.dumps(run_pipeline(a.pipeline, a.tokens)))
+        print(json.dumps(run_pipeline(a.pipeline, a.tokens, a.address, a.set)))
         return 0
     if a.bare:
         print(json.dumps(bare_publish(a.bare)))
         return 0
+    if a.hosts:
+        if a.hosts < 3:
+            p.error(f"--hosts: 3 or more (the layout's hosts), got {a.hosts}")
+        from asyncrl.bench import planes_hosts
+
+        return planes_hosts.main(a.hosts, a.quick, a.json, lambda cache: build_model(SIZES["small"], cache))
     t0 = time.time()
     return finish(run(quick=a.quick), t0, a.json, print_table)
 

@@ -189,6 +189,8 @@ class TrainerConfig:
     """Stop early once held-out reward reaches this (0 disables)."""
     max_restarts: int = 2
     """With Ray: a trainer rank that dies restarts the run's processes from the last checkpoint (as `resume=true` would; a durable queue redelivers what was not acknowledged), at most this many times per run."""
+    placement_timeout_s: float = 300.0
+    """Ray: how long the trainer ranks' placement group may wait for room, at start and when the trainer is restarted (a rank's host died: the ranks go where room is left). Past it the run stops with the command that resumes it (a restart) or with the error (at start)."""
     max_bad_steps: int = 3
     """A step whose loss or gradient norm is not finite is skipped (no optimizer update, counted as `bad_steps`); this many in a row stop the run."""
 
@@ -229,6 +231,7 @@ class TrainerConfig:
         _check(self.eval_every >= 1, "trainer.eval_every", "must be >= 1")
         _check(self.save_every >= 0, "trainer.save_every", "must be >= 0")
         _check(self.max_restarts >= 0, "trainer.max_restarts", f"must be >= 0, got {self.max_restarts}")
+        _check(self.placement_timeout_s > 0, "trainer.placement_timeout_s", f"must be > 0, got {self.placement_timeout_s}")
         _check(self.max_bad_steps >= 1, "trainer.max_bad_steps", f"must be >= 1, got {self.max_bad_steps}")
 
 

@@ -39,7 +39,7 @@ from asyncrl.config import AlgorithmConfig, TrainerConfig
 from asyncrl.hosts import on_node
 from asyncrl.orphan import NAMESPACE, Detached, DetachedNames, OrphanWatch, watched, while_name_taken
 from asyncrl.trainer.plan import BatchPlan
-from asyncrl.trainer.rank import TrainerDied, merge_outcomes
+from asyncrl.trainer.rank import TrainerDied, TrainerUnplaced, merge_outcomes
 
 
 DEAD_PEER_S = 10.0
@@ -129,6 +129,14 @@ class TrainerRankActor:
             self.trainer = None
 
 
+def _room() -> str:
+    """What the live Ray nodes have free, by node address (for a placement that found no room)."""
+    free = ray.available_resources()
+    nodes = [n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")]
+    custom = {k: v for k, v in free.items() if not k.startswith(("node:", "bundle_group", "memory", "object_store")) and "_group_" not in k}
+    return f"{len(nodes)} live nodes ({', '.join(nodes)}), free {custom}"
+
+
 def _orphaned(actor: Any, placement: str) -> None:
     """No controller for `ray.orphan_timeout_s`: close the rank, then remove the trainer's placement
     group (Ray ends every rank in it, this one too)."""
@@ -171,8 +179,9 @@ class TrainerGroup:
         ready, _ = ray.wait([self.placement.ready()], timeout=placement_timeout_s)
         if not ready:
             remove_placement_group(self.placement)
-            raise TimeoutError(f"trainer placement: {num_ranks} bundles of {bundle} not placed in {placement_timeout_s} s "
-                               f"(cluster: {ray.cluster_resources()}); lower trainer.num_ranks / trainer.gpus_per_rank")
+            raise TrainerUnplaced(f"trainer placement: {num_ranks} bundles of {bundle} not placed in {placement_timeout_s:g} s "
+                                  f"(trainer.placement_timeout_s; the cluster has {_room()}); lower trainer.num_ranks / "
+                                  "trainer.gpus_per_rank, or wait for a node to come back")
         self.ranks = [
             while_name_taken(lambda r=r: TrainerRankActor.options(
                 num_cpus=trainer.cpus_per_rank, num_gpus=gpus,

@@ -37,6 +37,12 @@ reported not loaded and its restart goes on, where waiting `timeout_s` held the 
 run one at a time."""
 
 
+class TrainerUnplaced(RuntimeError):
+    """The trainer ranks' placement group found no room within `trainer.placement_timeout_s` (at a restart:
+    the host of a rank died and the hosts left lack room). `asyncrl train` stops with the command that resumes
+    the run once the cluster has room again."""
+
+
 class TrainerDied(RuntimeError):
     """A trainer rank's process is gone (or the group was torn down because one was): the run
     restarts its processes from the last checkpoint (`trainer.max_restarts`)."""

@@ -1,26 +1,23 @@
-"""A real two-node Ray cluster on this host, started by deploy/ray/start_cluster.sh (the script the
-Slurm file runs): the head offers the custom resource `node_a`, a second raylet joins with `node_b`,
-and `start_cluster.sh run -- asyncrl train ...` runs a two-step pipeline whose trainer rank is
-placed on node_a (`trainer.ray_resources`) and whose servers on node_b (`rollout.ray_resources`).
-Where each actor ran is read back from Ray's GCS afterwards. Both nodes are ended by their process
-group (`start_cluster.sh stop`), never by `ray stop`, which would end other Ray clusters on the host.
+"""The two-machine recipe of deploy/local/README.md, as written there, on two simulated hosts
+(`asyncrl/bench/sim_cluster.py`: each its own network namespace and address, /dev/shm, /tmp, process
+table and hostname; nothing host-local passes between them). Host A runs `start_cluster.sh head` (custom
+resource `node_a`), host B `start_cluster.sh worker` (`node_b`), each with `--pid-file` as the README says;
+`start_cluster.sh run -- asyncrl train ...` on host A runs a two-step pipeline whose trainer rank is placed on
+node_a (`trainer.ray_resources`) and whose servers on node_b (`rollout.ray_resources`), with the keys a run
+over several hosts needs (`weights.host=auto queue.bind_host=auto`, zmq storage, gloo weights). Where each
+actor ran is read back from Ray's GCS. Both nodes are ended by `start_cluster.sh stop --pid-file` (never
+`ray stop`): afterwards neither host's process table holds a Ray process. Skipped where namespaces cannot be
+made (not root, no iproute2 / util-linux).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import secrets
-import shutil
-import socket
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 
-from tests.deploy.conftest import BIN, DEPLOY, REPO, tool
+from asyncrl.bench.sim_cluster import SimCluster, available
+from tests.deploy.conftest import DEPLOY
 
 SCRIPT = str(DEPLOY / "ray" / "start_cluster.sh")
 
@@ -28,86 +25,61 @@ WHERE_ACTORS_RAN = """
 import json, sys
 import ray
 ray.init(address=sys.argv[1], log_to_driver=False)
-nodes = {n["NodeID"]: sorted(k for k in n["Resources"] if k.startswith("node_")) for n in ray.nodes()}
-# the GCS actor table (ray.util.state needs the dashboard, which these nodes do not run); it keeps dead actors
+nodes = {n["NodeID"]: (n["NodeManagerAddress"], sorted(k for k in n["Resources"] if k.startswith("node_"))) for n in ray.nodes()}
 from ray._private.state import actors as gcs_actors
-actors = [{"class": a["ActorClassName"], "node": nodes.get(a["Address"]["NodeID"], [a["Address"]["NodeID"]]), "state": a["State"]}
-          for a in gcs_actors().values()]
-print(json.dumps({"nodes": nodes, "actors": actors}))
+actors = [{"class": a["ActorClassName"], "node": nodes.get(a["Address"]["NodeID"], ("", []))[1],
+           "address": nodes.get(a["Address"]["NodeID"], ("", []))[0], "state": a["State"]} for a in gcs_actors().values()]
+print(json.dumps({"nodes": sorted(nodes.values()), "actors": actors}))
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def group_alive(pgid: int) -> list[str]:
-    """Live (not zombie) processes of process group `pgid`, as `pid cmd`."""
-    out = subprocess.run(["ps", "-eo", "pgid=,pid=,stat=,comm="], capture_output=True, text=True, check=True).stdout
-    rows = [line.split(None, 3) for line in out.splitlines()]
-    return [f"{r[1]} {r[3]}" for r in rows if len(r) == 4 and int(r[0]) == pgid and not r[2].startswith("Z")]
-
-
 @pytest.fixture
-def two_nodes(tmp_path: Path):
-    """(address, env) of a head (node_a, 2 CPUs) and a worker (node_b, 2 CPUs) on 127.0.0.1."""
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", RAY=tool("ray"), PYTHON=sys.executable,
-               RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16), ASYNCRL_SECRET=secrets.token_hex(16),
-               PYTHONPATH=str(REPO))
-    short = Path(tempfile.mkdtemp(prefix="ar-", dir="/tmp"))  # Ray's socket paths must stay under 107 bytes
-    port = free_port()
-    address = f"127.0.0.1:{port}"
-    head, worker = tmp_path / "head.pid", tmp_path / "worker.pid"
-    run = lambda *a, timeout=120: subprocess.run([SCRIPT, *a], env=env, cwd=REPO, timeout=timeout, check=True)  # noqa: E731
-    pgids = []
+def two_hosts():
+    why = available()
+    if why:
+        pytest.skip(why)
+    with SimCluster(2) as c:
+        yield c
+
+
+@pytest.mark.timeout(300)
+def test_the_two_machine_recipe_runs_on_two_hosts(two_hosts):
+    c = two_hosts
+    a, b = c.hosts[0].address, c.hosts[1].address
+    pid_a, pid_b = "/tmp/node_a.pid", "/tmp/node_b.pid"  # each in its own host's /tmp
+    head = c.run(0, [SCRIPT, "head", "--ip", a, "--port", "6379", "--num-cpus", "2", "--resources", '{"node_a": 2}',
+                     "--pid-file", pid_a], timeout=120)
+    assert head.returncode == 0, head.stdout + head.stderr
+    worker = c.run(1, [SCRIPT, "worker", "--address", f"{a}:6379", "--ip", b, "--num-cpus", "2", "--resources",
+                       '{"node_b": 2}', "--pid-file", pid_b], timeout=120)
+    assert worker.returncode == 0, worker.stdout + worker.stderr
     try:
-        run("head", "--ip", "127.0.0.1", "--port", str(port), "--num-cpus", "2", "--resources", '{"node_a": 2}',
-            "--temp-dir", str(short / "ray"), "--pid-file", str(head),
-            "--", "--dashboard-port", str(free_port()), "--ray-client-server-port", str(free_port()))
-        pgids.append(int(head.read_text()))
-        run("run", "--address", address, "--wait-nodes", "1", "--wait-s", "60", "--", "true")
-        run("worker", "--address", address, "--ip", "127.0.0.1", "--num-cpus", "2", "--resources", '{"node_b": 2}',
-            "--pid-file", str(worker), "--", "--dashboard-agent-listen-port", str(free_port()))
-        pgids.append(int(worker.read_text()))
-        yield address, env
+        runs = c.shared / "runs"
+        train = c.run(0, [
+            SCRIPT, "run", "--address", f"{a}:6379", "--wait-nodes", "2", "--wait-s", "90", "--",
+            "asyncrl", "train", "trainer.ray_resources={node_a: 1}", "rollout.ray_resources={node_b: 1}", "queue.storage=zmq",
+            "weights.backend=gloo", "weights.host=auto", "queue.bind_host=auto",
+            "trainer.total_steps=2", "rollout.num_servers=2", "trainer.prompts_per_step=2", "rollout.group_size=2", "data.eval_size=2",
+            "trainer.eval_every=2", "logging.mlflow=false", "logging.progress=false", f"logging.run_root={runs}",
+            "logging.run_name=two-node", f"model.cache_dir={c.shared / 'models'}",
+        ], timeout=240)
+        assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
+        assert "2 Ray nodes alive" in train.stdout
+        assert f"trainer rank 0 on {a} (eth0)" in train.stdout, train.stdout[-2000:]
+
+        state = json.loads(c.python(0, WHERE_ACTORS_RAN, f"{a}:6379").strip().splitlines()[-1])
+        assert sorted(map(tuple, map(lambda n: (n[0], tuple(n[1])), state["nodes"]))) == [(a, ("node_a",)), (b, ("node_b",))]
+        trainers = [x for x in state["actors"] if x["class"] == "TrainerRankActor"]
+        servers = [x for x in state["actors"] if x["class"] == "ServerActor"]
+        assert len(trainers) == 1 and len(servers) == 2, state["actors"]
+        assert all(x["address"] == a for x in trainers) and all(x["address"] == b for x in servers), state["actors"]
+
+        status = json.loads((runs / "two-node" / "status_final.json").read_text())
+        versions = [s["version"] for f in status["fleets"].values() for s in f["servers"]]
+        assert versions == [2, 2], status["fleets"]  # both servers on host B loaded the trainer's weights of step 2
     finally:
-        for pid_file in (worker, head):
-            subprocess.run([SCRIPT, "stop", "--pid-file", str(pid_file)], env=env, timeout=60, check=False)
-        shutil.rmtree(short, ignore_errors=True)
-        left = [p for g in pgids for p in group_alive(g)]
-        assert not left, f"a node's processes outlived start_cluster.sh stop: {left}"
-
-
-@pytest.mark.timeout(240)
-def test_trainer_and_servers_run_on_different_nodes(two_nodes, tmp_path):
-    address, env = two_nodes
-    train = [
-        tool("asyncrl"), "train", "configs/demo.yaml", "trainer.total_steps=2", "trainer.prompts_per_step=2",
-        "rollout.group_size=2", "rollout.num_servers=2", "data.eval_size=2", "trainer.eval_every=2",
-        "trainer.ray_resources={node_a: 1}", "rollout.ray_resources={node_b: 1}",
-        "logging.mlflow=false", "logging.progress=false", f"logging.run_root={tmp_path}/runs", "logging.run_name=two-node",
-        f"queue.shm_dir={tmp_path}/shm", f"model.cache_dir={tmp_path}/models",
-    ]
-    (tmp_path / "shm").mkdir()
-    done = subprocess.run([SCRIPT, "run", "--address", address, "--wait-nodes", "2", "--wait-s", "60", "--", *train],
-                          env=env, cwd=REPO, timeout=200, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "2 Ray nodes alive" in done.stdout
-
-    where = subprocess.run([sys.executable, "-c", WHERE_ACTORS_RAN, address], env=env, timeout=60,
-                           capture_output=True, text=True)
-    assert where.returncode == 0, where.stderr[-3000:]
-    state = json.loads(where.stdout.strip().splitlines()[-1])
-    assert sorted(map(tuple, state["nodes"].values())) == [("node_a",), ("node_b",)]
-    trainers = [a for a in state["actors"] if a["class"] == "TrainerRankActor"]
-    servers = [a for a in state["actors"] if a["class"] == "ServerActor"]
-    assert len(trainers) == 1 and len(servers) == 2, state["actors"]
-    assert all(a["node"] == ["node_a"] for a in trainers), trainers
-    assert all(a["node"] == ["node_b"] for a in servers), servers
-
-    run_dir = tmp_path / "runs" / "two-node"
-    status = json.loads((run_dir / "status_final.json").read_text())
-    versions = [s["version"] for f in status["fleets"].values() for s in f["servers"]]
-    assert versions == [2, 2], status["fleets"]  # both servers on node_b loaded the trainer's weights of step 2
+        for i, pid_file in ((1, pid_b), (0, pid_a)):
+            c.run(i, [SCRIPT, "stop", "--pid-file", pid_file], timeout=60)
+    for i in (0, 1):
+        left = [p for p in c.processes(i) if "ray" in p.split(None, 1)[-1] and "ps -eo" not in p]
+        assert not left, f"host {i}: Ray processes outlived start_cluster.sh stop: {left}"

@@ -9,6 +9,7 @@ counted drop), and no publish waits past `weights.timeout_s`. A killed host boot
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 
 import pytest
@@ -131,3 +132,35 @@ def test_a_server_grown_on_another_host_joins_from_a_peer_then_its_host_dies(hos
     assert preempts, _events(hosts, name)  # its server counted as preempted
     summary = json.loads((hosts.run_dir(name) / "summary.json").read_text())
     assert summary["steps"] == steps and killed_at < steps, summary
+
+
+def test_a_trainer_host_killed_stops_with_the_resume_command_and_the_resume_loses_nothing(hosts):
+    """The host of trainer rank 1 (host 1; the servers run on host 3) dies whole: the rank's death restarts the
+    trainer from its last checkpoint, whose two ranks find room on one host only (host 0: the hosts left hold one
+    `trainer_slot`), so after `trainer.placement_timeout_s` the run stops with one line that carries the command
+    resuming it. Host 1 boots again; that command, run as printed, finishes the run: over both segments nothing is
+    lost and nothing trained twice."""
+    name, steps = "trainer-host", 30
+    extra = ("weights.backend=gloo", "queue.storage=zmq", "queue.read_timeout_s=10", f"weights.timeout_s={TIMEOUT_S}",
+             "trainer.save_every=3", "trainer.placement_timeout_s=15", "rollout.num_servers=1")
+    proc = hosts.popen(name, steps, *extra, servers_on="host3")
+    _wait(proc, "step 4", lambda: _step(hosts, name) >= 4)
+    hosts.c.kill_host(1)
+    try:
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        hosts.c.revive(1)
+    assert proc.returncode == 1, out[-4000:]
+    assert "restarting the trainer from the last checkpoint" in out, out[-4000:]
+    stop = [l for l in out.splitlines() if l.startswith("asyncrl: stopped: trainer placement")]
+    assert stop and "trainer.placement_timeout_s" in stop[0] and "resume with: asyncrl train" in stop[0], out[-4000:]
+    resume = stop[0].split("resume with: ", 1)[1]
+    assert "resume=true" in resume and f"logging.run_name={name}" in resume, resume
+
+    again = hosts.c.run(0, ["bash", "-c", resume], timeout=300, stderr=subprocess.STDOUT)  # as printed, on host 0
+    assert again.returncode == 0, again.stdout[-4000:]
+    acc = hosts.account(name, again.returncode)
+    assert acc["lost"] == 0 and acc["trained_twice"] == 0 and acc["last_step"] == steps, acc

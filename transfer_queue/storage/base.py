@@ -14,6 +14,7 @@ handle is freed (every consumer group acked) and calls `free`.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -21,6 +22,11 @@ import numpy as np
 
 from transfer_queue.codec import from_buffer, to_numpy
 from transfer_queue.storage.handles import Handle, InlineHandle, as_handle, check_handle
+
+
+UNREACHABLE_FOR = 2.0
+"""`read_by_source` takes a producer that did not answer for gone this many `queue.read_timeout_s` (at least
+10 s) before it asks it again."""
 
 
 class StorageUnreachable(OSError):
@@ -53,6 +59,8 @@ class StoragePlane(ABC):
         """`queue.max_frame_bytes`: limit of this plane's control sockets (free endpoints)."""
         self.max_connections = max_connections
         """`queue.max_connections`: peers each listener this plane opens keeps at once."""
+        self._unreachable: dict[str, tuple[float, str]] = {}
+        """Producers that did not answer a read: source -> (monotonic time, why) (`read_by_source`)."""
 
     def check(self, h: Any) -> Handle:
         """`h` (typed) if it is a well-formed handle of this plane (or inline) that `verify` accepts; else WireError."""
@@ -98,19 +106,30 @@ class StoragePlane(ABC):
     def read_by_source(self, handles: list[Handle]) -> tuple[list[np.ndarray | None], dict[str, str]]:
         """`read`, one producer (`Handle.source`) at a time: the arrays of the producers that answered
         (None for the handles of one that could not be reached: `StorageUnreachable`) and why each such
-        producer failed. A host that died or is cut off then costs its own records, not the whole read."""
+        producer failed. A host that died or is cut off then costs its own records, not the whole read.
+        A producer that failed is not asked again for `UNREACHABLE_FOR` times `queue.read_timeout_s` (its
+        handles fail at once, with the same reason): a dead server's records still queued (a resume after
+        the servers died) cost one `queue.read_timeout_s` now and then, not one per step."""
         handles = [as_handle(h) for h in handles]
         by_source: dict[str, list[int]] = {}
         for i, h in enumerate(handles):
             by_source.setdefault(h.source, []).append(i)
         out: list[np.ndarray | None] = [None] * len(handles)
         failed: dict[str, str] = {}
+        gone = self._unreachable
+        now = time.monotonic()
+        quiet = max(UNREACHABLE_FOR * getattr(self, "read_timeout_s", 30.0), 10.0)
         for source, idx in by_source.items():
+            if source in gone and now - gone[source][0] < quiet:
+                failed[source] = gone[source][1]
+                continue
             try:
                 arrays = self.read([handles[i] for i in idx])
             except StorageUnreachable as e:
                 failed[source] = str(e)
+                gone[source] = (time.monotonic(), str(e))
                 continue
+            gone.pop(source, None)
             for i, arr in zip(idx, arrays):
                 out[i] = arr
         return out, failed

@@ -224,6 +224,9 @@ class ZmqStorage(StoragePlane):
         self._prefix = f"{os.getpid()}-{os.urandom(4).hex()}-"
         self._ids = itertools.count()
         self._rids = itertools.count(1)
+        self.undelivered_frees = 0
+        """Keys whose free was not sent: the unit's queue here was full (the unit gone or cut off for long;
+        a unit that is gone holds nothing any more)."""
         self._timeout_s = timeout_s
         self.read_timeout_s = read_timeout_s
         """`queue.read_timeout_s`: how long a `get` of another process's unit is waited for (sent again
@@ -238,8 +241,19 @@ class ZmqStorage(StoragePlane):
                 self._address = self._unit.address
         return self._address
 
+    def _forget(self, address: str) -> None:
+        """Drop this thread's socket to `address` with whatever it still queues (requests a dead or cut-off
+        unit never took): the next call opens a fresh one, so no queue fills up to ZeroMQ's limit and
+        blocks a send, and closing the plane waits for nothing."""
+        s = self._local.__dict__.setdefault("socks", {}).pop(address, None)
+        if s is not None:
+            s.close(0)
+            self._socks.remove(s)
+
     def _sock(self, address: str) -> zmq.Socket:
         socks = self._local.__dict__.setdefault("socks", {})
+        if address in socks and socks[address].closed:  # `close` closed it (every thread's): a fresh one
+            del socks[address]
         if address not in socks:
             s = curve.client(self._ctx.socket(zmq.DEALER), self.secret, self.data_max_frame_bytes)
             s.setsockopt(zmq.LINGER, 1000)
@@ -276,6 +290,7 @@ class ZmqStorage(StoragePlane):
                 return rep, frames[1:]
             now = time.monotonic()
             if now >= deadline:
+                self._forget(address)
                 raise StorageUnreachable(f"zmq storage unit {address}", f"no answer to {header.op} in {limit:g} s "
                                          "(its process gone, or its host cut off: queue.read_timeout_s)")
             if now >= again:
@@ -331,8 +346,11 @@ class ZmqStorage(StoragePlane):
             tokens.append(h.token or b"")  # a consumer's copy has no token: the unit refuses (and counts) it
         for addr, (keys, tokens) in by_addr.items():
             for idx in _batches(list(range(len(keys))), [len(k) + 18 for k in keys]):
-                self._sock(addr).send_multipart([pack(UnitRequest("free", [keys[i] for i in idx],
-                                                                  tokens=[tokens[i] for i in idx]))])
+                try:  # one-way, never blocking: a unit gone or cut off for long would fill the queue and hold the caller
+                    self._sock(addr).send_multipart([pack(UnitRequest("free", [keys[i] for i in idx],
+                                                                      tokens=[tokens[i] for i in idx]))], zmq.NOBLOCK)
+                except zmq.Again:
+                    self.undelivered_frees += len(idx)
 
     def unit_stats(self, address: str | None = None) -> dict[str, Any]:
         """`count`, `nbytes` and `rejected` of a storage unit."""
