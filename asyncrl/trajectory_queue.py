@@ -240,12 +240,18 @@ class TrajectoryQueue:
     async def keep_leases(self) -> None:
         """Until cancelled, renew every third of `queue.lease_timeout_s` the leases this trainer
         holds: the batch in training and the trained ones waiting for the checkpoint. A step held
-        up longer than the lease (a publish waiting for a dead server, a restart) must not let its
-        records be redelivered and trained a second time."""
-        while True:
-            await asyncio.sleep(self.lease_timeout_s / 3)
-            for b in [*self.pending, *([self._training] if self._training is not None else [])]:
-                await self.client.renew(b)
+        up longer than the lease (a publish waiting for a dead server, a read waiting for a host cut
+        off, a restart) must not let its records be redelivered and trained a second time. The
+        renewals run on a thread of their own: the event loop's default pool can be busy with
+        blocking calls for longer than a lease."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        loop = asyncio.get_running_loop()
+        with ThreadPoolExecutor(1, thread_name_prefix="tq-leases") as own:  # never queued behind the loop's busy default pool
+            while True:
+                await asyncio.sleep(self.lease_timeout_s / 3)
+                for b in [*self.pending, *([self._training] if self._training is not None else [])]:
+                    await loop.run_in_executor(own, self.client.sync.renew, b)
 
     async def trained(self, batch: Batch) -> None:
         self._training = None

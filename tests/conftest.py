@@ -35,7 +35,7 @@ def tiny_model_b(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 HEAVY = (
     "tests/deploy/test_follow_cluster.py", "tests/deploy/test_two_node_ray.py", "tests/faults/test_live_faults.py",
-    "tests/faults/test_trainer_restart.py", "tests/hosts/", "tests/integration/fleet/", "tests/integration/test_chaos_quick.py",
+    "tests/faults/test_trainer_restart.py", "tests/hosts/test_host_faults.py", "tests/integration/fleet/", "tests/integration/test_chaos_quick.py",
     "tests/integration/test_first_hour.py::test_the_gpu_recipe_runs_on_cpu", "tests/integration/test_ray_pipeline.py",
     "tests/integration/test_resume_reattach.py", "tests/integration/test_resume_redis.py",
     "tests/integration/test_scale_live.py::test_scale_a_ray_run", "tests/integration/trainer/test_actor.py",

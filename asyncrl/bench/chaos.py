@@ -202,7 +202,8 @@ def accounting(redis_url: str, run_id: str, run: Path, code: int) -> dict[str, A
     dropped = sum(stats.dropped.get("trainer", {}).values())
     resident = sum(stats.depth.get("trainer", {}).values())
     return {"trajectories_produced": stats.put, "trained": len(set(uids)), "trained_twice": len(uids) - len(set(uids)),
-            "dropped": dropped, "resident": resident, "last_step": effective[-1]["step"] if effective else 0,
+            "dropped": dropped, "dropped_by_cause": {k: v for k, v in stats.dropped.get("trainer", {}).items() if v},
+            "acked": sum(stats.acked.values()), "resident": resident, "last_step": effective[-1]["step"] if effective else 0,
             "lost": stats.put - len(set(uids)) - dropped - resident if code == 0 else None}
 
 

@@ -128,7 +128,7 @@ class HostsRun:
             f"trainer.total_steps={steps}", "trainer.save_every=2", "trainer.eval_every=1000", "trainer.prompts_per_step=4",
             "rollout.group_size=4", "data.eval_size=8", "queue.metadata=redis", f"queue.redis_url={self.redis_url}",
             f"queue.run_id={name}", "queue.storage=zmq", "weights.backend=gloo", "weights.host=auto", "queue.bind_host=auto",
-            "weights.timeout_s=10", "queue.lease_timeout_s=10", "rollout.health_timeout_s=10", "rollout.health_interval_s=2",
+            "weights.timeout_s=10", "queue.lease_timeout_s=30", "rollout.health_timeout_s=10", "rollout.health_interval_s=2",
             f"logging.run_root={self.runs}", f"logging.run_name={name}", "logging.mlflow=false", "logging.progress=false",
             f"model.cache_dir={self.models}", *extra,
         ]

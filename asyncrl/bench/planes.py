@@ -25,7 +25,10 @@ metadata <= 2048 bytes per trajectory and the same at both sizes, controller RSS
 <= 1.15, publish ratio bare / pipeline >= 0.8 at the large size (at the small one fixed
 per-publish round trips dominate a few tens of MB; its ratio is reported, not targeted).
 `--json` prints the figures as JSON; `--quick` shrinks the large size (~50M parameters, 512
-tokens) for a fast smoke run.
+tokens) for a fast smoke run. `--hosts N` runs the multi-host form instead, on N simulated hosts of this
+machine (`planes_hosts.py`: the same controller figures with the trainer ranks and servers on other hosts,
+gloo weights and zmq data across the bridge, a bare gloo `Sender` across the same link, and records/s through
+the data plane between two hosts against one).
 
 Publish ratio, how it is measured: the pipeline's publishes after the first (the first also
 forms FSDP's state) against the bare Sender's publishes after the first (the first pays the

@@ -338,9 +338,10 @@ class SimCluster:
         return sorted(p.name for p in d.iterdir()) if d.is_dir() else []
 
     def processes(self, i: int) -> list[str]:
-        """`pid command` of every process host i's process table holds (its own pids)."""
-        out = self.run(i, ["ps", "-eo", "pid=,args="], timeout=30).stdout
-        return [line.strip() for line in out.splitlines() if line.strip()]
+        """`pid command` of every live process host i's process table holds (its own pids; zombies left out)."""
+        out = self.run(i, ["ps", "-eo", "pid=,stat=,args="], timeout=30).stdout
+        rows = [line.split(None, 2) for line in out.splitlines() if line.strip()]
+        return [f"{r[0]} {r[2]}" for r in rows if len(r) == 3 and not r[1].startswith("Z")]
 
 
 def _pid_one(unshare_pid: int, wait_s: float = 10) -> int:
@@ -433,7 +434,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     up.add_argument("n", type=int)
     up.add_argument("--ray", action="store_true", help="start a Ray head on host 0 and a worker on every other host")
     up.add_argument("--cpus", type=int, default=2, help="Ray CPUs per host")
-    down = sub.add_parser("down", help="end every process of the cluster and delete it")
+    sub.add_parser("down", help="end every process of the cluster and delete it")
     ex = sub.add_parser("exec", help="run a command on host I: exec I -- CMD ...")
     ex.add_argument("i", type=int)
     ex.add_argument("command", nargs=argparse.REMAINDER)

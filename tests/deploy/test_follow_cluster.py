@@ -20,8 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.conftest import BIN, REPO, tool
-from tests.deploy.test_two_node_ray import SCRIPT, free_port
+from asyncrl.bench.cluster import free_port
+from tests.deploy.conftest import BIN, DEPLOY, REPO, tool
+
+SCRIPT = str(DEPLOY / "ray" / "start_cluster.sh")
 
 STEPS = 25
 

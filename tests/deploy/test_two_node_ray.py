@@ -13,6 +13,7 @@ made (not root, no iproute2 / util-linux).
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -80,6 +81,8 @@ def test_the_two_machine_recipe_runs_on_two_hosts(two_hosts):
     finally:
         for i, pid_file in ((1, pid_b), (0, pid_a)):
             c.run(i, [SCRIPT, "stop", "--pid-file", pid_file], timeout=60)
-    for i in (0, 1):
-        left = [p for p in c.processes(i) if "ray" in p.split(None, 1)[-1] and "ps -eo" not in p]
+    for i in (0, 1):  # a worker the node had started may take a moment to see its raylet gone
+        deadline = time.monotonic() + 15
+        while (left := [p for p in c.processes(i) if "ray" in p.split(None, 1)[-1] and "ps -eo" not in p]) and time.monotonic() < deadline:
+            time.sleep(0.5)
         assert not left, f"host {i}: Ray processes outlived start_cluster.sh stop: {left}"

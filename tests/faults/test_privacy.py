@@ -552,7 +552,8 @@ def test_8_ray_token_file_is_private_and_slurm_does_not_reuse_the_secret(tmp_pat
     for p in (start, bin_dir / "scontrol", bin_dir / "srun"):
         p.chmod(0o755)
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path), "ASYNCRL_REPO": str(repo),
-           "ASYNCRL_SECRET": SECRET, "SLURM_JOB_NODELIST": "node0"}
+           "ASYNCRL_SECRET": SECRET, "SLURM_JOB_NODELIST": "node0",
+           "ASYNCRL_REDIS_URL": "redis://:pw@10.0.0.1:6380/0"}  # a Redis of the user's: the job starts none
     subprocess.run(["bash", str(ROOT / "deploy/slurm/asyncrl.sbatch"), "configs/demo.yaml"], env=env, check=True,
                    timeout=30)
     deadline = time.monotonic() + 5

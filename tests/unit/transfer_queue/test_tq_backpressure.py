@@ -66,6 +66,7 @@ def test_a_plane_shows_its_arena_wait_and_the_free_that_ends_it(tmp_path):
         second = threading.Thread(target=plane.write, args=("u1", {"x": np.ones(48 << 10, dtype=np.uint8)}))
         second.start()
         assert _until(lambda: plane.backpressure()["arena_waiting"] == 1)
+        time.sleep(0.05)  # a wait long enough to show in milliseconds
         plane.free([first])  # through the free endpoint, over ZeroMQ
         second.join(4)
         assert not second.is_alive()
