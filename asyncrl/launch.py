@@ -362,6 +362,8 @@ async def ray_fleets(cfg: Config, model_path: str, spec: HostSpec, trainer: Call
     except ConfigError:
         await manager.close()
         raise
+    where = ", ".join(f"{s.name} on {s.node} ({getattr(s, 'ifname', '') or 'no interface found'})" for s in manager.servers)
+    print(f"asyncrl: servers {where}", flush=True)  # each server's gloo / NCCL sockets (`asyncrl.hosts.on_node`)
     return manager
 
 

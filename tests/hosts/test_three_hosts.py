@@ -108,6 +108,8 @@ def test_servers_on_another_host_join_the_version_0_publish(hosts):
                        trainer_on="host0", servers_on="host1")
     assert done.returncode == 0, done.stdout[-4000:]
     assert "not joined" not in done.stdout and "restart of" not in done.stdout, done.stdout[-3000:]
+    line = [l for l in done.stdout.splitlines() if l.startswith("asyncrl: servers ")]
+    assert line and line[0].count("on 10.213.0.2 (eth0)") == 2, line  # where they run, and their sockets' interface
     status = json.loads((hosts.run_dir(name) / "status_final.json").read_text())
     versions = [s["version"] for f in status["fleets"].values() for s in f["servers"]]
     assert versions == [2, 2], status["fleets"]
