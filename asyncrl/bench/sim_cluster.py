@@ -78,9 +78,9 @@ def available() -> str:
         return "simulated hosts need Linux namespaces"
     if os.geteuid() != 0:
         return "simulated hosts need root (network, mount and pid namespaces)"
-    for tool in ("ip", "nsenter", "unshare", "mount"):
+    for tool in ("ip", "nsenter", "unshare", "mount", "ps"):
         if shutil.which(tool) is None:
-            return f"simulated hosts need `{tool}` (iproute2 / util-linux)"
+            return f"simulated hosts need `{tool}` (iproute2, util-linux, procps)"
     probe = f"asyncrl-probe-{os.getpid()}"
     made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if made.returncode != 0:
