@@ -45,6 +45,8 @@ class StoragePlane(ABC):
     outlives_writer: bool = False
     """The bytes a process wrote stay readable after it died (shm: they are tmpfs files; zmq, nixl,
     local: they live in the writer's process). What keeps a dead server's partial samples."""
+    read_timeout_s: float = 30.0
+    """`queue.read_timeout_s` where the plane reads another process's bytes (`zmq`, `nixl`)."""
     delivered_bytes: int = 0
     """Tensor bytes that `read` delivered in this process, every plane together (inline ones
     included): what a process that must never receive trajectory tensors checks."""
@@ -118,7 +120,7 @@ class StoragePlane(ABC):
         failed: dict[str, str] = {}
         gone = self._unreachable
         now = time.monotonic()
-        quiet = max(UNREACHABLE_FOR * getattr(self, "read_timeout_s", 30.0), 10.0)
+        quiet = max(UNREACHABLE_FOR * self.read_timeout_s, 10.0)
         for source, idx in by_source.items():
             if source in gone and now - gone[source][0] < quiet:
                 failed[source] = gone[source][1]
