@@ -6,7 +6,8 @@ Each simulated host is
   bridge that lives in a namespace of its own (`<name>-br`): no address, link or route is added to the
   machine's own namespace, and 127.0.0.1 on one host is not 127.0.0.1 on another;
 - pid, mount and UTS namespaces whose pid 1 (`_INIT`, it reaps orphans) holds them: its own process table,
-  hostname (`<name>-h<i>`), a fresh tmpfs on /dev/shm, its own /tmp (the directory `<base>/h<i>/tmp`), an
+  hostname (`<name>-h<i>`), a fresh tmpfs on /dev/shm, its own /tmp (the directory `<base>/h<i>/tmp`; a clone
+  of the code or a venv that lies under the machine's /tmp is mounted back into it at the same path), an
   /etc/hosts that names every host;
 - optionally its own clocks: a time namespace offsets CLOCK_MONOTONIC (`skew_s`), and processes started with
   `env_for` see `time.time()` shifted by as much (`sitecustomize`; CLOCK_REALTIME has no namespace).
@@ -48,11 +49,18 @@ BASE = Path("/var/tmp/asyncrl-sim")
 RAY_PORT = 6379
 
 _INIT = r"""
-import os, signal, socket, subprocess, sys, time
-name, tmp, hosts, skew = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
-for cmd in (["mount", "-t", "tmpfs", "-o", "mode=1777,size=2g", "tmpfs", "/dev/shm"],
-            ["mount", "--bind", tmp, "/tmp"], ["mount", "--bind", hosts, "/etc/hosts"]):
-    subprocess.run(cmd, check=True)
+import json, os, signal, socket, subprocess, sys, time
+name, tmp, hosts, skew, keep = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), json.loads(sys.argv[5])
+run = lambda *cmd: subprocess.run(list(cmd), check=True)
+run("mount", "-t", "tmpfs", "-o", "mode=1777,size=2g", "tmpfs", "/dev/shm")
+if keep:  # the machine's /tmp, seen under another name while the host's own covers /tmp
+    os.makedirs("/run/asyncrl-machine-tmp", exist_ok=True)
+    run("mount", "--bind", "/tmp", "/run/asyncrl-machine-tmp")
+run("mount", "--bind", tmp, "/tmp")
+for path in keep:  # what every host shares although it lies in /tmp: the code and the venv of this clone
+    os.makedirs(path, exist_ok=True)
+    run("mount", "--bind", "/run/asyncrl-machine-tmp/" + os.path.relpath(path, "/tmp"), path)
+run("mount", "--bind", hosts, "/etc/hosts")
 socket.sethostname(name)
 signal.signal(signal.SIGTERM, lambda *a: os._exit(0))  # pid 1 ignores signals it has no handler for
 print("ready", flush=True)
@@ -209,7 +217,7 @@ class SimCluster:
         init = subprocess.Popen(
             ["ip", "netns", "exec", netns, "unshare", "--pid", "--fork", "--mount", "--uts", "--propagation", "private",
              "--mount-proc", *clock, sys.executable, "-c", _INIT, f"{self.name}-h{i}", str(hdir / "tmp"), str(self.base / "hosts"),
-             str(self.skew[i])],
+             str(self.skew[i]), json.dumps(_shared_in_tmp())],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         line = init.stdout.readline() if init.stdout else ""
         if line.strip() != "ready":
@@ -342,6 +350,15 @@ class SimCluster:
         out = self.run(i, ["ps", "-eo", "pid=,stat=,args="], timeout=30).stdout
         rows = [line.split(None, 2) for line in out.splitlines() if line.strip()]
         return [f"{r[0]} {r[2]}" for r in rows if len(r) == 3 and not r[1].startswith("Z")]
+
+
+def _shared_in_tmp() -> list[str]:
+    """What every host must see although it lies under /tmp, which each host replaces by its own: this
+    clone of the code and the Python environment it runs in (a clone made under /tmp is still shared, as a
+    cluster's shared filesystem is)."""
+    wanted = {str(REPO), sys.prefix, os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}
+    under = sorted(p for p in wanted if Path(p).resolve().is_relative_to("/tmp") and Path(p).resolve() != Path("/tmp"))
+    return [p for p in under if not any(p != q and Path(p).is_relative_to(q) for q in under)]
 
 
 def _pid_one(unshare_pid: int, wait_s: float = 10) -> int:
