@@ -152,6 +152,8 @@ class TrajectoryQueue:
         self._training: Batch | None = None
         self.pending: list[Batch] = []
         """Trained batches not yet acked (durable queue: until the next checkpoint)."""
+        self.pending_drops: list[Batch] = []
+        """Their records the trainer could not read, dropped at the same checkpoint (`drop_unreadable`)."""
         self.metadata_bytes = 0
         """Bytes of the records this queue was handed (their msgpack size): the controller's share of a trajectory."""
         self.inline_tensor_bytes = 0
@@ -264,12 +266,23 @@ class TrajectoryQueue:
 
     async def drop_unreadable(self, batch: Batch, uids: set[str]) -> None:
         """Finish the records of `batch` the trainer could not read (their producer gone or cut off),
-        counted as dropped `unreadable`: they leave by a counted rule, never trained, never lost silently."""
+        counted as dropped `unreadable`: they leave by a counted rule, never trained, never lost silently;
+        the rest of their groups was trained and is acked. A durable queue does it at the next checkpoint,
+        with the step's acks (a crash before it redelivers the whole batch, as for any step after the
+        checkpoint); the in-process queue at once."""
         gone = [s for s in batch.samples if s.uid in uids]
-        if gone:
-            await self.client.drop(Batch(consumer=batch.consumer, lease_id=batch.lease_id, samples=gone), "unreadable")
+        if not gone:
+            return
+        part = Batch(consumer=batch.consumer, lease_id=batch.lease_id, samples=gone)
+        if self.ack_at_checkpoint:
+            self.pending_drops.append(part)
+        else:
+            await self.client.drop(part, "unreadable", records_only=True)
 
     async def checkpointed(self) -> None:
+        for b in self.pending_drops:  # first: a durable store finishes whole groups, their read records acked
+            await self.client.drop(b, "unreadable", records_only=True)
+        self.pending_drops.clear()
         for b in self.pending:
             await self.client.ack(b)
         self.pending.clear()

@@ -138,8 +138,11 @@ class TransferQueueClient:
         """Give `batch` back now: its groups go to the next `get` of the same consumer group."""
         return self.metadata.nack(batch.consumer, batch.lease_id, batch.uids, self.consumer_id)
 
-    def drop(self, batch: Batch, cause: str = "filtered") -> int:
-        """Finish `batch` without training on it, counted under `cause` (`failed`, `filtered`, `stale`)."""
+    def drop(self, batch: Batch, cause: str = "filtered", records_only: bool = False) -> int:
+        """Finish `batch` without training on it, counted under `cause` (`failed`, `filtered`, `stale`,
+        `unreadable`); `records_only`: its records alone, the rest of their groups consumed (`MetadataStore.drop`)."""
+        if records_only:
+            return self.metadata.drop(batch.consumer, batch.uids, cause, self.consumer_id, records_only=True)
         return self.metadata.drop(batch.consumer, batch.uids, cause, self.consumer_id)
 
     def renew(self, batch: Batch) -> bool:
@@ -186,8 +189,8 @@ class AsyncTransferQueueClient:
     async def nack(self, batch: Batch) -> int:
         return await asyncio.to_thread(self.sync.nack, batch)
 
-    async def drop(self, batch: Batch, cause: str = "filtered") -> int:
-        return await asyncio.to_thread(self.sync.drop, batch, cause)
+    async def drop(self, batch: Batch, cause: str = "filtered", records_only: bool = False) -> int:
+        return await asyncio.to_thread(self.sync.drop, batch, cause, records_only)
 
     async def renew(self, batch: Batch) -> bool:
         return await asyncio.to_thread(self.sync.renew, batch)

@@ -366,7 +366,8 @@ class RemoteController(MetadataStore):
         return self.call("nack", {"consumer": consumer, "lease_id": lease_id, "uids": uids,
                                   "client_id": self.token(client_id)})
 
-    def drop(self, consumer: str, uids: list[str], cause: str, client_id: str = "") -> int:
+    def drop(self, consumer: str, uids: list[str], cause: str, client_id: str = "", records_only: bool = False) -> int:
+        """The service's store is `memory`: record by record, so `records_only` changes nothing."""
         return self.call("drop", {"consumer": consumer, "uids": uids, "cause": cause,
                                   "client_id": self.token(client_id)})
 

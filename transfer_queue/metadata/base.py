@@ -138,8 +138,11 @@ class MetadataStore(ABC):
         """Give records back for redelivery now; returns how many were returned."""
 
     @abstractmethod
-    def drop(self, consumer: str, uids: list[str], cause: str, client_id: str = "") -> int:
-        """Finish records without training on them, counted under `cause`."""
+    def drop(self, consumer: str, uids: list[str], cause: str, client_id: str = "", records_only: bool = False) -> int:
+        """Finish records without training on them, counted under `cause`. A store that finishes whole groups
+        (`redis`) finishes the groups of `uids` and counts all their records under `cause`; with
+        `records_only` it counts `uids` alone under `cause` and the rest of their groups as consumed (acked):
+        a group trained but for some of its records (their producer gone)."""
 
     @abstractmethod
     def renew(self, consumer: str, lease_id: str, uids: list[str], client_id: str = "") -> bool:

@@ -247,7 +247,8 @@ class MemoryController(MetadataStore):
     def ack(self, consumer: str, uids: list[str], client_id: str = "") -> int:
         return self._settle(consumer, uids, None, client_id)
 
-    def drop(self, consumer: str, uids: list[str], cause: str, client_id: str = "") -> int:
+    def drop(self, consumer: str, uids: list[str], cause: str, client_id: str = "", records_only: bool = False) -> int:
+        """Record by record (so `records_only` changes nothing): the rest of a group is acked on its own."""
         if cause not in DROP_CAUSES:
             raise ValueError(f"drop: cause {cause!r} is not one of {DROP_CAUSES}")
         return self._settle(consumer, uids, cause, client_id)

@@ -272,17 +272,20 @@ class RedisController(MetadataStore):
     def ack(self, consumer: str, uids: list[str], client_id: str = "") -> int:
         return self._settle(consumer, uids, "", client_id or default_consumer_id())
 
-    def drop(self, consumer: str, uids: list[str], cause: str, client_id: str = "") -> int:
+    def drop(self, consumer: str, uids: list[str], cause: str, client_id: str = "", records_only: bool = False) -> int:
         if cause not in DROP_CAUSES:
             raise ValueError(f"drop: cause {cause!r} is not one of {DROP_CAUSES}")
-        return self._settle(consumer, uids, cause, client_id or default_consumer_id())
+        return self._settle(consumer, uids, cause, client_id or default_consumer_id(), records_only)
 
-    def _settle(self, consumer: str, uids: list[str], cause: str, client_id: str) -> int:
-        """Finish `uids` for `consumer`; `client_id` "" only for the controller's own rules (stale drops)."""
+    def _settle(self, consumer: str, uids: list[str], cause: str, client_id: str, records_only: bool = False) -> int:
+        """Finish `uids` for `consumer`; `client_id` "" only for the controller's own rules (stale drops).
+        Whole groups are finished; `records_only` (a drop): `uids` alone are counted under `cause`, the rest
+        of their groups as acked."""
         self._check_consumer(consumer)
         if not uids:
             return 0
-        out = self._call(self._finish, [self.p, consumer, len(self.consumer_groups), cause, client_id, pack(list(uids))])
+        out = self._call(self._finish, [self.p, consumer, len(self.consumer_groups), cause, client_id, pack(list(uids)),
+                                        "1" if records_only else "0"])
         if out[0] == -1:
             what = "ack" if cause == "" else "drop"
             raise PermissionError(f"{what} of {out[1].decode()!r} for {consumer!r}: client {client_id!r} is neither "

@@ -229,10 +229,12 @@ return {nred, table.concat(out)}
 FINISH = OWNER + CHUNKED + """
 local p, cg, ncg, cause, client = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local uids = cmsgpack.unpack(ARGV[6])
+local only = cause ~= '' and ARGV[7] == '1'  -- a drop of the named records alone: the rest of their groups is acked
 local gids = hmget(p..'idx', uids)
-local seen, todo = {}, {}
+local seen, todo, named = {}, {}, {}
 for i = 1, #uids do
   local gid = gids[i]
+  if gid then named[gid] = (named[gid] or 0) + 1 end
   if gid and not seen[gid] then
     seen[gid] = true
     local g = p..'grp:'..gid
@@ -246,15 +248,21 @@ for i = 1, #uids do
           return {-1, uids[i]}
         end
       end
-      if info[1] then todo[#todo + 1] = {g, info} end
+      if info[1] then todo[#todo + 1] = {g, info, gid} end
     end
   end
 end
-local n, removed, out, idx, freed, eids = 0, 0, {}, {}, {}, {}
+local n, rest, removed, out, idx, freed, eids = 0, 0, 0, {}, {}, {}, {}
 for _, t in ipairs(todo) do  -- a group never delivered to this consumer group is not finished (XACK 0)
   local g, info = t[1], t[2]
   if redis.call('XACK', p..'stream', cg, info[1]) == 1 then
-    n = n + tonumber(info[2])
+    local size = tonumber(info[2])
+    if only then
+      local k = math.min(named[t[3]], size)
+      n, rest = n + k, rest + size - k
+    else
+      n = n + size
+    end
     if redis.call('HINCRBY', g, 'done', 1) < ncg then
       redis.call('HSET', g, 'd:'..cg, 1)
     else  -- finished for every consumer group: the group leaves
@@ -279,6 +287,9 @@ for _, t in ipairs(todo) do  -- a group never delivered to this consumer group i
 end
 if n > 0 then
   redis.call('HINCRBY', p..'stats', cause == '' and ('acked:'..cg) or ('dropped:'..cg..':'..cause), n)
+end
+if rest > 0 then
+  redis.call('HINCRBY', p..'stats', 'acked:'..cg, rest)
 end
 if removed > 0 then
   chunked('XDEL', p..'stream', eids)
