@@ -14,13 +14,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from asyncrl.config import LoggingConfig
+from asyncrl.config import ConfigError, LoggingConfig
 
 
 class Generation(msgspec.Struct, kw_only=True):
@@ -68,6 +69,73 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+INIT_SUFFIX = ".init-"
+"""A SQLite store being created: `mlflow.db.init-<pid>-<hex>`, linked to `mlflow.db` once whole."""
+
+
+def sqlite_store(db: Path, artifacts: str) -> None:
+    """Make the SQLite store `db` whole or not at all: MLflow creates its tables by a long chain of
+    migrations, and a run killed halfway (seen: 0.3 s into a run's first seconds) left a store that
+    no later run could open (`duplicate column name: step`, `table ... already exists`). The store is
+    created under a temporary name and linked into place once complete (two runs starting at once:
+    the first link wins, the other's copy is dropped); temporaries of creators that died are removed.
+    A store that exists but cannot be opened and holds no run (one left half-made before this) is
+    set aside as `mlflow.db.broken-<time>` and made again, with a line saying so; one that holds runs
+    is an error naming `logging.tracking_uri`."""
+    from plane_common.liveness import pid_alive
+
+    for p in db.parent.glob(db.name + INIT_SUFFIX + "*"):
+        pid = p.name[len(db.name + INIT_SUFFIX):].split("-", 1)[0]
+        if pid.isdigit() and not pid_alive(int(pid)) and p.stat().st_uid == os.getuid():
+            p.unlink(missing_ok=True)
+    if db.exists() and _opens(db, artifacts):
+        return
+    if db.exists():
+        runs = _count_runs(db)
+        if runs:
+            raise ConfigError(f"logging.tracking_uri: the MLflow store {str(db)!r} holds {runs} runs but cannot be "
+                              "opened (see the error above); repair or move it, or set logging.tracking_uri")
+        aside = db.with_name(f"{db.name}.broken-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.replace(db, aside)
+        print(f"asyncrl: {db} was an MLflow store left half-made (no run in it): set aside as {aside.name}, "
+              "made anew", file=sys.stderr, flush=True)
+    tmp = db.with_name(f"{db.name}{INIT_SUFFIX}{os.getpid()}-{os.urandom(3).hex()}")
+    try:
+        _opens(tmp, artifacts, raise_error=True)
+        try:
+            os.link(tmp, db)  # atomic, and never over a store another run linked first
+        except FileExistsError:
+            pass
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _opens(db: Path, artifacts: str, raise_error: bool = False) -> bool:
+    """Whether MLflow opens (creating its tables where there are none) the SQLite store `db`."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    try:
+        SqlAlchemyStore(f"sqlite:///{db}", artifacts).engine.dispose()
+        return True
+    except Exception:  # noqa: BLE001 - any failure to open is judged by the caller
+        if raise_error:
+            raise
+        return False
+
+
+def _count_runs(db: Path) -> int:
+    """Runs recorded in the SQLite store `db` (0: none, or no `runs` table)."""
+    import sqlite3
+
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return int(con.execute("SELECT COUNT(*) FROM runs").fetchone()[0])
+    except sqlite3.DatabaseError:
+        return 0
+    finally:
+        con.close()
+
+
 class MetricsLogger:
     def __init__(self, cfg: LoggingConfig, run_dir: Path, params: dict[str, Any]) -> None:
         self.run_dir = run_dir
@@ -86,6 +154,7 @@ class MetricsLogger:
                 if root.stat().st_uid == os.getuid():
                     make_private(root, cfg.shared_group, umask=False, recursive=False)
                 uri = f"sqlite:///{root / 'mlflow.db'}"
+                sqlite_store(root / "mlflow.db", (root / "artifacts").as_uri())
             mlflow.set_tracking_uri(uri)
             if mlflow.get_experiment_by_name(cfg.experiment) is None:
                 art = (root / "artifacts").as_uri() if uri.startswith("sqlite:") else None
