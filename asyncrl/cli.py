@@ -12,6 +12,8 @@
                                                   print the resolved config, or document every key and loss setting
     asyncrl status [--run DIR | --redis URL] [--json | --watch]
                                                   state of a run (docs/status.md)
+    asyncrl status --gc [--shm-dir DIR] [--keep-s S]
+                                                  remove what killed runs left in shared memory (docs/recovery.md)
     asyncrl scale [RUN_DIR | --redis URL --name RUN] --servers N|+K|-K [--fleet F]
                                                   resize a fleet of a running job (servers join / drain)
     asyncrl export RUN_DIR [--step N] [--dtype D] OUT

@@ -2,7 +2,7 @@
 
 - `pid_alive`: for pids written in file names and status files (the `shm` storage's one-file
   segments, `asyncrl status`'s run process);
-- `unlink_orphan`: for files whose owner holds a shared `flock` on them while it lives (the kernel
+- `held` / `unlink_orphan`: for files whose owner holds a shared `flock` on them while it lives (the kernel
   drops it when the process ends, in any pid namespace): the `shm` storage's arenas and the weight
   plane's `shm` slots. A file is removed only once an exclusive lock is granted, i.e. its owner is
   provably gone.
@@ -28,6 +28,24 @@ def pid_alive(pid: int) -> bool:
         return False
     except psutil.AccessDenied:
         return True
+
+
+def held(path: str) -> bool:
+    """Whether some process holds a lock on the file at `path` (its owner lives); False for a file that
+    is gone or that this user cannot open."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return True
+        raise
+    finally:
+        os.close(fd)  # drops the probe's lock
 
 
 def unlink_orphan(path: str) -> int:

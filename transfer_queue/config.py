@@ -81,6 +81,12 @@ class TransferQueueConfig:
     only used once touched). 0: one file per tensor, slower but a record then outlives the
     process that wrote it."""
 
+    shm_keep_s: float = 86400.0
+    """How long files a run that is gone left in `shm_dir` are kept for its resume after their last write,
+    where it may need them (a durable queue's run with a checkpoint, or a run of unknown state); runs
+    whose queue was in memory, that finished or have no checkpoint leave nothing that is kept. asyncrl
+    removes what is due at the start of every run and on `asyncrl status --gc` (`asyncrl/shm_gc.py`)."""
+
     nixl_arena_bytes: int = 1 << 30
     """Bytes each producer registers once with its NIXL agent (`nixl` plane)."""
 
@@ -154,6 +160,8 @@ class TransferQueueConfig:
         if not self.run_id or ":" in self.run_id:
             raise ValueError(f"queue.run_id={self.run_id!r}: must be non-empty without ':'")
         check_spec(self.bind_host, "queue.bind_host")
+        if not self.shm_keep_s >= 0:
+            raise ValueError(f"queue.shm_keep_s={self.shm_keep_s}: must be >= 0 (seconds)")
         if self.shm_arena_bytes < 0:
             raise ValueError(f"queue.shm_arena_bytes={self.shm_arena_bytes}: must be >= 0 (0: a file per tensor)")
         if self.nixl_arena_bytes < 1 << 20:

@@ -54,6 +54,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from plane_common.liveness import held
 
 QUICK_STEPS = 20
 """`--quick`'s steps (the suite's run, `tests/integration/test_chaos_quick.py`)."""
@@ -292,8 +293,11 @@ def run(steps: int, server_every: float, seed: int, baseline: bool = True, max_t
     """The run with faults, then (`baseline`) the same run without them, for the wall-time ratio."""
     from asyncrl.bench.redis_tools import redis_server as _redis_server
 
+    from asyncrl.shm_gc import collect
+
     tmp = Path(tempfile.mkdtemp(prefix="asyncrl-chaos-"))
     (tmp / "shm").mkdir()
+    found = _dev_shm()
     redis, url = _redis_server(str(tmp))
     try:
         _build_model(tmp / "models")
@@ -303,6 +307,13 @@ def run(steps: int, server_every: float, seed: int, baseline: bool = True, max_t
         redis.kill()
         redis.wait()
     res = {**chaos, "wall_s_no_faults": calm["wall_s"] if calm else None, "no_faults": calm, "logs": str(tmp)}
+    # what the runs' killed processes left in shared memory: their own shm dir (per-record files of a
+    # durable queue) once the runs are over, what the gc of a next run removes of it, and /dev/shm
+    left = sum(1 for e in os.scandir(tmp / "shm") if e.name.startswith("tq-"))
+    gc = collect(str(tmp / "shm"))
+    res["shm"] = {"run_files_left": left, "removed_by_gc": sum(v.removed for v in gc.dead),
+                  "left_after_gc": sum(1 for e in os.scandir(tmp / "shm") if e.name.startswith("tq-")),
+                  "dev_shm_left": sorted(n for n in _dev_shm() - found if not held(os.path.join("/dev/shm", n)))}
     drops = chaos["restart_stale_drops"]
     res["restart_stale_drop_ratio"] = round(drops / chaos["trajectories_produced"], 4) if drops is not None and chaos["trajectories_produced"] else None
     res["wall_ratio"] = round(chaos["wall_s"] / calm["wall_s"], 2) if calm else None
@@ -310,11 +321,19 @@ def run(steps: int, server_every: float, seed: int, baseline: bool = True, max_t
                       "completed": {"target": True, "met": chaos["completed"]},
                       "restart_stale_drop_ratio": {"target": 0.01, "met": res["restart_stale_drop_ratio"] is not None and res["restart_stale_drop_ratio"] <= 0.01},
                       "samples_continued": {"target": "> 0", "met": bool(chaos["samples_continued"])}}
+    res["targets"]["dev_shm_left"] = {"target": 0, "met": not res["shm"]["dev_shm_left"]}
+    res["targets"]["left_after_gc"] = {"target": 0, "met": res["shm"]["left_after_gc"] == 0}
     if calm:
         res["targets"]["wall_ratio"] = {"target": 1.5, "met": res["wall_ratio"] <= 1.5}
     if all(t["met"] for t in res["targets"].values()) and (calm is None or calm["completed"]):
         shutil.rmtree(tmp / "shm", ignore_errors=True)
     return res
+
+
+def _dev_shm() -> set[str]:
+    """Names of this user's files of both planes in /dev/shm (queue arenas and marks, weight slots)."""
+    return {e.name for e in os.scandir("/dev/shm") if e.name.startswith(("tq-", "asyncrl-weights-"))
+            and e.stat(follow_symlinks=False).st_uid == os.getuid()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -334,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         for k in ("faults_injected", "segments", "trajectories_produced", "trained", "trained_twice", "acked", "dropped_by_cause",
                   "resident", "lost", "completed", "restart_stale_drops", "restart_stale_drop_ratio", "trainer_restarts",
                   "final_eval_reward", "wall_s", "wall_s_no_faults", "wall_ratio", "samples_continued", "redone", "resume", "failover", "actors_taken_back",
-                  "lengths", "logs"):
+                  "lengths", "shm", "logs"):
             print(f"{k:24} {res[k]}")
         for name, t in res["targets"].items():
             print(f"target {name} {t['target']}: {'met' if t['met'] else 'NOT met'}")

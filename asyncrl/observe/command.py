@@ -5,12 +5,16 @@
     asyncrl status --redis redis://host:6379/0 [--name RUN]   a cluster run, from any host
     asyncrl status --json                   one snapshot, schema in docs/status.md
     asyncrl status --watch [--interval 1] [--prometheus 9464]
+    asyncrl status --gc [--shm-dir /dev/shm] [--keep-s 86400]
+                                            remove what this user's runs that are gone left in shared
+                                            memory (asyncrl/shm_gc.py); every view shows it (`shm_dead`)
 
 Job: locate the snapshot (a run directory's `status.json`, or Redis keys written by
 `StatusReporter`), add `liveness` (alive, or dead / stalled / finished / failed / interrupted, with
 the age of its last heartbeat; a failed or interrupted run's recorded line) and `source`, then print it. Boundary: reads only; never
 touches the run. A missing run is the one error translated into a message (exit code 1);
-a dead run is not an error, it is a status.
+a dead run is not an error, it is a status. `--gc` is the one verb that removes something: files
+of this user's runs that are gone, never a live run's.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 
 from asyncrl.observe.reporter import FINAL_FILE, KEY_PREFIX, RUNS_KEY, status_key
 from asyncrl.observe.snapshot import RunNotFound, lifecycle_snapshot
+from asyncrl.shm_gc import KEEP_S, collect
 from plane_common.liveness import pid_alive
 
 STALL_INTERVALS = 5
@@ -124,6 +129,7 @@ def read(args: argparse.Namespace) -> dict[str, Any]:
     else:
         snap = read_local(Path(args.run) if args.run else latest_run(Path(args.root)))
     snap["liveness"] = judge(snap)
+    snap["shm_dead"] = collect(args.shm_dir, args.keep_s, remove=False).summary()  # this host's /dev/shm
     return snap
 
 
@@ -137,7 +143,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--watch", action="store_true", help="refresh a live view until Ctrl-C")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes with --watch")
     p.add_argument("--prometheus", type=int, metavar="PORT", help="with --watch: serve the figures as Prometheus text on 127.0.0.1:PORT")
+    p.add_argument("--gc", action="store_true", help="remove what this user's runs that are gone left in --shm-dir, then print what went")
+    p.add_argument("--shm-dir", default="/dev/shm", help="the runs' queue.shm_dir (what `shm_dead` and --gc look at)")
+    p.add_argument("--keep-s", type=float, default=KEEP_S, help="queue.shm_keep_s: how long files a resume may read are kept")
     args = p.parse_args(argv)
+    if args.gc and args.watch:
+        p.error("--gc and --watch exclude each other")
     if args.json and args.watch:
         p.error("--json and --watch exclude each other")
     if args.prometheus is not None and not args.watch:
@@ -147,6 +158,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
+    if args.gc:
+        report = collect(args.shm_dir, args.keep_s)
+        summary = report.summary()
+        if args.json:
+            print(json.dumps({"shm_gc": summary}, indent=1), flush=True)
+        else:
+            print(f"asyncrl status --gc: {report.line() or f'nothing of a run that is gone in {args.shm_dir}'}", flush=True)
+            for run_id, why in summary["kept"].items():
+                print(f"  kept {run_id}: {why}", flush=True)
+        return 0
     try:
         snap = read(args)
     except RunNotFound as e:

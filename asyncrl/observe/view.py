@@ -62,6 +62,10 @@ def render(snap: dict[str, Any], now: float | None = None) -> Group:
     head.append(f"\nmode {run.get('mode')}  pid {run.get('pid')}@{run.get('host')}  heartbeat {live.get('heartbeat_age_s')} s ago"
                 f"\nsource {snap.get('source', '-')}")
     parts: list[Any] = [head]
+    dead = snap.get("shm_dead") or {}
+    if dead.get("files"):
+        parts.append(Text(f"shm: {dead['runs']} runs that are gone hold {dead['bytes'] / (1 << 20):.1f} MiB in {dead['dir']} "
+                          f"({dead['removable_bytes'] / (1 << 20):.1f} MiB of it due: asyncrl status --gc)", style="yellow"))
     if "queue" not in snap:  # a lifecycle record only: the pipeline never reported
         parts.append(Text(f"step {tr.get('step', 0)}; no pipeline snapshot yet"))
         return Group(*parts)

@@ -137,7 +137,14 @@ def build_host(server: Any, name: str, spec: dict[str, Any] | HostSpec, model_pa
     encode, decode = tokenizer_codec(tok)
     agent = make_agent(s.agent, s.reward, encode, decode, SamplingParams(**s.sampling), tokenizer=tok)
     eval_agent = make_agent(s.agent, s.reward, encode, decode, SamplingParams(**s.eval_sampling), tokenizer=tok)
-    plane = make_storage(TransferQueueConfig(**s.queue))
+    queue = TransferQueueConfig(**s.queue)
+    plane = make_storage(queue)
+    if plane.kind == "shm":  # on a host that may hold no controller: what runs gone left here goes too
+        from asyncrl.shm_gc import collect
+
+        line = collect(queue.shm_dir, queue.shm_keep_s).line()
+        if line:
+            print(f"asyncrl: server {name}: {line}", flush=True)
     host = ServerHost(server, name=name, agent=agent, eval_agent=eval_agent, plane=plane, partial_rollouts=s.partial_rollouts)
     return host, plane
 

@@ -22,4 +22,5 @@ def test_chaos_quick_loses_nothing_and_trains_nothing_twice():
     assert res["segments"] == ["killed", "exited"], res
     assert res["trainer_restarts"] == 1 and res["actors_taken_back"] == 1, res  # the resume took the actors back
     assert res["completed"] and res["lost"] == 0 and res["trained_twice"] == 0, res
+    assert res["shm"]["left_after_gc"] == 0, res["shm"]  # what its killed producers left, the gc of a next run takes
     assert res["queue_consistent"] and res["trained"] == QUICK_STEPS * 16, res

@@ -53,8 +53,9 @@ def _published(run):
     return json.loads(p.read_text())["version"] if p.exists() else -1
 
 
-def _kill_and_resume(tmp, *extra, also=lambda ckpt: True):
-    """Run, SIGKILL after the latest checkpoint, a step and a publish after it (and `also(checkpoint dir)`), resume."""
+def _kill_and_resume(tmp, *extra, also=lambda ckpt: True, between=lambda: None):
+    """Run, SIGKILL after the latest checkpoint, a step and a publish after it (and `also(checkpoint dir)`),
+    `between()`, resume."""
     run = tmp / "runs" / "r"
     proc = subprocess.Popen(_cmd(tmp, *extra), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     deadline = time.time() + 180
@@ -72,11 +73,13 @@ def _kill_and_resume(tmp, *extra, also=lambda ckpt: True):
     before = _lines(run / "trained_uids.jsonl")
     published = _published(run)
     saved = read_async_state(run / "checkpoints" / f"step_{ckpt:06d}")
+    gc = between()
     out = subprocess.run(_cmd(tmp, *extra, "resume=true"), capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     after = _lines(run / "trained_uids.jsonl")[len(before):]
     return {"ckpt": ckpt, "published": published, "saved": saved, "before": before, "after": after,
-            "summary": json.loads((run / "summary.json").read_text()), "resumed": _lines(run / "resumed_samples.jsonl")}
+            "summary": json.loads((run / "summary.json").read_text()), "resumed": _lines(run / "resumed_samples.jsonl"),
+            "gc": gc}
 
 
 def _holds_queued_and_midway(ckpt):  # the checkpoint the tests read holds both kinds of work: kill now
@@ -101,10 +104,17 @@ def resumed_redis(tmp_path_factory):
         saved = read_async_state(ckpt)
         return bool(saved and queue.metadata.groups_held([g.group_id for g in saved.groups]))
 
+    def gc():  # what a next run's start (or `asyncrl status --gc`) does to the killed run's files
+        before = sorted(p.name for p in (tmp / "shm").iterdir())
+        out = subprocess.run([sys.executable, "-m", "asyncrl.cli", "status", "--gc", "--json", "--shm-dir", f"{tmp}/shm"],
+                             capture_output=True, text=True, timeout=60)
+        return {"before": before, "after": sorted(p.name for p in (tmp / "shm").iterdir()),
+                "report": json.loads(out.stdout)["shm_gc"] if out.returncode == 0 else out.stderr}
+
     try:
         res = _kill_and_resume(tmp, "queue.metadata=redis", f"queue.redis_url={redis.url}", "queue.run_id=inflight",
                                "queue.lease_timeout_s=6", "queue.shm_arena_bytes=0", f"queue.shm_dir={tmp}/shm",
-                               also=reached_the_queue)
+                               also=reached_the_queue, between=gc)
         res["stats"] = queue.stats()
         queue.close()
         return res
@@ -164,5 +174,8 @@ def test_durable_queue_groups_that_reached_it_before_the_kill_are_not_generated_
     effective = [line for line in resumed_redis["before"] if line["step"] <= resumed_redis["ckpt"]] + resumed_redis["after"]
     uids = [u for line in effective for u in line["uids"]]
     assert len(uids) == len(set(uids)) == 8 * 16
+    gc = resumed_redis["gc"]  # the killed run's per-record files, which its resume reads, were kept by the gc
+    assert gc["before"] and gc["after"] == gc["before"], gc
+    assert "may read them" in " ".join(gc["report"]["kept"].values()) and gc["report"]["removed_files"] == 0, gc
     dropped = sum(stats.dropped["trainer"].values())
     assert stats.put == len(uids) + dropped + stats.resident, (stats.put, len(uids), dropped, stats.resident)

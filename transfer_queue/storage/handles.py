@@ -112,6 +112,17 @@ class ShmHandle(_HandleBase, frozen=True, tag="shm"):
     def in_arena(self) -> bool:
         return self.offset is not None
 
+    @property
+    def source(self) -> str:
+        """The producer whose file this is (its arena, or its `tq-<run>-<pid>-<hex>` prefix): a producer's
+        files removed after it ended (`queue.shm_keep_s`) cost its own records, not the whole read."""
+        return shm_source(self.path, self.in_arena)
+
+
+def shm_source(path: str, in_arena: bool) -> str:
+    """`ShmHandle.source` of a file at `path`: its arena, or the `tq-<run>-<pid>-<hex>` prefix of its producer."""
+    return f"shm {path if in_arena else path.rpartition('-')[0]}"
+
 
 class ZmqHandle(_HandleBase, frozen=True, tag="zmq"):
     """A key held by the storage unit at `address`."""
