@@ -78,8 +78,10 @@ def flaky_digits(response: str, answer: str) -> float:
 
 def _cmd(tmp: Path, redis_url: str, address: str, steps: int, faults: bool, name: str, *extra: str,
          max_tokens: int = MAX_TOKENS) -> list[str]:
-    return [
-        sys.executable, "-m", "asyncrl.cli", "train", "configs/demo.yaml", f"rollout.max_tokens={max_tokens}",
+    from asyncrl.bench.cluster import REPO
+
+    return [  # the recipe by its path in the checkout: the bench runs from any directory
+        sys.executable, "-m", "asyncrl.cli", "train", str(REPO / "configs" / "demo.yaml"), f"rollout.max_tokens={max_tokens}",
         "ray.enabled=true", f"ray.address={address}", "ray.detached=true", "ray.orphan_timeout_s=120",
         "trainer.num_ranks=2", "rollout.num_servers=2", "trainer.mode=fully_async",
         f"trainer.total_steps={steps}", "trainer.save_every=5", "trainer.eval_every=1000",
