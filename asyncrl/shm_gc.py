@@ -34,6 +34,9 @@ from checkpoint_engine.backends.shm import SHM_DIR as WEIGHTS_DIR
 from plane_common.liveness import held, unlink_orphan
 from transfer_queue.storage.shm import RunFiles, own_files, remove_dead, scan
 
+WEIGHT_SLOTS = "weights (shm slots)"
+"""The verdict on the weight plane's slots of senders that are gone (not a run)."""
+
 KEEP_S = 86400.0
 """`queue.shm_keep_s`'s default: how long a durable run's files are kept for a resume after its last write."""
 
@@ -58,22 +61,28 @@ class Report:
 
     def summary(self) -> dict[str, Any]:
         """`asyncrl status`' `shm_dead`: what runs that are gone hold in `shm_dir`, and what was removed."""
-        return {"dir": self.shm_dir, "runs": len(self.dead), "files": sum(v.files for v in self.dead),
+        return {"dir": self.shm_dir, "runs": sum(v.run_id != WEIGHT_SLOTS for v in self.dead),
+                "files": sum(v.files for v in self.dead),
                 "bytes": sum(v.bytes for v in self.dead),
                 "removable_bytes": sum(v.bytes for v in self.dead if v.remove),
                 "removed_files": sum(v.removed for v in self.dead), "live_runs": self.live_runs,
                 "kept": {v.run_id: v.why for v in self.dead if not v.remove}}
 
     def line(self) -> str:
+        """What went and what stays, for people; empty when nothing of a run that is gone is there."""
         gone = [v for v in self.dead if v.removed]
         kept = [v for v in self.dead if not v.remove]
         out = ""
         if gone:
-            out = (f"removed {sum(v.removed for v in gone)} files ({_mib(sum(v.bytes for v in gone))}) of "
-                   f"{len(gone)} runs that are gone from {self.shm_dir}")
+            runs = sum(v.run_id != WEIGHT_SLOTS for v in gone)
+            whose = [f"{runs} runs that are gone"] if runs else []
+            whose += ["weight slots of senders that are gone"] if runs < len(gone) else []
+            out = (f"removed {sum(v.removed for v in gone)} files ({_mib(sum(v.bytes for v in gone))}) from "
+                   f"{self.shm_dir}: {' and '.join(whose)}")
         if kept:
-            out += ("; " if out else "") + (f"kept {_mib(sum(v.bytes for v in kept))} of {len(kept)} runs that are "
-                                            f"gone (a resume may read them; queue.shm_keep_s)")
+            out += ("; " if out else "") + (
+                f"kept {_mib(sum(v.bytes for v in kept))} of {len(kept)} runs that are gone until queue.shm_keep_s passes "
+                "(a resume may read them, or whose they are is unknown: asyncrl status --gc says which)")
         return out
 
 
@@ -122,7 +131,7 @@ def collect(shm_dir: str = "/dev/shm", keep_s: float = KEEP_S, remove: bool = Tr
     if os.path.realpath(shm_dir) == os.path.realpath(WEIGHTS_DIR):
         slots = _dead_weight_slots(shm_dir)
         if slots:
-            v = Verdict("weights (shm slots)", len(slots), sum(n for _, n in slots), True, "their sender is gone")
+            v = Verdict(WEIGHT_SLOTS, len(slots), sum(n for _, n in slots), True, "their sender is gone")
             if remove:
                 v.removed = sum(unlink_orphan(p) for p, _ in slots)
             report.dead.append(v)
