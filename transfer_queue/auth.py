@@ -25,7 +25,11 @@ from plane_common import listener
 
 LISTEN_FRAME_BYTES = 256 << 10
 """ZMQ_MAXMSGSIZE of every listening socket of the package (before and after the handshake)."""
-PART_BYTES = LISTEN_FRAME_BYTES
+CURVE_OVERHEAD_BYTES = 1024
+"""Room left in each part for what CURVE adds to a frame on the wire (its MESSAGE command, nonce and
+MAC: tens of bytes) and what the framing adds: ZeroMQ checks ZMQ_MAXMSGSIZE against the frame as it
+arrives, so a part of exactly `LISTEN_FRAME_BYTES` was dropped with its connection once a secret was set."""
+PART_BYTES = LISTEN_FRAME_BYTES - CURVE_OVERHEAD_BYTES
 """Largest part of a message sent to a listener: requests and tensors travel as multipart messages
 of parts this size (`parts`), joined again where they arrive (`joined`)."""
 MAX_CONNECTIONS = 256
