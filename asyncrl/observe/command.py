@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.observe.reporter import FINAL_FILE, KEY_PREFIX, RUNS_KEY, status_key
-from asyncrl.observe.snapshot import RunNotFound, lifecycle_snapshot
+from asyncrl.observe.snapshot import MALFORMED, MalformedSnapshot, RunNotFound, lifecycle_snapshot
 from asyncrl.shm_gc import KEEP_S, collect
 from plane_common.liveness import pid_alive
 
@@ -46,14 +46,49 @@ def latest_run(root: Path) -> Path:
     return max(runs, key=lambda d: (d / "status.json").stat().st_mtime)
 
 
+MAX_DEPTH = 16
+"""Nesting a snapshot may have (the schema's is 5): deeper is malformed, never a RecursionError."""
+MAX_SNAPSHOT_BYTES = 16 << 20
+
+_CONTROL = dict.fromkeys([*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0)])
+_CONTROL.update({ord("\n"): " ", ord("\t"): " "})
+
+
+def decode(raw: bytes | str, source: str) -> dict[str, Any]:
+    """The JSON snapshot `raw` with every string (keys too) stripped of control characters (escape
+    sequences: a title change, a clipboard write, a clear screen; newlines and tabs become spaces),
+    as a dict nested at most `MAX_DEPTH` deep; anything else is `MalformedSnapshot`."""
+    if len(raw) > MAX_SNAPSHOT_BYTES:
+        raise MalformedSnapshot(f"{source}: snapshot of {len(raw)} bytes, over {MAX_SNAPSHOT_BYTES}")
+    try:
+        snap = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise MalformedSnapshot(f"{source}: not a JSON snapshot ({type(e).__name__})") from None
+    if not isinstance(snap, dict):
+        raise MalformedSnapshot(f"{source}: a snapshot is a JSON object, not {type(snap).__name__}")
+    return _clean(snap, 0, source)
+
+
+def _clean(v: Any, depth: int, source: str) -> Any:
+    if depth > MAX_DEPTH:
+        raise MalformedSnapshot(f"{source}: snapshot nested over {MAX_DEPTH} deep")
+    if isinstance(v, str):
+        return v.translate(_CONTROL)
+    if isinstance(v, dict):
+        return {str(k).translate(_CONTROL): _clean(x, depth + 1, source) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_clean(x, depth + 1, source) for x in v]
+    return v
+
+
 def read_local(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "status.json"
     if not path.is_file():
         raise RunNotFound(f"{str(run_dir)!r} has no status.json (not a run directory, or the run never started)")
-    record = json.loads(path.read_text())
+    record = decode(path.read_bytes(), str(path))
     if "schema_version" not in record:  # `asyncrl train`'s lifecycle record: starting / failed / finished
         final = run_dir / FINAL_FILE
-        last = json.loads(final.read_text()) if final.is_file() else None
+        last = decode(final.read_bytes(), str(final)) if final.is_file() else None
         record = lifecycle_snapshot(record, str(run_dir.resolve()), last)
     record["source"] = str(path.resolve())
     return record
@@ -78,7 +113,7 @@ def read_redis(url: str, name: str | None) -> dict[str, Any]:
         client.close()
     if raw is None:
         raise RunNotFound(f"no run named {name!r} in {url} (no {KEY_PREFIX}{name}: never started, or reported over a week ago)")
-    snap = json.loads(raw)
+    snap = decode(raw, f"{url} {status_key(name)}")
     snap["source"] = f"{url} {status_key(name)}" + ("" if live is not None else ":last")
     snap["heartbeat_expired"] = live is None
     full = snap.pop("heartbeat_ttl_s", None)
@@ -124,11 +159,14 @@ def judge(snap: dict[str, Any], now: float | None = None) -> dict[str, Any]:
 
 
 def read(args: argparse.Namespace) -> dict[str, Any]:
-    if args.redis:
-        snap = read_redis(args.redis, args.name)
-    else:
-        snap = read_local(Path(args.run) if args.run else latest_run(Path(args.root)))
-    snap["liveness"] = judge(snap)
+    try:
+        if args.redis:
+            snap = read_redis(args.redis, args.name)
+        else:
+            snap = read_local(Path(args.run) if args.run else latest_run(Path(args.root)))
+        snap["liveness"] = judge(snap)
+    except MALFORMED as e:
+        raise MalformedSnapshot(f"a snapshot of the wrong shape ({type(e).__name__}: {str(e)[:200]})") from None
     snap["shm_dead"] = collect(args.shm_dir, args.keep_s, remove=False).summary()  # this host's /dev/shm
     return snap
 
@@ -183,5 +221,9 @@ def main(argv: list[str]) -> int:
 
     if args.watch:
         return watch(lambda: read(args), interval_s=args.interval, prometheus_port=args.prometheus)
-    show(snap)
+    try:
+        show(snap)
+    except MalformedSnapshot as e:
+        print(f"asyncrl status: {e}", file=sys.stderr)
+        return 1
     return 0

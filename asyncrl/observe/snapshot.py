@@ -41,6 +41,14 @@ class RunNotFound(Exception):
     """No run (or no snapshot of it) where the user pointed (`asyncrl status`)."""
 
 
+class MalformedSnapshot(RunNotFound):
+    """A snapshot that is not JSON of the schema's shape: `asyncrl status` says so in one line, exit 1."""
+
+
+MALFORMED = (TypeError, ValueError, KeyError, AttributeError, IndexError)
+"""What reading a snapshot of the wrong shape raises (a number that is a string, a list that is a map)."""
+
+
 def hist(counts: Mapping[Any, int]) -> dict[str, int]:
     """A staleness histogram as JSON: string keys in increasing numeric order, zero bins left out."""
     return {str(k): int(v) for k, v in sorted(((int(k), v) for k, v in counts.items())) if v}

@@ -43,8 +43,16 @@ def _ago(t: float | None, now: float) -> str:
     return "never" if not t else f"{now - t:.1f} s ago"
 
 
+class _PlainTable(Table):
+    """A table whose string cells are plain text, never rich markup (a snapshot's strings are the run's,
+    or whoever wrote its status file or Redis key)."""
+
+    def add_row(self, *cells: Any, **kw: Any) -> None:  # type: ignore[override]
+        super().add_row(*(Text(c) if isinstance(c, str) else c for c in cells), **kw)
+
+
 def _table(title: str, *columns: str) -> Table:
-    t = Table(title=title, title_justify="left", title_style="bold", box=None, padding=(0, 2, 0, 0), show_edge=False)
+    t = _PlainTable(title=title, title_justify="left", title_style="bold", box=None, padding=(0, 2, 0, 0), show_edge=False)
     for c in columns:
         t.add_column(c, justify="right" if c not in ("fleet", "server", "health", "view", "histogram (staleness:count)",
                                                               "size over time", "latest changes") else "left")
@@ -170,8 +178,19 @@ def console() -> Console:
     return c if c.is_terminal else Console(width=110)
 
 
+def checked(snap: dict[str, Any]) -> Group:
+    """`render`, a snapshot of the wrong shape being `MalformedSnapshot` (one line), not a traceback."""
+    from asyncrl.observe.snapshot import MALFORMED, MalformedSnapshot
+
+    try:
+        return render(snap)
+    except MALFORMED as e:
+        raise MalformedSnapshot(f"{snap.get('source', 'snapshot')}: of the wrong shape "
+                                f"({type(e).__name__}: {str(e)[:200]})") from None
+
+
 def show(snap: dict[str, Any]) -> None:
-    console().print(render(snap))
+    console().print(checked(snap))
 
 
 def watch(read: Callable[[], dict[str, Any]], *, interval_s: float = 1.0, prometheus_port: int | None = None) -> int:
@@ -192,7 +211,10 @@ def watch(read: Callable[[], dict[str, Any]], *, interval_s: float = 1.0, promet
             return Text(f"asyncrl status: {e}", style="yellow")
         latest.clear()
         latest.update(snap)
-        return render(snap)
+        try:
+            return checked(snap)
+        except RunNotFound as e:
+            return Text(f"asyncrl status: {e}", style="yellow")
 
     try:
         with Live(frame(), auto_refresh=False, screen=False) as view:
