@@ -46,19 +46,56 @@ def _find_run_dir(cfg: Config) -> Path:
     if cfg.resume:
         if cfg.logging.run_name:
             d = root / cfg.logging.run_name
-            if not d.is_dir():
+            if not os.path.lexists(d):
                 raise ConfigError(f"resume: run directory {str(d)!r} does not exist (logging.run_name)")
+            check_own_dir(d, "logging.run_name")
             return d
-        runs = sorted((p for p in root.glob("*") if (p / "checkpoints").is_dir()), key=lambda p: p.stat().st_mtime)
+        runs = sorted((p for p in root.glob("*") if _own_dir(p) and (p / "checkpoints").is_dir()),
+                      key=lambda p: p.stat().st_mtime)  # another user's runs are never resumed, however new
         if not runs:
-            raise ConfigError(f"resume: no run with checkpoints under {str(root)!r} (set logging.run_name)")
+            raise ConfigError(f"resume: no run of yours with checkpoints under {str(root)!r} (set logging.run_name)")
         return runs[-1]
     name = cfg.logging.run_name or f"{cfg.trainer.mode}-{time.strftime('%Y%m%d-%H%M%S')}"
     d = root / name
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        d.mkdir(mode=0o700)
+    except FileExistsError:
+        check_own_dir(d, "logging.run_name")  # there before this run: used only if it is this user's own
     if (d / "checkpoints").is_dir() and any((d / "checkpoints").iterdir()):
         raise ConfigError(f"logging.run_name: {str(d)!r} already holds checkpoints; pass resume=true or another name")
-    d.mkdir(parents=True, exist_ok=True, mode=0o700)
     return d
+
+
+def _own_dir(p: Path) -> bool:
+    """Whether `p` is a directory (not a link to one) of this user that no one else may write."""
+    try:
+        st = os.lstat(p)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def check_own_dir(p: Path, key: str) -> None:
+    """A run directory that was there before this run is used only if it is a directory (not a link), this
+    user's, and writable by no one else (else whoever could write it may have planted links the run would
+    write through); anything else is one line naming the path, its owner and the key."""
+    st = os.lstat(p)
+    what = ("a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory" if not stat.S_ISDIR(st.st_mode)
+            else f"owned by {_user(st.st_uid)}" if st.st_uid != os.getuid()
+            else f"writable by others (mode {stat.S_IMODE(st.st_mode):04o})" if st.st_mode & 0o022 else "")
+    if what:
+        raise ConfigError(f"{key}: run directory {str(p)!r} is {what}; a run writes only into a directory of its own "
+                          f"user that no one else may write: pick another name or logging.run_root")
+
+
+def _user(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def make_private(path: Path, shared_group: str = "", *, umask: bool = True, recursive: bool = True) -> None:
