@@ -250,3 +250,28 @@ def test_shm_arena_removed_at_exit_and_dead_owners_swept(tmp_path):
     assert "-arena" in out.stdout and stale.name not in out.stdout  # it had an arena; the stale one was swept
     assert not any(p.name.endswith("-arena") for p in tmp_path.iterdir())  # removed when its owner exited
     ShmStorage(shm_dir=str(tmp_path), run_id="sw").close()
+
+
+@pytest.mark.timeout(30)
+def test_a_consumer_reads_no_planted_link_nor_another_runs_file_whatever_handle_it_is_given(tmp_path):
+    """Issue 44, item 5's last step: whoever can write the queue's metadata (a Redis client) points a handle
+    at a link planted in the shm directory to a file only root may read, or at another run's file; the
+    consumer's read refuses both (no bytes of them reach it), and a real record still reads."""
+    secret = tmp_path / "root_only"
+    secret.write_bytes(b"S" * 8000)
+    secret.chmod(0o600)
+    link = tmp_path / "tq-trust-1-abcdef-0"  # a name of this run, planted as a link
+    link.symlink_to(secret)
+    other = tmp_path / "tq-other-1-abcdef-0"  # another run's file of this user
+    other.write_bytes(b"O" * 8000)
+    theirs = tmp_path / "tq-trust-2-abcdef-0"  # a file of this run's name that another user made
+    theirs.write_bytes(b"T" * 8000)
+    os.chown(theirs, 54321, 54321)
+    plane = ShmStorage(shm_dir=str(tmp_path), run_id="trust", arena_bytes=0, inline_max_bytes=0)
+    real = plane.write("u", {"x": np.arange(1000)})["x"]
+    for path, why in ((link, "symbolic link"), (other, "not a file of run prefix"), (theirs, "not a regular file of this user")):
+        forged = {"plane": "shm", "dtype": "int64", "shape": [1000], "nbytes": 8000, "path": str(path)}
+        with pytest.raises(Exception, match=why):
+            plane.read([forged])
+    assert plane.read([real])[0][-1] == 999
+    plane.close()

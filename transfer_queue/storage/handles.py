@@ -55,9 +55,10 @@ class _HandleBase(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
     @property
     def source(self) -> str:
-        """The process that must answer a read of these bytes ('' where the reader's own host holds them:
-        inline bytes, a local key, a file of this host's /dev/shm). Reads are grouped by it, so one
-        producer that cannot be reached fails its own handles only (`StoragePlane.read_by_source`)."""
+        """The process that must answer a read of these bytes ('' where the reader's own process holds them:
+        inline bytes, a local key; a file of this host's /dev/shm is its producer's: `ShmHandle.source`).
+        Reads are grouped by it, so one producer that cannot be reached, or whose files are gone, fails its
+        own handles only (`StoragePlane.read_by_source`)."""
         return ""
 
     # read-only map view: `h["key"]`, `h.get(...)`, `dict(h)`, `{**h}`

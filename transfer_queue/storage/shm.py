@@ -33,6 +33,7 @@ caller's choice (asyncrl: `asyncrl.shm_gc`, at a run's start and `asyncrl status
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import itertools
 import json
@@ -167,15 +168,26 @@ class ShmStorage(StoragePlane):
                 self._maps[path] = self._map_once(path)
             return self._maps[path]
 
-    @staticmethod
-    def _map_once(path: str) -> mmap.mmap:
+    def _map_once(self, path: str) -> mmap.mmap:
+        """Map the file at `path` (copy-on-write): a file of this run (its name), opened without following a
+        link, a regular file of this user; else `WireError` (a forged or planted handle reads nothing)."""
+        if not os.path.basename(path).startswith(self.run_prefix):
+            raise WireError(f"shm handle path {path!r} is not a file of run prefix {self.run_prefix!r}")
         try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:  # its producer ended and the files it left were removed since
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise WireError(f"shm handle path {path!r} is a symbolic link") from None
+            if not isinstance(e, FileNotFoundError):
+                raise
+            # its producer ended and the files it left were removed since
             why = "the file is gone (its producer ended and what it left in shared memory was removed: queue.shm_keep_s)"
             raise StorageUnreachable(shm_source(path, path.endswith("-arena")), why) from None
         try:
-            return mmap.mmap(fd, os.fstat(fd).st_size, access=mmap.ACCESS_COPY)
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+                raise WireError(f"shm handle path {path!r} is not a regular file of this user")
+            return mmap.mmap(fd, st.st_size, access=mmap.ACCESS_COPY)
         finally:
             os.close(fd)
 

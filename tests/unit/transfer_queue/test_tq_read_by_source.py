@@ -144,7 +144,10 @@ def test_handle_source_is_the_process_that_must_answer_a_read():
     nixl = NixlHandle(**head, agent="server-3", md=b"m", descs=b"d", addr=0, offset=0)
     assert nixl.source == "nixl agent server-3"
     assert InlineHandle(**head, data=bytes(16)).source == ""
-    assert ShmHandle(**head, path="/dev/shm/asyncrl-x").source == ""
+    # a producer's files: its arena, or the prefix its files per tensor share (removed together once it ended)
+    assert ShmHandle(**head, path="/dev/shm/tq-r-12-abcdef-7").source == "shm /dev/shm/tq-r-12-abcdef"
+    arena = "/dev/shm/tq-r-12-abcdef-arena"
+    assert ShmHandle(**head, path=arena, offset=0, slot=1, free="tcp://127.0.0.1:1").source == f"shm {arena}"
     assert LocalHandle(**head, key="k").source == ""
 
 
