@@ -315,7 +315,11 @@ def config_cmd(args: list[str]) -> int:
         print(f"asyncrl config: unknown option {flags[0]}\n\n{CONFIG_HELP}", file=sys.stderr)
         return 2
     path, overrides = _split(args)
-    print(OmegaConf.to_yaml(OmegaConf.create(to_dict(load(path, overrides)))), end="")
+    from asyncrl.config.io import redacted
+
+    # what a run would write in its config.yaml: a secret or a URL's password read from a 0600 recipe or
+    # the environment is `<set>`, never printed
+    print(OmegaConf.to_yaml(OmegaConf.create(redacted(to_dict(load(path, overrides))))), end="")
     return 0
 
 

@@ -170,7 +170,9 @@ class MetricsLogger:
             id_file.write_text(run.info.run_id)
             if run_id is None:
                 # the run's secret (`queue.secret`, `weights.secret`) never reaches the tracking store
-                flat = {k: "<set>" if k.endswith("secret") and v else str(v)[:500] for k, v in _flatten(params).items()}
+                from asyncrl.config.io import redacted  # and a URL's password (queue.redis_url)
+
+                flat = {k: str(v)[:500] for k, v in _flatten(redacted(params)).items()}
                 items = list(flat.items())
                 for i in range(0, len(items), 100):
                     mlflow.log_params(dict(items[i : i + 100]))

@@ -170,7 +170,13 @@ def main(argv: list[str]) -> int:
     if a.redis is not None:
         if not a.name:
             p.error("--redis needs --name (the run's name)")
-        remote = RedisControl(a.redis, a.name)
+        from asyncrl.redis_url import from_arg
+
+        try:
+            url = from_arg(a.redis)
+        except ValueError as e:
+            p.error(str(e))
+        remote = RedisControl(url, a.name)
         remote.write(req)
         read = lambda: remote.read_answer(req.id)  # noqa: E731
     else:

@@ -126,7 +126,7 @@ class HostsRun:
             f"ray.address={self.c.ray_address}", "trainer.num_ranks=2", f"trainer.ray_resources={{{trainer_on}: 1}}",
             "rollout.num_servers=2", f"rollout.ray_resources={{{servers_on}: 1}}", "trainer.mode=fully_async",
             f"trainer.total_steps={steps}", "trainer.save_every=2", "trainer.eval_every=1000", "trainer.prompts_per_step=4",
-            "rollout.group_size=4", "data.eval_size=8", "queue.metadata=redis", f"queue.redis_url={self.redis_url}",
+            "rollout.group_size=4", "data.eval_size=8", "queue.metadata=redis", "queue.redis_url=${oc.env:ASYNCRL_REDIS_URL}",
             f"queue.run_id={name}", "queue.storage=zmq", "weights.backend=gloo", "weights.host=auto", "queue.bind_host=auto",
             "weights.timeout_s=10", "queue.lease_timeout_s=30", "rollout.health_timeout_s=10", "rollout.health_interval_s=2",
             f"logging.run_root={self.runs}", f"logging.run_name={name}", "logging.mlflow=false", "logging.progress=false",
@@ -135,12 +135,16 @@ class HostsRun:
 
     def train(self, name: str, steps: int, *extra: str, timeout: float = 600, **on: str) -> subprocess.CompletedProcess:
         """Run `cmd` on host 0 to its end; stdout and stderr together in `.stdout`."""
-        return self.c.run(0, self.cmd(name, steps, *extra, **on), timeout=timeout, stderr=subprocess.STDOUT)
+        return self.c.run(0, self.cmd(name, steps, *extra, **on), env=self.env(0), timeout=timeout, stderr=subprocess.STDOUT)
 
     def popen(self, name: str, steps: int, *extra: str, log: Any = None, **on: str) -> subprocess.Popen:
         """`cmd` on host 0 in the background (a test injects faults meanwhile)."""
-        return self.c.popen(0, self.cmd(name, steps, *extra, **on), stdout=log or subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+        return self.c.popen(0, self.cmd(name, steps, *extra, **on), env=self.env(0), stdout=log or subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+    def env(self, i: int) -> dict[str, str]:
+        """Host i's environment with the Redis URL, password included (`ASYNCRL_REDIS_URL`: never on a command line)."""
+        return self.c.env_for(i, ASYNCRL_REDIS_URL=self.redis_url)
 
     def run_dir(self, name: str) -> Path:
         return self.runs / name

@@ -66,7 +66,7 @@ def pipeline_overrides(hosts: HostsRun, steps: int) -> list[str]:
     """The single-host bench's run (`planes.overrides`) moved onto the layout: planes that cross hosts."""
     return ["weights.backend=gloo", "queue.storage=zmq", "weights.host=auto", "queue.bind_host=auto",
             "trainer.ray_resources={trainer_slot: 1}", "rollout.ray_resources={server_slot: 1}",
-            "queue.metadata=redis", f"queue.redis_url={hosts.redis_url}", "queue.run_id=bench-planes-hosts",
+            "queue.metadata=redis", "queue.redis_url=${oc.env:ASYNCRL_REDIS_URL}", "queue.run_id=bench-planes-hosts",
             f"trainer.total_steps={steps}"]
 
 
@@ -82,7 +82,7 @@ def pipeline(hosts: HostsRun, model: str, steps: int) -> dict[str, Any]:
             "--address", hosts.c.ray_address]
     for kv in pipeline_overrides(hosts, steps):
         argv += ["--set", kv]
-    return _json_line(hosts.c.run(0, argv, timeout=900), "bench planes --pipeline on host 0")
+    return _json_line(hosts.c.run(0, argv, env=hosts.env(0), timeout=900), "bench planes --pipeline on host 0")
 
 
 def bare_publish(c: SimCluster, model: str, repeats: int = REPEATS) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from typing import Any, Sequence
 from asyncrl.config.checks import ConfigError
 from asyncrl.config.doc import asyncrl_keys
 from asyncrl.config.tree import Config
+from asyncrl.redis_url import redact_url, url_password
 
 _NOT_A_CHOICE = re.compile(r"Invalid value '(.*)', expected one of (\[.*\])")
 """OmegaConf's message for a value outside a `Literal[...]` field's choices (the value as `str` gives it)."""
@@ -110,6 +111,14 @@ SECRET_SET = "<set>"
 """What `dump_resolved` writes for a secret that was set (read back by `load` as not set)."""
 
 
+URL_KEYS = ("queue.redis_url",)
+"""Keys whose value is a URL that may carry a password (`redis://:PASSWORD@host:port/0`): a secret too."""
+
+REDIS_URL_HELP = ("put the URL in the environment, ASYNCRL_REDIS_URL='redis://:PASSWORD@host:6379/0', and pass "
+                  "'queue.redis_url=${oc.env:ASYNCRL_REDIS_URL}' (quoted: the shell leaves it to asyncrl), or set it "
+                  "in a recipe of mode 0600")
+
+
 def _check_secret_sources(path: Path | None, recipe: Any, overrides: Sequence[str]) -> None:
     """A secret on the command line or in a recipe other users can read is a `ConfigError`; the
     message never repeats the value."""
@@ -119,6 +128,9 @@ def _check_secret_sources(path: Path | None, recipe: Any, overrides: Sequence[st
             raise ConfigError(f"{key.strip()}: a secret is not taken on the command line (every user of this host "
                               "reads it in /proc/<pid>/cmdline); export ASYNCRL_SECRET, or ASYNCRL_SECRET_FILE=<a file of "
                               "mode 0600>")
+        if key.strip().lstrip("+~") in URL_KEYS and url_password(value.strip().strip("'\"")):
+            raise ConfigError(f"{key.strip()}: a URL with a password is not taken on the command line (every user of "
+                              f"this host reads it in /proc/<pid>/cmdline); {REDIS_URL_HELP}")
     if path is not None:
         from omegaconf import OmegaConf
 
@@ -130,6 +142,10 @@ def _check_secret_sources(path: Path | None, recipe: Any, overrides: Sequence[st
                     raise ConfigError(f"{key}: set in {str(path)!r}, which other users can read (mode "
                                       f"{st.st_mode & 0o777:o}); chmod 600 it, or export ASYNCRL_SECRET / "
                                       "ASYNCRL_SECRET_FILE instead")
+            for key in URL_KEYS:
+                if url_password(OmegaConf.select(recipe, key, default="", throw_on_resolution_failure=False)):
+                    raise ConfigError(f"{key}: a URL with a password in {str(path)!r}, which other users can read "
+                                      f"(mode {st.st_mode & 0o777:o}); chmod 600 it, or {REDIS_URL_HELP}")
 
 
 def run_secret(environ: Any = None) -> str:
@@ -159,11 +175,13 @@ def run_secret(environ: Any = None) -> str:
 
 
 def redacted(tree: dict[str, Any]) -> dict[str, Any]:
-    """`tree` (a `to_dict`) with every set secret replaced by `SECRET_SET`."""
+    """`tree` (a `to_dict`) with every set secret replaced by `SECRET_SET`, and every URL's password."""
     out = {k: redacted(v) if isinstance(v, dict) else v for k, v in tree.items()}
     for k, v in out.items():
         if k == "secret" and v:
             out[k] = SECRET_SET
+        elif isinstance(v, str):
+            out[k] = redact_url(v)
     return out
 
 

@@ -3,6 +3,7 @@
     asyncrl status                          the most recent run under runs/ (--root DIR)
     asyncrl status --run runs/fully_async-20261129-170000
     asyncrl status --redis redis://host:6379/0 [--name RUN]   a cluster run, from any host
+    asyncrl status --redis env [--name RUN]   the same, the URL (with its password) from ASYNCRL_REDIS_URL
     asyncrl status --json                   one snapshot, schema in docs/status.md
     asyncrl status --watch [--interval 1] [--prometheus 9464]
     asyncrl status --gc [--shm-dir /dev/shm] [--keep-s 86400]
@@ -30,6 +31,7 @@ from typing import Any
 
 from asyncrl.observe.reporter import FINAL_FILE, KEY_PREFIX, RUNS_KEY, status_key
 from asyncrl.observe.snapshot import MALFORMED, MalformedSnapshot, RunNotFound, lifecycle_snapshot
+from asyncrl.redis_url import from_arg, redact_url
 from asyncrl.shm_gc import KEEP_S, collect
 from plane_common.liveness import pid_alive
 
@@ -97,12 +99,14 @@ def read_local(run_dir: Path) -> dict[str, Any]:
 def read_redis(url: str, name: str | None) -> dict[str, Any]:
     import redis
 
+    shown = redact_url(url)  # what may be printed of it
+
     client = redis.Redis.from_url(url)
     try:
         if not name:
             newest = client.zrevrange(RUNS_KEY, 0, 0)
             if not newest:
-                raise RunNotFound(f"no run has reported to {url} ({RUNS_KEY} is empty)")
+                raise RunNotFound(f"no run has reported to {shown} ({RUNS_KEY} is empty)")
             name = newest[0].decode()
         pipe = client.pipeline(transaction=True)
         pipe.get(status_key(name))
@@ -112,9 +116,9 @@ def read_redis(url: str, name: str | None) -> dict[str, Any]:
     finally:
         client.close()
     if raw is None:
-        raise RunNotFound(f"no run named {name!r} in {url} (no {KEY_PREFIX}{name}: never started, or reported over a week ago)")
-    snap = decode(raw, f"{url} {status_key(name)}")
-    snap["source"] = f"{url} {status_key(name)}" + ("" if live is not None else ":last")
+        raise RunNotFound(f"no run named {name!r} in {shown} (no {KEY_PREFIX}{name}: never started, or reported over a week ago)")
+    snap = decode(raw, f"{shown} {status_key(name)}")
+    snap["source"] = f"{shown} {status_key(name)}" + ("" if live is not None else ":last")
     snap["heartbeat_expired"] = live is None
     full = snap.pop("heartbeat_ttl_s", None)
     if live is not None and full and ttl_ms and ttl_ms > 0 and snap.get("time") is not None:
@@ -161,7 +165,7 @@ def judge(snap: dict[str, Any], now: float | None = None) -> dict[str, Any]:
 def read(args: argparse.Namespace) -> dict[str, Any]:
     try:
         if args.redis:
-            snap = read_redis(args.redis, args.name)
+            snap = read_redis(from_arg(args.redis), args.name)
         else:
             snap = read_local(Path(args.run) if args.run else latest_run(Path(args.root)))
         snap["liveness"] = judge(snap)
@@ -175,7 +179,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="asyncrl status", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--root", default="runs", help="folder of local runs (logging.run_root); the most recent is shown")
     p.add_argument("--run", metavar="DIR", help="a run directory")
-    p.add_argument("--redis", metavar="URL", help="read a cluster run from Redis (queue.redis_url of the run)")
+    p.add_argument("--redis", metavar="URL", help="read a cluster run from Redis (queue.redis_url of the run): a URL without "
+                   "a password, or `env` for ASYNCRL_REDIS_URL (a password never goes on a command line)")
     p.add_argument("--name", metavar="RUN", help="with --redis: the run name (default: the one that reported last)")
     p.add_argument("--json", action="store_true", help="print one snapshot as JSON (docs/status.md)")
     p.add_argument("--watch", action="store_true", help="refresh a live view until Ctrl-C")
@@ -185,6 +190,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--shm-dir", default="/dev/shm", help="the runs' queue.shm_dir (what `shm_dead` and --gc look at)")
     p.add_argument("--keep-s", type=float, default=KEEP_S, help="queue.shm_keep_s: how long files a resume may read are kept")
     args = p.parse_args(argv)
+    if args.redis:
+        try:
+            from_arg(args.redis)
+        except ValueError as e:
+            p.error(str(e))
     if args.gc and args.watch:
         p.error("--gc and --watch exclude each other")
     if args.json and args.watch:

@@ -43,7 +43,7 @@ def test_a_host_cut_off_for_12_s_is_ridden_out_and_a_clock_an_hour_ahead_sees_th
     name, steps = "partition", 60
     proc = hosts.popen(name, steps, *FAULT_RUN, "queue.read_timeout_s=5", "rollout.health_timeout_s=30", servers_on="fault_slot")
     wait_for(proc, "step 2 with servers on hosts 1 and 3", lambda: step(hosts, name) >= 2 and server_hosts(hosts) == [1, 3])
-    status = hosts.c.run(3, ["asyncrl", "status", "--redis", hosts.redis_url, "--name", name, "--json"], timeout=60)
+    status = hosts.c.run(3, ["asyncrl", "status", "--redis", "env", "--name", name, "--json"], env=hosts.env(3), timeout=60)
     assert status.returncode == 0, status.stderr[-2000:]
     snap = json.loads(status.stdout)
     assert snap["liveness"]["alive"] and snap["liveness"]["heartbeat_age_s"] < 30, snap["liveness"]

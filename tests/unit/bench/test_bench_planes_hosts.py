@@ -43,15 +43,17 @@ def test_bytes_into_the_controller_miss_their_target_of_zero():
     assert not res["targets"]["controller_weight_bytes_per_publish"]["met"]
 
 
-def test_the_pipeline_runs_on_planes_that_cross_hosts_placed_as_the_layout_says(tmp_path):
+def test_the_pipeline_runs_on_planes_that_cross_hosts_placed_as_the_layout_says(tmp_path, monkeypatch):
     from asyncrl.config import load
 
     hosts = SimpleNamespace(redis_url="redis://:pw@10.213.0.3:6379/0")
+    monkeypatch.setenv("ASYNCRL_REDIS_URL", hosts.redis_url)  # what `HostsRun.env` gives the child: never its argv
     cfg = load(None, overrides(str(tmp_path), 64, str(tmp_path)) + ["ray.address=10.213.0.1:6379"] + pipeline_overrides(hosts, 5))
     assert (cfg.weights.backend, cfg.queue.storage, cfg.queue.metadata) == ("gloo", "zmq", "redis")
     assert cfg.weights.host == cfg.queue.bind_host == "auto" and cfg.weights.crosses_hosts and cfg.queue.crosses_hosts
     assert cfg.trainer.ray_resources == {"trainer_slot": 1} and cfg.rollout.ray_resources == {"server_slot": 1}
-    assert cfg.trainer.total_steps == 5 and cfg.ray.address == "10.213.0.1:6379"
+    assert cfg.trainer.total_steps == 5 and cfg.ray.address == "10.213.0.1:6379" and cfg.queue.redis_url == hosts.redis_url
+    assert not any("pw" in kv for kv in pipeline_overrides(hosts, 5))
 
 
 def test_without_namespaces_it_says_why_and_exits_2(monkeypatch, capsys):

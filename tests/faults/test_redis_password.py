@@ -1,0 +1,77 @@
+"""A Redis password is a secret (issue 44, item 6): never taken on a command line, never written or printed.
+
+A real redis-server with `requirepass`; real `asyncrl train` / `config` / `status` processes. The URL
+with its password comes from the environment (`'queue.redis_url=${oc.env:ASYNCRL_REDIS_URL}'`, what
+deploy/ does); on a command line it is refused without being repeated; after a run, nothing the run wrote
+(config.yaml, status.json, summary.json, metrics, the MLflow store) nor anything printed holds it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import redis
+
+from tests.integration.transfer_queue._redis import free_port, redis_binary
+
+PASSWORD = "pw-9f31c07d5be2"
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    port = free_port()
+    proc = subprocess.Popen([redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--requirepass", PASSWORD, "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = redis.Redis(port=port, password=PASSWORD)
+    for _ in range(200):
+        try:
+            if client.ping():
+                break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    yield f"redis://:{PASSWORD}@127.0.0.1:{port}/0"
+    proc.kill()
+    proc.wait()
+
+
+def _cli(tmp_path, *args, env=None, timeout=240):
+    return subprocess.run([sys.executable, "-m", "asyncrl.cli", *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=tmp_path, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.timeout(400)
+def test_a_redis_password_is_taken_from_the_environment_only_and_written_nowhere(tmp_path, redis_url):
+    run = ["train", "trainer.total_steps=2", "trainer.save_every=1", "trainer.eval_every=100", "queue.metadata=redis",
+           f"logging.run_root={tmp_path}/runs", "logging.run_name=r", "logging.progress=false", "queue.run_id=pw"]
+    refused = _cli(tmp_path, *run, f"queue.redis_url={redis_url}")
+    assert refused.returncode != 0 and "queue.redis_url: a URL with a password is not taken on the command line" in refused.stderr
+    assert PASSWORD not in refused.stdout + refused.stderr and not (tmp_path / "runs").exists()
+    out = _cli(tmp_path, *run, "queue.redis_url=${oc.env:ASYNCRL_REDIS_URL}", env={"ASYNCRL_REDIS_URL": redis_url})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert redis.Redis.from_url(redis_url).keys("tq:pw:*")  # the run used that Redis
+    printed = out.stdout + out.stderr
+    st = _cli(tmp_path, "status", "--redis", "env", "--name", "r", "--json", env={"ASYNCRL_REDIS_URL": redis_url})
+    assert st.returncode == 0, st.stderr[-2000:]
+    assert '"source": "redis://:<set>@127.0.0.1' in st.stdout
+    printed += st.stdout + st.stderr
+    no = _cli(tmp_path, "status", "--redis", redis_url, "--name", "r")
+    assert no.returncode == 2 and "--redis env" in no.stderr
+    printed += no.stdout + no.stderr
+    recipe = tmp_path / "recipe.yaml"  # a 0600 recipe may hold it: `asyncrl config` shows it as <set>
+    recipe.write_text(f"queue:\n  metadata: redis\n  redis_url: {redis_url}\n")
+    recipe.chmod(0o600)
+    cfg = _cli(tmp_path, "config", str(recipe))
+    assert cfg.returncode == 0 and "redis://:<set>@127.0.0.1" in cfg.stdout, cfg.stderr[-2000:]
+    printed += cfg.stdout + cfg.stderr
+    recipe.chmod(0o644)
+    loose = _cli(tmp_path, "config", str(recipe))
+    assert loose.returncode != 0 and "other users can read" in loose.stderr
+    printed += loose.stdout + loose.stderr
+    assert PASSWORD not in printed
+    written = [p for d in ("runs", "mlruns") for p in (tmp_path / d).rglob("*") if p.is_file()]
+    assert any(p.name == "config.yaml" for p in written) and any(p.name == "mlflow.db" for p in written)
+    assert not [p for p in written if PASSWORD.encode() in p.read_bytes()]
