@@ -38,7 +38,8 @@ def test_a_trainer_host_killed_stops_with_the_resume_command_and_the_resume_lose
     resume = stop[0].split("resume with: ", 1)[1]
     assert "resume=true" in resume and f"logging.run_name={name}" in resume, resume
 
-    again = hosts.c.run(0, ["bash", "-c", resume], timeout=300, stderr=subprocess.STDOUT)  # as printed, on host 0
+    # as printed, on host 0, in the environment the run was started in (its Redis URL: ASYNCRL_REDIS_URL)
+    again = hosts.c.run(0, ["bash", "-c", resume], env=hosts.env(0), timeout=300, stderr=subprocess.STDOUT)
     assert again.returncode == 0, again.stdout[-4000:]
     acc = hosts.account(name, again.returncode)
     assert acc["lost"] == 0 and acc["trained_twice"] == 0 and acc["last_step"] == steps, acc
