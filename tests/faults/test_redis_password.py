@@ -11,31 +11,20 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 import redis
 
-from tests.integration.transfer_queue._redis import free_port, redis_binary
+from tests.integration.transfer_queue._redis import RedisServer
 
 PASSWORD = "pw-9f31c07d5be2"
 
 
 @pytest.fixture
 def redis_url(tmp_path):
-    port = free_port()
-    proc = subprocess.Popen([redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--requirepass", PASSWORD, "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=port, password=PASSWORD)
-    for _ in range(200):
-        try:
-            if client.ping():
-                break
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    yield f"redis://:{PASSWORD}@127.0.0.1:{port}/0"
-    proc.kill()
-    proc.wait()
+    server = RedisServer(str(tmp_path), appendonly=False, password=PASSWORD)
+    yield server.url
+    server.stop()
 
 
 def _cli(tmp_path, *args, env=None, timeout=240):

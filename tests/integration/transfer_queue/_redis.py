@@ -31,20 +31,21 @@ def free_port() -> int:
 class RedisServer:
     """Start, kill -9 and restart a redis-server that keeps an append-only file in `dir`."""
 
-    def __init__(self, dir: str, appendonly: bool = True) -> None:
-        self.dir, self.port, self.appendonly = dir, free_port(), appendonly
+    def __init__(self, dir: str, appendonly: bool = True, password: str = "") -> None:
+        self.dir, self.port, self.appendonly, self.password = dir, free_port(), appendonly, password
         self.proc: subprocess.Popen | None = None
         self.start()
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://{f':{self.password}@' if self.password else ''}127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
         args = [redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                "--dir", self.dir, "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "always"]
+                "--dir", self.dir, "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "always",
+                *(["--requirepass", self.password] if self.password else [])]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port)
+        client = redis.Redis(port=self.port, password=self.password or None)
         for _ in range(200):
             try:
                 if client.ping():
