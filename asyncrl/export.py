@@ -51,6 +51,13 @@ def find_checkpoint(run_dir: Path, step: int | None) -> Path:
             raise ExportError(f"--step {step}: no complete checkpoint {ckpt} (steps with one: {steps})")
     if not (ckpt / "trainer" / ".metadata").exists():
         raise ExportError(f"{ckpt / 'trainer'}: not a trainer checkpoint (no .metadata)")
+    from asyncrl.config import ConfigError
+    from asyncrl.run_dir import check_own_tree
+
+    try:  # before anything of it is unpickled: another user's checkpoint could run their code as you
+        check_own_tree(ckpt, "checkpoint")
+    except ConfigError as e:
+        raise ExportError(str(e)) from None
     return ckpt
 
 

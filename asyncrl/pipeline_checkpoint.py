@@ -14,7 +14,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from asyncrl.rollout.resume import capture, read_async_state, reinstate, write_async_state
-from asyncrl.run_dir import checkpoint_dir, latest_checkpoint, prune_checkpoints, read_published, write_state
+from asyncrl.run_dir import check_own_tree, checkpoint_dir, latest_checkpoint, prune_checkpoints, read_published, write_state
 from asyncrl.trajectory_queue import response_length
 from transfer_queue import SampleMeta
 
@@ -62,6 +62,7 @@ class PipelineCheckpoint:
         ckpt = latest_checkpoint(self.run_dir)
         if ckpt is None:
             return False
+        check_own_tree(ckpt, "resume")  # before anything of it is unpickled (DCP's metadata)
         state = json.loads((ckpt / "state.json").read_text())
         await self.trainer.load(str(ckpt / "trainer"))
         self.step = state["step"]

@@ -140,6 +140,22 @@ def assign_queue_run_id(cfg: Config, run_dir: Path) -> str:
     return run_id
 
 
+def check_own_tree(path: Path, key: str) -> None:
+    """`path` and everything under it must be this user's, not links, and writable by no one else before
+    anything there is loaded (a trainer checkpoint's DCP metadata is a pickle: whoever could write a file
+    of it could run code as this user); else one line naming the file, its owner and `key`."""
+    from asyncrl.config import ConfigError
+
+    for p in [path, *sorted(path.rglob("*"))]:
+        st = os.lstat(p)
+        what = ("a symbolic link" if stat.S_ISLNK(st.st_mode)
+                else f"owned by {_user(st.st_uid)}" if st.st_uid != os.getuid()
+                else f"writable by others (mode {stat.S_IMODE(st.st_mode):04o})" if st.st_mode & 0o022 else "")
+        if what:
+            raise ConfigError(f"{key}: {str(p)!r} is {what}; a checkpoint is loaded only when every file of it is "
+                              "this user's and no one else may write it")
+
+
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
     return run_dir / "checkpoints" / f"step_{step:06d}"
 
