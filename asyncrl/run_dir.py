@@ -57,7 +57,7 @@ def _find_run_dir(cfg: Config) -> Path:
         return runs[-1]
     name = cfg.logging.run_name or f"{cfg.trainer.mode}-{time.strftime('%Y%m%d-%H%M%S')}"
     d = root / name
-    root.mkdir(parents=True, exist_ok=True)
+    d.parent.mkdir(parents=True, exist_ok=True)  # the runs root (and a name's folders: logging.run_name=exp/r1)
     try:
         d.mkdir(mode=0o700)
     except FileExistsError:
@@ -144,8 +144,6 @@ def check_own_tree(path: Path, key: str) -> None:
     """`path` and everything under it must be this user's, not links, and writable by no one else before
     anything there is loaded (a trainer checkpoint's DCP metadata is a pickle: whoever could write a file
     of it could run code as this user); else one line naming the file, its owner and `key`."""
-    from asyncrl.config import ConfigError
-
     for p in [path, *sorted(path.rglob("*"))]:
         st = os.lstat(p)
         what = ("a symbolic link" if stat.S_ISLNK(st.st_mode)
