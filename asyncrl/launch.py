@@ -379,18 +379,6 @@ def share_run_secret(cfg: Config) -> None:
     cfg.queue.secret = cfg.weights.secret = secret
 
 
-def gc_shm(cfg: Config, storage: Any, run_dir: Any) -> None:
-    """Mark this run in its shm directory with its run directory (a resume's files are kept while it
-    has a checkpoint), then remove what this user's runs that are gone left there (`asyncrl.shm_gc`)."""
-    from asyncrl.shm_gc import collect
-
-    if hasattr(storage, "note_run"):
-        storage.note_run({"durable": cfg.queue.metadata != "memory", "run_dir": str(Path(run_dir).resolve())}, replace=True)
-    line = collect(cfg.queue.shm_dir, cfg.queue.shm_keep_s).line()
-    if line:
-        print(f"asyncrl: {line}", flush=True)
-
-
 def build(cfg: Config, run_dir: Any = None) -> Components:
     from transfer_queue import make_storage
 
@@ -417,8 +405,12 @@ def build(cfg: Config, run_dir: Any = None) -> Components:
     spec = host_spec(cfg, cfg.agent.reward or task.reward, sampling, eval_sampling, log_dir=str(run_dir) if run_dir else "")
     make_agent(spec.agent, spec.reward, encode, decode, sampling, tokenizer=tok)  # a bad agent key or template fails here, before anything starts
     storage = make_storage(cfg.queue)
-    if run_dir is not None:
-        gc_shm(cfg, storage, run_dir)
+    if run_dir is not None:  # mark the run with its directory (a resume's files are kept while it has a checkpoint),
+        from asyncrl.shm_gc import at_start  # then remove what this user's runs that are gone left
+
+        if hasattr(storage, "note_run"):
+            storage.note_run({"durable": cfg.queue.metadata != "memory", "run_dir": str(Path(run_dir).resolve())})
+        at_start(cfg.queue.shm_dir, cfg.queue.shm_keep_s)
     if cfg.ray.enabled:  # servers are Ray actors in placement groups, started inside the event loop
         spawn: Callable[[], Awaitable[Any]] = lambda: ray_fleets(cfg, model_path, spec, lambda: parts.trainer)
     else:

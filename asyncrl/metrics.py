@@ -101,7 +101,7 @@ def sqlite_store(db: Path, artifacts: str) -> None:
               "made anew", file=sys.stderr, flush=True)
     tmp = db.with_name(f"{db.name}{INIT_SUFFIX}{os.getpid()}-{os.urandom(3).hex()}")
     try:
-        _opens(tmp, artifacts, raise_error=True)
+        _open(tmp, artifacts)
         try:
             os.link(tmp, db)  # atomic, and never over a store another run linked first
         except FileExistsError:
@@ -110,16 +110,19 @@ def sqlite_store(db: Path, artifacts: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _opens(db: Path, artifacts: str, raise_error: bool = False) -> bool:
-    """Whether MLflow opens (creating its tables where there are none) the SQLite store `db`."""
+def _open(db: Path, artifacts: str) -> None:
+    """Open (creating its tables where there are none) the SQLite store `db` as MLflow does."""
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
+    SqlAlchemyStore(f"sqlite:///{db}", artifacts).engine.dispose()
+
+
+def _opens(db: Path, artifacts: str) -> bool:
+    """Whether MLflow opens the SQLite store `db` (`_open` without raising)."""
     try:
-        SqlAlchemyStore(f"sqlite:///{db}", artifacts).engine.dispose()
+        _open(db, artifacts)
         return True
     except Exception:  # noqa: BLE001 - any failure to open is judged by the caller
-        if raise_error:
-            raise
         return False
 
 

@@ -67,13 +67,22 @@ def _find_run_dir(cfg: Config) -> Path:
     return d
 
 
+def _not_own(st: os.stat_result) -> str:
+    """Why a file (its `lstat`) is not this user's alone: a link, another owner, writable by others; '' if it is."""
+    if stat.S_ISLNK(st.st_mode):
+        return "a symbolic link"
+    if st.st_uid != os.getuid():
+        return f"owned by {_user(st.st_uid)}"
+    return f"writable by others (mode {stat.S_IMODE(st.st_mode):04o})" if st.st_mode & 0o022 else ""
+
+
 def _own_dir(p: Path) -> bool:
     """Whether `p` is a directory (not a link to one) of this user that no one else may write."""
     try:
         st = os.lstat(p)
     except OSError:
         return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+    return stat.S_ISDIR(st.st_mode) and not _not_own(st)
 
 
 def check_own_dir(p: Path, key: str) -> None:
@@ -81,9 +90,7 @@ def check_own_dir(p: Path, key: str) -> None:
     user's, and writable by no one else (else whoever could write it may have planted links the run would
     write through); anything else is one line naming the path, its owner and the key."""
     st = os.lstat(p)
-    what = ("a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory" if not stat.S_ISDIR(st.st_mode)
-            else f"owned by {_user(st.st_uid)}" if st.st_uid != os.getuid()
-            else f"writable by others (mode {stat.S_IMODE(st.st_mode):04o})" if st.st_mode & 0o022 else "")
+    what = _not_own(st) or ("" if stat.S_ISDIR(st.st_mode) else "not a directory")
     if what:
         raise ConfigError(f"{key}: run directory {str(p)!r} is {what}; a run writes only into a directory of its own "
                           f"user that no one else may write: pick another name or logging.run_root")
@@ -145,10 +152,7 @@ def check_own_tree(path: Path, key: str) -> None:
     anything there is loaded (a trainer checkpoint's DCP metadata is a pickle: whoever could write a file
     of it could run code as this user); else one line naming the file, its owner and `key`."""
     for p in [path, *sorted(path.rglob("*"))]:
-        st = os.lstat(p)
-        what = ("a symbolic link" if stat.S_ISLNK(st.st_mode)
-                else f"owned by {_user(st.st_uid)}" if st.st_uid != os.getuid()
-                else f"writable by others (mode {stat.S_IMODE(st.st_mode):04o})" if st.st_mode & 0o022 else "")
+        what = _not_own(os.lstat(p))
         if what:
             raise ConfigError(f"{key}: {str(p)!r} is {what}; a checkpoint is loaded only when every file of it is "
                               "this user's and no one else may write it")

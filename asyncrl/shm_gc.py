@@ -2,7 +2,7 @@
 
 A run killed (SIGKILL, an OOM kill, a lost node) cannot remove its `shm` arenas: each stays in /dev/shm,
 memory held until someone deletes it. `collect` finds this user's files there by run
-(`transfer_queue.storage.shm.scan`: a run is live on this host while any of its processes holds its
+(`transfer_queue.storage.shm_runs.scan`: a run is live on this host while any of its processes holds its
 mark or an arena) and removes those of runs that are gone and can no longer need them:
 
 | a run that is gone, whose queue was | its files are |
@@ -32,7 +32,7 @@ from typing import Any
 from checkpoint_engine.backends.shm import PREFIX as WEIGHTS_PREFIX
 from checkpoint_engine.backends.shm import SHM_DIR as WEIGHTS_DIR
 from plane_common.liveness import held, unlink_orphan
-from transfer_queue.storage.shm import RunFiles, own_files, remove_dead, scan
+from transfer_queue.storage.shm_runs import RunFiles, own_files, remove_dead, scan
 
 WEIGHT_SLOTS = "weights (shm slots)"
 """The verdict on the weight plane's slots of senders that are gone (not a run)."""
@@ -135,6 +135,16 @@ def collect(shm_dir: str = "/dev/shm", keep_s: float = KEEP_S, remove: bool = Tr
             if remove:
                 v.removed = sum(unlink_orphan(p) for p, _ in slots)
             report.dead.append(v)
+    return report
+
+
+def at_start(shm_dir: str, keep_s: float, who: str = "") -> Report:
+    """`collect` where a run's process starts (the controller, a server on its host), saying what went in
+    one line when anything did."""
+    report = collect(shm_dir, keep_s)
+    line = report.line()
+    if line:
+        print(f"asyncrl: {who}{line}", flush=True)
     return report
 
 

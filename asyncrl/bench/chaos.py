@@ -334,8 +334,10 @@ def run(steps: int, server_every: float, seed: int, baseline: bool = True, max_t
 
 def _dev_shm() -> set[str]:
     """Names of this user's files of both planes in /dev/shm (queue arenas and marks, weight slots)."""
-    return {e.name for e in os.scandir("/dev/shm") if e.name.startswith(("tq-", "asyncrl-weights-"))
-            and e.stat(follow_symlinks=False).st_uid == os.getuid()}
+    from checkpoint_engine.backends.shm import PREFIX
+    from transfer_queue.storage.shm_runs import own_files
+
+    return {e.name for prefix in ("tq-", PREFIX) for e, _ in own_files("/dev/shm", prefix)}
 
 
 def main(argv: list[str] | None = None) -> int:

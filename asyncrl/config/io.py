@@ -32,7 +32,7 @@ from typing import Any, Sequence
 from asyncrl.config.checks import ConfigError
 from asyncrl.config.doc import asyncrl_keys
 from asyncrl.config.tree import Config
-from asyncrl.redis_url import redact_url, url_password
+from asyncrl.redis_url import REDACTED, redact_url, url_password
 
 _NOT_A_CHOICE = re.compile(r"Invalid value '(.*)', expected one of (\[.*\])")
 """OmegaConf's message for a value outside a `Literal[...]` field's choices (the value as `str` gives it)."""
@@ -107,7 +107,7 @@ _ABSENT = object()
 
 SECRET_KEYS = ("queue.secret", "weights.secret")
 """Where a run's secret may sit in the tree (one secret for both planes; `launch.share_run_secret`)."""
-SECRET_SET = "<set>"
+SECRET_SET = REDACTED
 """What `dump_resolved` writes for a secret that was set (read back by `load` as not set)."""
 
 

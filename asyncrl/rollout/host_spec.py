@@ -140,11 +140,9 @@ def build_host(server: Any, name: str, spec: dict[str, Any] | HostSpec, model_pa
     queue = TransferQueueConfig(**s.queue)
     plane = make_storage(queue)
     if plane.kind == "shm":  # on a host that may hold no controller: what runs gone left here goes too
-        from asyncrl.shm_gc import collect
+        from asyncrl.shm_gc import at_start
 
-        line = collect(queue.shm_dir, queue.shm_keep_s).line()
-        if line:
-            print(f"asyncrl: server {name}: {line}", flush=True)
+        at_start(queue.shm_dir, queue.shm_keep_s, who=f"server {name}: ")
     host = ServerHost(server, name=name, agent=agent, eval_agent=eval_agent, plane=plane, partial_rollouts=s.partial_rollouts)
     return host, plane
 

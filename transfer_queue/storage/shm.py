@@ -24,11 +24,8 @@ when the queue's metadata is durable (`sweep_arenas=False`, the `redis` backend:
 still name an orphan's slots). One-file-per-tensor segments are meant to outlive their producer;
 `sweep()` removes this run's (of this user, whose writer pid is gone) when asked.
 
-Runs that are gone: every process of a run that opens this plane holds a shared `flock` on the run's
-mark `tq-<run>.run` (JSON: whether its metadata is `durable`, and what the application notes there,
-e.g. asyncrl's run directory), so on each host a run is provably over there once an exclusive lock on
-its mark is granted. `scan()` lists this user's files by run with that verdict; what to remove is the
-caller's choice (asyncrl: `asyncrl.shm_gc`, at a run's start and `asyncrl status --gc`).
+Every process of a run that opens this plane holds the run's mark (`shm_runs.RunMark`), so that what a
+run that is gone left here can be told from a live run's (`shm_runs.scan`).
 """
 
 from __future__ import annotations
@@ -36,23 +33,21 @@ from __future__ import annotations
 import errno
 import fcntl
 import itertools
-import json
 import mmap
 import os
-import re
 import stat
 import threading
 import weakref
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from plane_common.liveness import held, pid_alive, unlink_orphan
+from plane_common.liveness import pid_alive, unlink_orphan
 from transfer_queue.codec import WireError, check_header
 from transfer_queue.storage.arena import Arena, FreeEndpoint, FreeSender
 from transfer_queue.storage.base import StoragePlane, StorageUnreachable, handle_of
 from transfer_queue.storage.handles import Handle, ShmHandle, shm_source
+from transfer_queue.storage.shm_runs import RunMark, own_files
 
 
 class ShmStorage(StoragePlane):
@@ -75,27 +70,14 @@ class ShmStorage(StoragePlane):
         self._endpoint: FreeEndpoint | None = None
         self._sender = FreeSender(self.secret, self.max_frame_bytes)
         self._maps: dict[str, mmap.mmap] = {}
-        self.mark_path = os.path.join(self.dir, f"tq-{run_id}{MARK_SUFFIX}")
-        self._mark_fd = -1
-        if os.path.isdir(self.dir):  # a plane made for a directory that is not there fails at its first write
-            self.note_run({"durable": not sweep_arenas})
+        # held while the plane is open (made before the arena: at exit the arena goes first, then the mark);
+        # a plane made for a directory that is not there fails at its first write
+        self.mark = RunMark.hold(self.dir, run_id, {"durable": not sweep_arenas}) if os.path.isdir(self.dir) else None
 
-    def note_run(self, note: dict[str, Any], replace: bool = False) -> None:
-        """Hold the run's mark (see the module docstring) for as long as this plane is open, and write
-        `note` into it where it holds none yet, or always with `replace` (the controller's, which knows
-        the run directory)."""
-        with self._lock:
-            if self._mark_fd < 0:
-                self._mark_fd = _hold_mark(self.mark_path)
-                if self._mark_fd < 0:
-                    return
-                # let go at close or exit (after the arena's finalizer, made later, has removed the arena)
-                self._mark_finalizer = weakref.finalize(self, _leave_mark, self._mark_fd, self.mark_path, self.dir,
-                                                        self.run_prefix)
-            if replace or os.fstat(self._mark_fd).st_size == 0:
-                data = json.dumps(note).encode()
-                os.ftruncate(self._mark_fd, 0)
-                os.pwrite(self._mark_fd, data, 0)
+    def note_run(self, note: dict[str, Any]) -> None:
+        """Write `note` into the run's mark (the controller's, which knows the run directory)."""
+        if self.mark is not None:
+            self.mark.write(note)
 
     def _producer_arena(self) -> Arena:
         with self._lock:
@@ -285,10 +267,8 @@ class ShmStorage(StoragePlane):
             self._endpoint.close()
             self._finalizer()
         self._sender.close()
-        with self._lock:
-            held_mark, self._mark_fd = self._mark_fd >= 0, -1
-        if held_mark:
-            self._mark_finalizer()
+        if self.mark is not None:
+            self.mark.leave()
 
     @property
     def rejected_frees(self) -> int:
@@ -298,17 +278,6 @@ class ShmStorage(StoragePlane):
         return self._endpoint.rejected + self._arena.rejected
 
 
-def _leave_mark(fd: int, path: str, shm_dir: str, run_prefix: str) -> None:
-    """Let go of the run's mark; remove it when no one else holds it and no file of the run is left."""
-    os.close(fd)
-    try:
-        left = any(e.name.startswith(run_prefix) for e in os.scandir(shm_dir))
-    except FileNotFoundError:  # the directory went first
-        return
-    if not left:
-        unlink_orphan(path)
-
-
 def _unlink(path: str, fd: int = -1) -> None:
     try:
         os.unlink(path)
@@ -316,131 +285,3 @@ def _unlink(path: str, fd: int = -1) -> None:
         pass
     if fd >= 0:
         os.close(fd)  # drops this producer's lock
-
-
-MARK_SUFFIX = ".run"
-"""`tq-<run>.run`: a run's mark in the shm directory (see the module docstring)."""
-
-_FILE = re.compile(r"tq-(?P<run>.+)-(?P<pid>\d+)-[0-9a-f]{6}-(?P<rest>[^-]+)")
-"""A plane file: `tq-<run>-<pid>-<6 hex>-arena` (`.new` while it is made) or `...-<n>` (a file per tensor)."""
-
-
-def own_files(shm_dir: str, prefix: str) -> list[tuple[os.DirEntry, os.stat_result]]:
-    """This user's regular files in `shm_dir` whose names start with `prefix`, with their `lstat`
-    (another user's file, which root could unlink in /dev/shm, is never ours to judge or remove)."""
-    out = []
-    try:
-        entries = list(os.scandir(shm_dir))
-    except FileNotFoundError:
-        return out
-    for e in entries:
-        if not e.name.startswith(prefix):
-            continue
-        try:
-            st = e.stat(follow_symlinks=False)
-        except FileNotFoundError:  # removed meanwhile
-            continue
-        if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
-            out.append((e, st))
-    return out
-
-
-def _hold_mark(path: str) -> int:
-    """An open descriptor of the mark at `path` (made 0600 if absent), shared-locked; -1 where it is
-    not this user's regular file (never written through nor trusted). A mark removed between its
-    open and its lock (its last holder left) is made again."""
-    for _ in range(8):
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        except OSError:  # a link planted there, or a directory we may not write
-            return -1
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
-            os.close(fd)
-            return -1
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        try:
-            if os.path.samestat(st, os.lstat(path)):
-                return fd
-        except FileNotFoundError:
-            pass
-        os.close(fd)
-    return -1
-
-
-@dataclass
-class RunFiles:
-    """One run's files in a shm directory, of this user (`scan`)."""
-
-    run_id: str
-    live: bool = False
-    """A process of the run holds its mark or an arena of it, or the pid of a file per tensor lives."""
-    note: dict[str, Any] | None = None
-    """What its mark says (None: no mark, or one that does not parse)."""
-    paths: list[str] = field(default_factory=list)
-    """Its files, the mark last."""
-    bytes: int = 0
-    """Memory they hold (allocated blocks: an arena is sparse)."""
-    newest: float = 0.0
-    """The newest modification time among them."""
-
-
-def scan(shm_dir: str = "/dev/shm") -> dict[str, RunFiles]:
-    """This user's plane files in `shm_dir` by run, each run judged live or not on this host (reads only;
-    another user's files are never listed)."""
-    from plane_common.liveness import pid_alive
-
-    runs: dict[str, RunFiles] = {}
-    marks = []
-    for e, st in own_files(shm_dir, "tq-"):
-        if e.name.endswith(MARK_SUFFIX):
-            marks.append((e, st))
-            continue
-        m = _FILE.fullmatch(e.name)
-        if m is None:
-            continue
-        run = runs.setdefault(m["run"], RunFiles(m["run"]))
-        if m["rest"] == "arena":
-            run.live |= held(e.path)
-        elif m["rest"] == "arena.new" or m["rest"].isdigit():  # being made, or a file per tensor: its writer's pid
-            run.live |= pid_alive(int(m["pid"]))
-        else:
-            continue
-        run.paths.append(e.path)
-        run.bytes += st.st_blocks * 512
-        run.newest = max(run.newest, st.st_mtime)
-    for e, st in marks:
-        run = runs.setdefault(e.name[3:-len(MARK_SUFFIX)], RunFiles(e.name[3:-len(MARK_SUFFIX)]))
-        run.live |= held(e.path)
-        try:
-            note = json.loads(open(e.path, "rb").read() or b"null")
-            run.note = note if isinstance(note, dict) else None
-        except (OSError, ValueError):
-            run.note = None
-        run.paths.append(e.path)
-        run.bytes += st.st_blocks * 512
-        run.newest = max(run.newest, st.st_mtime)
-    return runs
-
-
-def remove_dead(run: RunFiles) -> int:
-    """Remove the files of a run `scan` found not live (each checked again as it goes: an arena only
-    while no one holds it, a file per tensor only while its writer's pid is gone, the mark last and
-    only unheld); returns how many went."""
-    from plane_common.liveness import pid_alive
-
-    removed = 0
-    for path in run.paths:
-        name = os.path.basename(path)
-        m = _FILE.fullmatch(name)
-        if name.endswith(MARK_SUFFIX) or (m is not None and m["rest"] == "arena"):
-            removed += unlink_orphan(path)
-        elif m is not None and not pid_alive(int(m["pid"])):
-            try:
-                st = os.lstat(path)
-                if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
-                    os.unlink(path)
-                    removed += 1
-            except FileNotFoundError:
-                pass
-    return removed

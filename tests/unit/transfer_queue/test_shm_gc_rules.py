@@ -13,7 +13,8 @@ import time
 import pytest
 
 from asyncrl.shm_gc import collect
-from transfer_queue.storage.shm import ShmStorage, scan
+from transfer_queue.storage.shm import ShmStorage
+from transfer_queue.storage.shm_runs import scan
 
 NOW = time.time()
 
@@ -101,7 +102,7 @@ def test_a_plane_holds_its_runs_mark_while_open_and_removes_it_when_the_last_lea
     a.write("u", {"x": np.arange(1000, dtype=np.float32)}, inline=False)  # into its arena
     mark = shm / "tq-r1.run"
     assert json.loads(mark.read_text()) == {"durable": False}  # the first plane's note; b never rewrote it
-    b.note_run({"durable": True, "run_dir": "/x"}, replace=True)
+    b.note_run({"durable": True, "run_dir": "/x"})
     assert json.loads(mark.read_text()) == {"durable": True, "run_dir": "/x"}
     assert scan(str(shm))["r1"].live
     a.close()
@@ -123,7 +124,7 @@ def test_a_mark_planted_by_someone_else_is_neither_written_nor_held(tmp_path, pl
         mark.write_text("{}")
         os.chown(mark, 54321, 54321)
     s = ShmStorage(shm_dir=str(shm), run_id="r2", arena_bytes=1 << 20)
-    s.note_run({"durable": True, "run_dir": "/y"}, replace=True)
+    s.note_run({"durable": True, "run_dir": "/y"})
     s.close()
     assert target.read_text() == "keep" and (mark.is_symlink() or mark.read_text() == "{}")
 
