@@ -18,6 +18,8 @@
                                                   resize a fleet of a running job (servers join / drain)
     asyncrl export RUN_DIR [--step N] [--dtype D] OUT
                                                   a checkpoint of a run as a Hugging Face folder
+    asyncrl data convert IN OUT [--source gsm8k|plain] [--force]
+                                                  question / answer rows -> verl's parquet layout (docs/real_job.md)
 """
 
 from __future__ import annotations
@@ -348,10 +350,14 @@ def main(argv: list[str] | None = None) -> int:
         from asyncrl.run_control import main as scale_main
 
         return scale_main(argv[1:])
+    if argv and argv[0] == "data":  # data files for a run (asyncrl/data/convert.py): answers without importing torch
+        from asyncrl.data.convert import main as data_main
+
+        return data_main(argv[1:])
     from asyncrl.config import ConfigError
 
     parser = argparse.ArgumentParser(prog="asyncrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["train", "bench", "plan", "config", "status", "scale", "export"])
+    parser.add_argument("command", choices=["train", "bench", "plan", "config", "status", "scale", "export", "data"])
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0 if argv else 2
