@@ -5,7 +5,10 @@ Job: read the policy weights of one trainer checkpoint (torch.distributed.checkp
 plain state dict, in this process and without a process group, and write them with the
 run's model config, tokenizer (chat template included) and generation config as a folder
 that `transformers` (`from_pretrained`) and vLLM load: `config.json`, `model.safetensors`
-(sharded with an index when large), tokenizer files, `generation_config.json`.
+(sharded with an index when large), tokenizer files, `generation_config.json` (the base model's,
+with the run's answer limits: `max_new_tokens` = `rollout.max_tokens`, `stop_strings` = `rollout.stop`;
+see `generation_limits`), `asyncrl_export.json` (run, step, checkpoint, dtype, those limits). Every
+file gets the mode of a new file under the exporting process's umask (0644 under 022).
 
 Boundary: the run's resolved `config.yaml` says which model the run started from
 (`model.path`, or the demo model built under `model.cache_dir`); that folder supplies the
@@ -80,21 +83,40 @@ def load_policy_weights(trainer_dir: Path) -> dict[str, "object"]:
     return {k[len(MODEL_PREFIX):]: v for k, v in sd.items()}
 
 
-def run_model(run_dir: Path) -> tuple[str, str]:
-    """(model folder, `model.dtype`) the run started from, per its resolved config (the demo model is rebuilt if its
-    cache is gone: it is deterministic)."""
+def run_config(run_dir: Path) -> "object":
+    """The run's resolved config (`RUN_DIR/config.yaml`)."""
     from asyncrl.config import load
-    from asyncrl.launch import resolve_model_path
 
     cfg_file = run_dir / "config.yaml"
     if not cfg_file.exists():
         raise ExportError(f"{run_dir}: not a run directory (no config.yaml)")
-    cfg = load(str(cfg_file))
+    return load(str(cfg_file))
+
+
+def run_model(run_dir: Path) -> tuple[str, str]:
+    """(model folder, `model.dtype`) the run started from, per its resolved config (the demo model is rebuilt if its
+    cache is gone: it is deterministic)."""
+    from asyncrl.launch import resolve_model_path
+
+    cfg = run_config(run_dir)
     path = resolve_model_path(cfg)
     if not (Path(path) / "config.json").exists():
-        raise ExportError(f"model.path: {path} (from {cfg_file}) has no config.json; the run's model folder is needed "
+        raise ExportError(f"model.path: {path} (from {run_dir / 'config.yaml'}) has no config.json; the run's model folder is needed "
                           "for its architecture and tokenizer")
     return path, cfg.model.dtype
+
+
+def generation_limits(gen: "object", rollout: "object") -> dict[str, object]:
+    """Set on `gen` (the exported `generation_config.json`) where the run's answers ended: `max_new_tokens` =
+    `rollout.max_tokens` (every response of the run was cut there: the demo's 4-digit answers never learn an
+    EOS, so without it `generate` runs past the answer) and `stop_strings` = `rollout.stop` when the run had any.
+    EOS ids and sampling settings stay the base model's. Returns what was set (recorded in asyncrl_export.json)."""
+    limits: dict[str, object] = {"max_new_tokens": int(rollout.max_tokens)}  # type: ignore[attr-defined]
+    if rollout.stop:  # type: ignore[attr-defined]
+        limits["stop_strings"] = list(rollout.stop)  # type: ignore[attr-defined]
+    for k, v in limits.items():
+        setattr(gen, k, v)
+    return limits
 
 
 def merged_lora(weights: dict[str, "object"], run_dir: Path) -> dict[str, "object"]:
@@ -103,9 +125,7 @@ def merged_lora(weights: dict[str, "object"], run_dir: Path) -> dict[str, "objec
 
     if not any(is_adapter_key(k) for k in weights):
         return weights
-    from asyncrl.config import load
-
-    model = load(str(run_dir / "config.yaml")).model
+    model = run_config(run_dir).model  # type: ignore[attr-defined]
     if not model.lora_rank:
         raise ExportError(f"{run_dir}: the checkpoint holds LoRA adapters but config.yaml has model.lora_rank=0")
     return merge_state_dict(weights, model.lora_alpha / model.lora_rank)  # type: ignore[arg-type]
@@ -143,6 +163,7 @@ def export(run_dir: str | Path, out: str | Path, *, step: int | None = None, dty
     model.config.dtype = dtype
     gen = Path(model_path) / "generation_config.json"
     model.generation_config = GenerationConfig.from_pretrained(model_path) if gen.exists() else GenerationConfig.from_model_config(config)
+    trained_as = generation_limits(model.generation_config, run_config(run_dir).rollout)
 
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -151,7 +172,10 @@ def export(run_dir: str | Path, out: str | Path, *, step: int | None = None, dty
     state = json.loads((ckpt / "state.json").read_text())
     (tmp / "asyncrl_export.json").write_text(json.dumps(
         {"run_dir": str(run_dir.resolve()), "step": state["step"], "checkpoint": str(ckpt.resolve()), "base_model": model_path,
-         "dtype": dtype}, indent=1))
+         "dtype": dtype, "generation": trained_as}, indent=1))
+    mode = (tmp / "asyncrl_export.json").stat().st_mode & 0o777  # a new file's mode under this process's umask
+    for f in tmp.iterdir():  # transformers writes weight shards through a private (0600) temp file
+        f.chmod(mode)
     if out.exists():
         out.rmdir()
     tmp.rename(out)

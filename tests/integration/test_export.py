@@ -53,6 +53,44 @@ def _trainer_logprobs(run: Path, step: int, ids: torch.Tensor) -> torch.Tensor:
         engine.close()
 
 
+def _umask() -> int:
+    import os
+
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("Umask:"):
+            return int(line.split()[1], 8)
+    return 0o022
+
+
+def test_stop_strings_of_the_run_are_exported() -> None:
+    from transformers import GenerationConfig
+
+    from asyncrl.config import RolloutConfig
+    from asyncrl.export import generation_limits
+
+    gen = GenerationConfig(eos_token_id=2)
+    assert generation_limits(gen, RolloutConfig(max_tokens=64, stop=["####", "\n\n"])) == {
+        "max_new_tokens": 64, "stop_strings": ["####", "\n\n"]}
+    assert gen.max_new_tokens == 64 and gen.stop_strings == ["####", "\n\n"] and gen.eos_token_id == 2
+
+
+@pytest.mark.timeout(30)
+def test_the_end_of_run_lines_are_short_and_rounded(run: Path) -> None:
+    """What `asyncrl train` printed at the end of the fixture's run, from its summary.json: a few lines, each figure
+    rounded (the full record stays in summary.json)."""
+    from asyncrl.progress import end_lines
+
+    summary = json.loads((run / "summary.json").read_text())
+    lines = end_lines(summary, run)
+    assert 4 <= len(lines) <= 7 and all(len(l) <= 120 for l in lines), lines
+    text = "\n".join(lines)
+    assert not re.search(r"\d\.\d{3,}", text), text  # no 0.021875000000000002
+    assert lines[0] == f"asyncrl: finished: fully_async, 2 steps in {summary['wall_s']:.1f} s, {summary['trained_samples']} samples trained"
+    curve = summary["curve"]
+    assert f"{curve[0][1]:.2f} at step 0 -> {curve[-1][1]:.2f} at step 2" in lines[1]
+    assert lines[-1].endswith(f"{run}/summary.json (curve: reward_curve.png, per step: metrics.jsonl)")
+
+
 @pytest.mark.timeout(120)
 def test_export_matches_trainer_logprobs(run: Path, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -63,7 +101,14 @@ def test_export_matches_trainer_logprobs(run: Path, tmp_path: Path) -> None:
     assert main(["export", str(run), str(out)]) == 0
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         assert (out / name).is_file(), name
-    assert json.loads((out / "asyncrl_export.json").read_text())["step"] == 2  # the newest checkpoint
+    meta = json.loads((out / "asyncrl_export.json").read_text())
+    assert meta["step"] == 2  # the newest checkpoint
+    # where the run's answers ended (rollout.max_tokens=4: the demo never learns an EOS), for generate and vLLM
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert gen["max_new_tokens"] == 4 == meta["generation"]["max_new_tokens"] and gen["eos_token_id"] == 2
+    assert "stop_strings" not in gen  # the run had no rollout.stop
+    modes = {f.name: f.stat().st_mode & 0o777 for f in out.iterdir()}  # none private, none writable by others
+    assert set(modes.values()) == {0o666 & ~_umask()}, modes
 
     tok = AutoTokenizer.from_pretrained(out)
     texts = ["12+3=15,4+4=8", "7+8=15;99;100", "abcxyz0123(){}"]  # the demo tokenizer drops spaces
@@ -76,6 +121,8 @@ def test_export_matches_trainer_logprobs(run: Path, tmp_path: Path) -> None:
     got = _hf_logprobs(exported, ids)
     want = _trainer_logprobs(run, 2, ids)
     assert (got - want).abs().max().item() <= 1e-4
+    prompt = tok("1239=", return_tensors="pt").input_ids
+    assert exported.generate(prompt, do_sample=False).shape[1] == prompt.shape[1] + 4  # ends where the run's answers did
     initial = AutoModelForCausalLM.from_pretrained(run_model(run)[0], dtype=torch.float32).eval()
     assert (_hf_logprobs(initial, ids) - want).abs().max().item() > 1e-3  # training moved the weights: the check can fail
 
