@@ -203,6 +203,53 @@ class TrainBatch:
         return [self[idx].trim() for idx in self.micro_batch_rows(size, max_tokens)]
 
 
+def micro_batch_plan(rows: TrainBatch, size: int, max_tokens: int, world: int, device: torch.device) -> list[Tensor | None]:
+    """This rank's micro-batches of `rows` (row indices, `TrainBatch.micro_batch_rows`), as many on every rank:
+    each micro-batch is an FSDP forward (and backward) whose all-gathers and reduce-scatters every rank must
+    join, or the ranks hang or abort. Fixed-size micro-batches agree already (every rank holds as many rows,
+    padding rows included); token-budget ones (`trainer.max_tokens_per_micro_batch`) depend on this rank's
+    lengths, so the ranks agree on the most any of them needs (one all-reduce) and each reaches it with
+    `in_step`: its heaviest groups split, then None for a pass on a stand-in row (`stand_in`). Collective
+    with a token budget and `world` > 1: every rank calls it together."""
+    groups = rows.micro_batch_rows(size, max_tokens)
+    if world == 1 or max_tokens <= 0:
+        return list(groups)
+    import torch.distributed as dist
+
+    most = torch.tensor([len(groups)], dtype=torch.int64, device=device)
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    return in_step(groups, rows.attention_mask.sum(dim=1).tolist(), int(most))
+
+
+def in_step(groups: list[Tensor], lengths: list[int], count: int) -> list[Tensor | None]:
+    """`groups` made `count` long: the group of most tokens that has two rows or more split in two (its rows
+    alternately, so both halves keep like lengths) until there are `count` or none can split, then None
+    for each pass still missing. Splitting never makes a group hold more tokens than before.
+
+    >>> show = lambda plan: [None if g is None else g.tolist() for g in plan]
+    >>> show(in_step([torch.tensor([3, 1, 2]), torch.tensor([0])], [5, 9, 8, 40], 3))
+    [[3, 2], [1], [0]]
+    >>> show(in_step([torch.tensor([3, 1]), torch.tensor([0])], [5, 9, 8, 40], 4))
+    [[3], [1], [0], None]
+    """
+    out = [g for g in groups]
+    while len(out) < count:
+        weights = [sum(lengths[i] for i in g.tolist()) if len(g) > 1 else -1 for g in out]
+        k = max(range(len(out)), key=lambda j: weights[j], default=None)
+        if k is None or weights[k] < 0:
+            break
+        g = out.pop(k)
+        out[k:k] = [g[0::2], g[1::2]]
+    return out + [None] * (count - len(out))
+
+
+def stand_in(rows: TrainBatch) -> TrainBatch:
+    """One row of `rows` with no loss token: the pass a rank runs for a micro-batch it has no rows for (`in_step`),
+    so its collectives meet the other ranks'; it adds exactly zero to every loss, gradient and metric."""
+    one = rows[:1].trim()
+    return one.replace(loss_mask=torch.zeros_like(one.loss_mask), advantages=torch.zeros_like(one.advantages))
+
+
 def _take(t: Tensor | None, index: slice | Tensor | tuple[slice, slice]) -> Tensor | None:
     return None if t is None else t[index]
 

@@ -38,7 +38,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.stateful import Stateful
 
 from asyncrl.trainer.advantages import KLController, kl_in_reward
-from asyncrl.trainer.batch import TrainBatch
+from asyncrl.trainer.batch import TrainBatch, micro_batch_plan, stand_in
 from asyncrl.trainer.gae import gae_advantages, value_loss, whiten, whiten_sums
 from asyncrl.trainer.losses import agg_loss, kl_penalty
 from asyncrl.trainer.packing import pack
@@ -113,7 +113,10 @@ class CriticEngine:
         """[b, T] values of this rank's `rows` (on the device; 0 where the attention mask is 0)."""
         rows = rows.to(self.device)
         out = torch.zeros(rows.input_ids.shape, dtype=torch.float32, device=self.device)
-        for idx in rows.micro_batch_rows(self.trainer.micro_batch_size, self.trainer.max_tokens_per_micro_batch):
+        for idx in micro_batch_plan(rows, self.trainer.micro_batch_size, self.trainer.max_tokens_per_micro_batch, self.world, self.device):
+            if idx is None:  # as many passes as the other ranks (`batch.micro_batch_plan`)
+                self._forward(stand_in(rows))
+                continue
             idx = idx.to(self.device)
             v = self._forward(rows[idx].trim())
             out[idx, : v.shape[1]] = v
@@ -165,7 +168,9 @@ class CriticEngine:
         alg = self.algorithm
         norm = dict(num_tokens=num_tokens, num_seqs=num_seqs, norm_len=alg.loss_agg_norm_len)
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)
-        for mb in rows.to(self.device).micro_batches(self.trainer.micro_batch_size, self.trainer.max_tokens_per_micro_batch):
+        rows = rows.to(self.device)
+        plan = micro_batch_plan(rows, self.trainer.micro_batch_size, self.trainer.max_tokens_per_micro_batch, self.world, self.device)
+        for mb in (rows[idx].trim() if idx is not None else stand_in(rows) for idx in plan):
             vpreds = self._forward(mb)
             loss_tok, clipped = value_loss(vpreds, mb.values, mb.returns, self.cfg.cliprange_value)
             loss = agg_loss(loss_tok, mb.loss_mask, alg.loss_agg, **norm)

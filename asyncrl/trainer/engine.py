@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from asyncrl.config import AlgorithmConfig, CriticConfig, TrainerConfig
-from asyncrl.trainer.batch import TrainBatch, along_lineage, mask_stale_tokens, token_age_metrics
+from asyncrl.trainer.batch import TrainBatch, along_lineage, mask_stale_tokens, micro_batch_plan, stand_in, token_age_metrics
 from asyncrl.trainer.critic import CriticEngine
 from asyncrl.trainer.corrections import Corrector, age_metrics, age_sums, stat_max, stat_metrics, stat_sums
 from asyncrl.trainer.lora import LoraSpec
@@ -110,11 +110,13 @@ class TrainerEngine:
 
     # ---- scoring --------------------------------------------------------
     def _micro_batches(self, rows: TrainBatch) -> list[TrainBatch]:
-        """`trainer.micro_batch_size` rows each, or token-budget groups (`trainer.max_tokens_per_micro_batch`)."""
-        return rows.micro_batches(self.trainer.micro_batch_size, self.trainer.max_tokens_per_micro_batch)
+        """`trainer.micro_batch_size` rows each, or token-budget groups (`trainer.max_tokens_per_micro_batch`), as
+        many on every rank (`batch.micro_batch_plan`; a stand-in row with no loss token where this rank has none)."""
+        return [rows[idx].trim() if idx is not None else stand_in(rows) for idx in self._micro_batch_rows(rows)]
 
-    def _micro_batch_rows(self, rows: TrainBatch) -> list[Tensor]:
-        return rows.micro_batch_rows(self.trainer.micro_batch_size, self.trainer.max_tokens_per_micro_batch)
+    def _micro_batch_rows(self, rows: TrainBatch) -> list[Tensor | None]:
+        """Row indices of each micro-batch, as many on every rank (collective with a token budget); None: a stand-in pass."""
+        return micro_batch_plan(rows, self.trainer.micro_batch_size, self.trainer.max_tokens_per_micro_batch, self.world, self.device)
 
     def _logprobs_and_entropy(self, model: torch.nn.Module, mb: TrainBatch, *, entropy: bool = True,
                               entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -147,6 +149,9 @@ class TrainerEngine:
         rows = rows.to(self.device)
         out = torch.zeros(rows.input_ids.shape, dtype=torch.float32, device=self.device)
         for idx in self._micro_batch_rows(rows):  # token-budget groups are not in row order
+            if idx is None:  # a pass the other ranks run too (their collectives need this rank's)
+                self._logprobs_and_entropy(model, stand_in(rows), entropy=False)
+                continue
             lp, _ = self._logprobs_and_entropy(model, rows[idx.to(self.device)].trim(), entropy=False)
             out[idx.to(self.device), : lp.shape[1]] = lp.float()
         out = out * rows.attention_mask
@@ -424,6 +429,8 @@ class TrainerEngine:
         """Release the models; tear down the process group only if this engine started it."""
         self.model = self.ref_model = self.critic = None  # type: ignore[assignment]
         if self._owns_process_group and dist.is_initialized():
+            if self.world > 1:  # every rank out of its last collective before any tears the group down (gloo
+                dist.barrier()  # aborts a rank still in one whose peer has gone: the teardown race of a clean end)
             dist.destroy_process_group()
             self._owns_process_group = False
 

@@ -37,14 +37,24 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--save", default="", help="write a DCP checkpoint here after the last step")
     ap.add_argument("--advantage", default="grpo", help="gae: whole `train_step`s with the critic (GAE on each rank's rows)")
+    ap.add_argument("--max-tokens", type=int, default=0, help="trainer.max_tokens_per_micro_batch (token-budget micro-batches)")
+    ap.add_argument("--by-length", action="store_true",
+                    help="rows sorted by length: rank 0's shard short, the last rank's long (skewed micro-batch counts)")
     args = ap.parse_args(argv)
 
-    trainer = TrainerConfig(micro_batch_size=args.micro_batch_size, lr=args.lr, total_steps=max(args.steps, 1), threads=1)
+    trainer = TrainerConfig(micro_batch_size=args.micro_batch_size, lr=args.lr, total_steps=max(args.steps, 1), threads=1,
+                            max_tokens_per_micro_batch=args.max_tokens)
     algorithm = AlgorithmConfig(loss_agg=args.loss_agg, kl_coef=args.kl_coef, advantage=args.advantage,
                                 **({"lam": 0.95, "use_kl_in_reward": True} if args.advantage == "gae" else {}))
     engine = TrainerEngine(args.model, trainer=trainer, algorithm=algorithm, seed=args.seed)
     vocab = engine.model.config.vocab_size
     batch = synthetic_batch(args.num_seqs, vocab_size=vocab, seed=args.seed)
+    if args.by_length:
+        batch = batch[torch.argsort(batch.attention_mask.sum(dim=1), stable=True)]
+    if args.max_tokens:  # how many micro-batches this rank's shard needs alone, and how many it runs in step
+        rows = batch.shard(engine.rank, engine.world)
+        alone = len(rows.micro_batch_rows(args.micro_batch_size, args.max_tokens))
+        print(f"rank {engine.rank}: {alone} micro-batches alone, {len(engine._micro_batch_rows(rows))} in step", flush=True)
     batch = batch.replace(old_logprobs=engine.compute_logprobs(batch) * batch.loss_mask - 0.05 * batch.loss_mask)
     result: dict[str, object] = {"metrics": [], "world": engine.world}
     if engine.critic is not None:  # the full step: minibatches, GAE whitened over the ranks, critic updates

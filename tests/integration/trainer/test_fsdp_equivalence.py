@@ -98,3 +98,35 @@ def test_ranks_that_read_their_shards_unevenly_stay_in_step(tiny_model_path):
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     assert done.stdout.count("probe scored again after an uneven read") == 2
+
+
+def test_token_budget_micro_batches_of_skewed_ranks_stay_in_step(tiny_model_path, tmp_path):
+    """`trainer.max_tokens_per_micro_batch` with rank 0's rows short and rank 1's long: alone they need different
+    numbers of micro-batches, so their FSDP forwards and backwards would not meet (a hang, or gloo's abort). The
+    ranks agree on the most (`batch.micro_batch_plan`) and the step equals one rank's on the whole batch."""
+    from tests.integration.trainer.smoke import main
+
+    args = ["--num-seqs", "12", "--micro-batch-size", "8", "--max-tokens", "24", "--by-length", "--steps", "2",
+            "--kl-coef", "0.05", "--seed", "7"]
+    out2 = tmp_path / "r2.pt"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    proc = subprocess.Popen(cmd + [os.path.join(os.path.dirname(__file__), "smoke.py"), "--model", tiny_model_path,
+                                   "--out", str(out2)] + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        main(["--model", tiny_model_path, "--out", str(tmp_path / "r1.pt")] + args)
+        log, _ = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, log[-4000:]
+    import re
+
+    counts = {int(r): (int(a), int(b)) for r, a, b in re.findall(r"rank (\d): (\d+) micro-batches alone, (\d+) in step", log)}
+    assert set(counts) == {0, 1} and counts[0][0] != counts[1][0], counts  # skewed: the check could hang without the plan
+    assert counts[0][1] == counts[1][1] == max(a for a, _ in counts.values()), counts
+    one, two = torch.load(tmp_path / "r1.pt"), torch.load(out2)
+    for m1, m2 in zip(one["metrics"], two["metrics"], strict=True):
+        for key in ("loss", "pg_loss", "kl", "entropy", "grad_norm", "tokens"):
+            assert abs(m1[key] - m2[key]) < 1e-5, (key, m1[key], m2[key])
+    grad_diff = max((one["grads"][k] - two["grads"][k]).abs().max().item() for k in one["grads"])
+    assert grad_diff < 1e-5
