@@ -37,6 +37,8 @@ BENCHES = (
           "a bare Sender publish of the same bytes", "about 6 min; --quick 3 min; --hosts 3: 1 min"),
     Bench("trainer", "asyncrl.bench.trainer", "one long-tail batch's step: padded vs packed micro-batches, checkpointing",
           "the padded step (speed, peak memory, loss and gradients)", "about 2 min; --quick 20 s"),
+    Bench("trainer-load", "asyncrl.bench.trainer_load", "peak host memory per rank loading a 7B-wide Qwen2 (policy + bf16 reference, 2 gloo ranks)",
+          "the old load (every rank from_pretrained in fp32) and the rank's shards + one layer", "about 35 s; --quick 10 s"),
     Bench("chaos", "asyncrl.bench.chaos", "a Ray run while servers, a trainer rank, the controller and rewards fail",
           "the same run without faults (wall ratio); lost and trained-twice counts", "about 4 min; --quick 2 min"),
     Bench("elastic", "asyncrl.bench.elastic", "a live run whose fleet goes 4 -> 8 -> 2 -> 6 servers (--autoscale: sizes itself)",
