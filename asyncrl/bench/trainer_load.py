@@ -8,7 +8,7 @@ downloaded) and saved as bf16 safetensors (one file per layer, one for the embed
 `TrainerEngine` with `model.dtype=bfloat16` and a KL term loads: the policy (fp32 master weights) and the
 reference. Two paths, in the same run:
 
-- `new`: `setup.load_sharded_model` (meta build, rank 0 alone reads, a bf16 reference);
+- `new`: `load.load_sharded_model` (meta build, rank 0 alone reads, a bf16 reference);
 - `old`: the code it replaced (`_old_load`): every rank `from_pretrained` in fp32, then `fully_shard`;
   the reference a second fp32 copy.
 
@@ -101,7 +101,8 @@ def _rank(rank: int, world: int, port: int, folder: str, path_kind: str, out: st
     import torch
 
     from asyncrl.hf_imports import skip_unused_backends
-    from asyncrl.trainer.setup import ensure_process_group, load_sharded_model
+    from asyncrl.trainer.load import load_sharded_model
+    from asyncrl.trainer.setup import ensure_process_group
 
     skip_unused_backends()
     importlib.import_module("transformers")  # before the RSS baseline: the imports are not the load

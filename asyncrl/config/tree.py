@@ -140,7 +140,7 @@ class TrainerConfig:
     micro_batch_size: int = 64
     """Sequences per forward/backward; gradients accumulate over micro-batches."""
     max_tokens_per_micro_batch: int = 0
-    """Token-budget micro-batches (verl: ppo_max_token_len_per_gpu): rows of a mini-batch, sorted by length, are grouped greedily so a micro-batch holds at most this many real tokens (a longer row goes alone); 0 cuts by `micro_batch_size` rows. The step is the same either way (global normalisers)."""
+    """Token-budget micro-batches (verl: ppo_max_token_len_per_gpu): rows of a mini-batch, sorted by length, are grouped greedily so a micro-batch holds at most this many real tokens (a longer row goes alone); 0 cuts by `micro_batch_size` rows. The step is the same either way (global normalisers). With several ranks every rank runs as many micro-batches as the rank that needs the most (its heaviest groups split, else a pass on a row with no loss token), so FSDP's collectives meet; rows are spread over the ranks by tokens either way."""
     packing: bool = False
     """Pack each micro-batch's sequences into one row (position ids restart per sequence, attention stays inside each; verl: use_remove_padding): padding costs nothing. Log-probs are unpacked to the [B, T] layout, so losses are unchanged."""
     logit_chunk_tokens: int = 0

@@ -170,19 +170,24 @@ class TrainBatch:
             return self
         return TrainBatch(**{f.name: _take(getattr(self, f.name), (slice(None), slice(0, width))) for f in dataclasses.fields(self)})
 
+    def shard_rows(self, world: int) -> list[list[int]]:
+        """Row indices of each rank: spread by tokens, at most ceil(B / world) each (`spread.spread`)."""
+        from asyncrl.trainer.spread import spread
+
+        return spread(self.attention_mask.sum(dim=1).tolist(), world)
+
     def shard(self, rank: int, world: int) -> "TrainBatch":
-        """This rank's rows: ceil(B / world) rows each; short ranks repeat row 0 with loss_mask 0.
+        """This rank's rows (`shard_rows`), ceil(B / world) of them: a rank short of rows repeats row 0 with loss_mask 0.
 
         Every rank then runs the same number of forward/backward passes (FSDP collectives
         must match) and the padding rows add exactly zero to losses and gradients.
         """
         per = -(-len(self) // world)
-        idx = torch.arange(rank * per, (rank + 1) * per)
-        real = idx < len(self)
-        out = self[torch.where(real, idx, torch.zeros_like(idx))]
-        if bool(real.all()):
+        mine = self.shard_rows(world)[rank]
+        out = self[torch.tensor(mine + [0] * (per - len(mine)), dtype=torch.long)]
+        if len(mine) == per:
             return out
-        keep = real.to(out.loss_mask.dtype).unsqueeze(1)
+        keep = (torch.arange(per) < len(mine)).to(out.loss_mask.dtype).unsqueeze(1)
         return out.replace(loss_mask=out.loss_mask * keep, advantages=out.advantages * keep)
 
     def micro_batch_rows(self, size: int, max_tokens: int = 0) -> list[Tensor]:

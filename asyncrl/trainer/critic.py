@@ -2,7 +2,7 @@
 
 A Hugging Face `AutoModelForTokenClassification` with one label (the backbone of `critic.model_path`,
 by default the policy's own weights, and a freshly initialised linear value head), sharded like the
-policy (`setup.load_sharded_model`), with its own AdamW, LR schedule and gradient clip. Each rank
+policy (`load.load_sharded_model`), with its own AdamW, LR schedule and gradient clip. Each rank
 runs it over its own rows only; the one collective beyond FSDP's is the whitening statistics.
 
 Which policy its values belong to: at trainer step t the critic's weights are those after step
@@ -42,7 +42,8 @@ from asyncrl.trainer.batch import TrainBatch, micro_batch_plan, stand_in
 from asyncrl.trainer.gae import gae_advantages, value_loss, whiten, whiten_sums
 from asyncrl.trainer.losses import agg_loss, kl_penalty
 from asyncrl.trainer.packing import pack
-from asyncrl.trainer.setup import adamw_with_schedule, clip_and_step, load_sharded_model
+from asyncrl.trainer.load import load_sharded_model
+from asyncrl.trainer.setup import adamw_with_schedule, clip_and_step
 
 
 EXPECTED_REPORT = (("lm_head.", "UNEXPECTED"), ("score.", "MISSING"))

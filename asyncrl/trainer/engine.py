@@ -40,7 +40,8 @@ from asyncrl.trainer.step_metrics import merge_minibatch_metrics
 from asyncrl.trainer.advantages import advantage_spec
 from asyncrl.trainer.losses import POLICY_LOSSES, LossInputs, agg_loss, entropy_from_logits, kl_penalty, token_logprobs
 from asyncrl.trainer.packing import head_scores, pack
-from asyncrl.trainer.setup import adamw_with_schedule, clip_and_step, ensure_process_group, load_sharded_model, pick_device
+from asyncrl.trainer.load import load_sharded_model
+from asyncrl.trainer.setup import adamw_with_schedule, clip_and_step, ensure_process_group, pick_device
 
 log = logging.getLogger(__name__)
 
@@ -163,11 +164,14 @@ class TrainerEngine:
         """[B, T] log-probs of the full batch under `model`: each rank scores its shard, then all-gather."""
         shard = batch.shard(self.rank, self.world)
         local = self._score_local(model, shard)
-        if self.world > 1:
+        if self.world == 1:
+            out = local[: len(batch)].float().cpu()
+        else:
             gathered = [torch.empty_like(local) for _ in range(self.world)]
             dist.all_gather(gathered, local)
-            local = torch.cat(gathered)
-        out = local[: len(batch)].float().cpu()
+            out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+            for rows, scores in zip(batch.shard_rows(self.world), gathered):  # each rank's rows back in batch order
+                out[rows] = scores[: len(rows)].float().cpu()
         out[:, 0] = 0.0
         return out
 
@@ -194,14 +198,13 @@ class TrainerEngine:
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One trainer step over the global batch, given in full to every rank; returns its
         metrics (see `train_local`). Each rank takes its rows of each mini-batch (`plan.py`)."""
-        from asyncrl.trainer.plan import minibatch_slices, shard_range
+        from asyncrl.trainer.plan import minibatch_slices
 
         parts, real = [], []
         for mb in minibatch_slices(len(batch), self.trainer.minibatches):
             rows = batch[mb]
             parts.append(rows.shard(self.rank, self.world))
-            start, stop, _ = shard_range(len(rows), self.rank, self.world)
-            real.append(stop - start)
+            real.append(len(rows.shard_rows(self.world)[self.rank]))
         return self.train_local(parts, real)
 
     def train_local(self, parts: list[TrainBatch], real_rows: list[int], version: int = -1,

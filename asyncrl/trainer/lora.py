@@ -1,7 +1,7 @@
 """LoRA (peft) on the trainer: wrapping the HF model, merged weights out, the base as the reference.
 
 Job: with `model.lora_rank` > 0 the trainer's model is peft's `get_peft_model` of the HF causal LM
-(only the adapters trainable, wrapped before FSDP2 shards it, `setup.load_sharded_model`). What
+(only the adapters trainable, wrapped before FSDP2 shards it, `load.load_sharded_model`). What
 leaves the trainer is always plain full weights under the base model's HF names: each adapted
 linear's weight merged as W + scale * B @ A (peft's own `get_delta_weight`), no `lora_*` tensors,
 no `base_model.model.` prefix, so every rollout backend and `asyncrl export` load them unchanged.

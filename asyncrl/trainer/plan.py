@@ -9,10 +9,12 @@ pads them into `TrainBatch` tensors, no Python lists of tokens anywhere.
 
 Layout, shared with `TrainerEngine.train_step` (the full-batch path gives the same split):
 the rows are cut into `minibatches` contiguous mini-batches of ceil(B / n) rows (whole
-groups when the rows are group-ordered); rank r of W takes rows [r * p, (r + 1) * p) of each
-mini-batch, p = ceil(rows / W). A rank short of rows gets padding rows with loss mask 0, so
-every rank runs the same forward/backward passes (FSDP collectives must match) and the
-padding adds exactly zero to losses and gradients.
+groups when the rows are group-ordered); within each mini-batch the rows are spread over the W
+ranks by tokens (`spread`: longest first, each to the rank with the fewest tokens that still has
+room for p = ceil(rows / W) rows), so a long-tail batch does not leave one rank with the long rows
+and the others waiting. A rank short of rows gets padding rows with loss mask 0, so every rank runs
+the same forward/backward passes (FSDP collectives must match) and the padding adds exactly zero to
+losses and gradients.
 
     plan = BatchPlan(rows=[PlanRow("u0", handles, 0.5), ...], pad_id=0, minibatches=4)
     parts, real_rows, unreadable = load_shard(plan, plane, rank=1, world=2)   # one TrainBatch per mini-batch
@@ -30,6 +32,7 @@ from typing import Any, Sequence
 import msgspec
 import numpy as np
 
+from asyncrl.trainer.spread import spread
 from transfer_queue.storage.handles import Handle
 
 FIELDS = ("prompt_ids", "response_ids", "behavior_logprobs", "loss_mask", "token_versions")
@@ -72,14 +75,21 @@ class BatchPlan:
         return msgspec.msgpack.decode(data, type=cls)
 
     def shard(self, rank: int, world: int) -> list[list[PlanRow | None]]:
-        """Rank `rank`'s rows of each mini-batch; None marks a padding row."""
+        """Rank `rank`'s rows of each mini-batch (`spread` by tokens); None marks a padding row."""
         out = []
         for mb in minibatch_slices(len(self.rows), self.minibatches):
             rows = self.rows[mb]
-            start, stop, per = shard_range(len(rows), rank, world)
-            mine: list[PlanRow | None] = list(rows[start:stop])
+            per = -(-len(rows) // world)
+            mine: list[PlanRow | None] = [rows[i] for i in spread([row_tokens(r) for r in rows], world)[rank]]
             out.append(mine + [None] * (per - len(mine)))
         return out
+
+
+def row_tokens(row: PlanRow) -> int:
+    """Prompt and response tokens of a plan row, from its handles' shapes (no read)."""
+    from transfer_queue.storage.handles import as_handle
+
+    return sum(int(shape[0]) if (shape := as_handle(row.handles[f]).shape) else 0 for f in ("prompt_ids", "response_ids"))
 
 
 def minibatch_slices(num_rows: int, minibatches: int) -> list[slice]:
@@ -87,13 +97,6 @@ def minibatch_slices(num_rows: int, minibatches: int) -> list[slice]:
     n = max(1, min(minibatches, num_rows))
     per = -(-num_rows // n)
     return [slice(i, min(i + per, num_rows)) for i in range(0, num_rows, per)]
-
-
-def shard_range(num_rows: int, rank: int, world: int) -> tuple[int, int, int]:
-    """(start, stop, rows per rank) of rank `rank`'s shard of `num_rows` rows."""
-    per = -(-num_rows // world)
-    start = min(rank * per, num_rows)
-    return start, min(start + per, num_rows), per
 
 
 def load_shard(plan: BatchPlan, plane: Any, rank: int, world: int) -> tuple[list[Any], list[int], dict[str, str]]:

@@ -1,4 +1,4 @@
-"""A torchrun harness: `setup.load_sharded_model` on N ranks against the folder and a plain HF model.
+"""A torchrun harness: `load.load_sharded_model` on N ranks against the folder and a plain HF model.
 
     torchrun --nproc_per_node 2 tests/integration/trainer/load_harness.py --model DIR --tied DIR --out r2.pt
 
@@ -52,7 +52,8 @@ def check_params(model, want: dict[str, torch.Tensor], dtype: torch.dtype, what:
 def main(argv: list[str] | None = None) -> None:
     from asyncrl.hf_imports import skip_unused_backends
     from asyncrl.trainer.lora import LoraSpec
-    from asyncrl.trainer.setup import ensure_process_group, load_sharded_model
+    from asyncrl.trainer.load import load_sharded_model
+    from asyncrl.trainer.setup import ensure_process_group
     from asyncrl.trainer.weights import full_params
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -22,6 +22,16 @@ from asyncrl.config import AlgorithmConfig, TrainerConfig
 from asyncrl.trainer.synthetic import full_grads, synthetic_batch
 
 
+def own_rows(batch, engine, contiguous: bool):  # noqa: ANN001, ANN201
+    """This rank's rows: `TrainBatch.shard` (spread by tokens), or with `contiguous` the rank's slice of
+    ceil(B / world) rows in batch order (any split gives the same step: the normalisers are global)."""
+    if not contiguous:
+        return batch.shard(engine.rank, engine.world)
+    per = -(-len(batch) // engine.world)
+    assert len(batch) == per * engine.world, "--by-length: a batch that splits evenly"
+    return batch[engine.rank * per:(engine.rank + 1) * per]
+
+
 def main(argv: list[str] | None = None) -> None:
     from asyncrl.trainer.engine import TrainerEngine
 
@@ -39,7 +49,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--advantage", default="grpo", help="gae: whole `train_step`s with the critic (GAE on each rank's rows)")
     ap.add_argument("--max-tokens", type=int, default=0, help="trainer.max_tokens_per_micro_batch (token-budget micro-batches)")
     ap.add_argument("--by-length", action="store_true",
-                    help="rows sorted by length: rank 0's shard short, the last rank's long (skewed micro-batch counts)")
+                    help="rows sorted by length, each rank a contiguous slice (not spread by tokens): rank 0's rows "
+                         "short, the last rank's long, so their token-budget micro-batch counts differ")
     args = ap.parse_args(argv)
 
     trainer = TrainerConfig(micro_batch_size=args.micro_batch_size, lr=args.lr, total_steps=max(args.steps, 1), threads=1,
@@ -52,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.by_length:
         batch = batch[torch.argsort(batch.attention_mask.sum(dim=1), stable=True)]
     if args.max_tokens:  # how many micro-batches this rank's shard needs alone, and how many it runs in step
-        rows = batch.shard(engine.rank, engine.world)
+        rows = own_rows(batch, engine, args.by_length)
         alone = len(rows.micro_batch_rows(args.micro_batch_size, args.max_tokens))
         print(f"rank {engine.rank}: {alone} micro-batches alone, {len(engine._micro_batch_rows(rows))} in step", flush=True)
     batch = batch.replace(old_logprobs=engine.compute_logprobs(batch) * batch.loss_mask - 0.05 * batch.loss_mask)
@@ -69,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
         result["critic_params"] = dict(full_params(engine.critic.model, engine.dtype, "cpu"))
         args.steps = 0
     for step in range(args.steps):
-        rows = batch.shard(engine.rank, engine.world)  # this rank's rows, global normalisers
+        rows = own_rows(batch, engine, args.by_length)  # this rank's rows, global normalisers
         metrics = engine.forward_backward(rows, num_tokens=batch.num_tokens, num_seqs=float(len(batch)))
         if step == 0:
             result["grads"] = full_grads(engine)

@@ -50,8 +50,10 @@ def test_trainer_group_ranks_read_their_shards_and_publish_to_a_receiver(tiny_mo
         metrics = group.train(plan)
         assert group.step == 1 and metrics["tokens"] == tokens == sum(len(t.response_ids) for t in trajs)
         assert metrics["seqs"] == 8 and metrics["grad_norm"] > 0
-        # rank 0 read rows 0-3 only: 5 arrays of 4 trajectories, nothing of the other four
-        mine = sum(h["nbytes"] for r in plan.rows[:4] for h in r.handles.values())
+        # rank 0 read its own 4 rows only (spread by tokens: `BatchPlan.shard`), nothing of the other four
+        own = [r for r in plan.shard(0, 2)[0] if r is not None]
+        assert len(own) == 4
+        mine = sum(h["nbytes"] for r in own for h in r.handles.values())
         assert metrics["read_bytes"] == mine
 
         got = {}

@@ -1,4 +1,4 @@
-"""`setup.load_sharded_model` builds on the meta device and rank 0 alone reads the folder: 2 gloo ranks
+"""`load.load_sharded_model` builds on the meta device and rank 0 alone reads the folder: 2 gloo ranks
 (real processes under torchrun) and 1 rank load what the folder holds, bit for bit (load_harness.py
 checks each rank), draw the same new weights, and a folder that does not fit is an error naming it."""
 
@@ -52,7 +52,8 @@ def test_one_and_two_ranks_load_what_the_folder_holds(tiny_model_path, tmp_path)
 def test_a_folder_that_does_not_fit_is_an_error_naming_it(tiny_model_path, tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from asyncrl.trainer.setup import ensure_process_group, load_sharded_model
+    from asyncrl.trainer.load import load_sharded_model
+    from asyncrl.trainer.setup import ensure_process_group
 
     sd = load_file(f"{tiny_model_path}/model.safetensors")
     lacking, extra, empty = tmp_path / "lacking", tmp_path / "extra", tmp_path / "empty"

@@ -47,11 +47,12 @@ def test_from_trajectories_rejects_mismatch():
 
 
 def test_shard_pads_short_rank_with_masked_copies():
-    b = make_batch()
+    b = make_batch()  # 5, 5 and 3 tokens: spread by tokens, rank 0 takes rows 0 and 2, rank 1 row 1 and a padding row
+    assert b.shard_rows(2) == [[0, 2], [1]]
     s0, s1 = b.shard(0, 2), b.shard(1, 2)
     assert len(s0) == len(s1) == 2
-    assert torch.equal(s0.input_ids, b.input_ids[:2])
-    assert torch.equal(s1.input_ids[0], b.input_ids[2])
+    assert torch.equal(s0.input_ids, b.input_ids[[0, 2]])
+    assert torch.equal(s1.input_ids[0], b.input_ids[1])
     assert s1.loss_mask[1].sum() == 0 and s1.advantages[1].abs().sum() == 0  # padding row adds nothing
     assert s0.num_tokens + s1.num_tokens == b.num_tokens
     assert torch.equal(b.shard(0, 1).input_ids, b.input_ids)
@@ -64,3 +65,16 @@ def test_micro_batches_trim_padding_columns_and_slice():
     assert mbs[1].input_ids.tolist() == [[4, 3, 2]]  # trailing all-pad columns dropped
     assert b[1:2].old_logprobs[0, 4].item() == pytest.approx(-0.5)
     assert b.to("cpu").input_ids.dtype == torch.long
+
+
+def test_a_long_tail_batch_is_spread_by_tokens_not_by_count():
+    from asyncrl.trainer.spread import spread
+
+    lengths = [2000, 1800, 40, 30, 35, 20, 25, 30]  # group order: the long rows come first
+    by_count = [sum(lengths[:4]), sum(lengths[4:])]
+    ranks = spread(lengths, 2)
+    loads = [sum(lengths[i] for i in r) for r in ranks]
+    assert sorted(i for r in ranks for i in r) == list(range(8)) and all(len(r) == 4 for r in ranks)
+    assert max(loads) < 0.6 * max(by_count), (loads, by_count)  # 3870 | 110 by count
+    assert spread(lengths, 2) == ranks  # every rank computes the same
+    assert spread([], 3) == [[], [], []] and spread([7], 3) == [[0], [], []]

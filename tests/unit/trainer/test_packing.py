@@ -145,7 +145,8 @@ def test_packed_logits_match_padded_on_the_installed_transformers(tiny_model_pat
 
 
 def test_gradient_checkpointing_is_active_on_the_layers(tiny_model_path):
-    from asyncrl.trainer.setup import ensure_process_group, load_sharded_model
+    from asyncrl.trainer.load import load_sharded_model
+    from asyncrl.trainer.setup import ensure_process_group
 
     owns = ensure_process_group(torch.device("cpu"))
     try:
