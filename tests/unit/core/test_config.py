@@ -113,6 +113,10 @@ def test_shipped_recipes_load(tmp_path, monkeypatch):
     assert cfg.weights.host == "auto" and cfg.queue.bind_host == "auto"
     assert cfg.weights.crosses_hosts and cfg.queue.crosses_hosts and cfg.weights.backend == "nccl"
     assert cfg.rollout.gpu_memory_utilization >= 0.8  # a server has its GPU alone
+    big = load("configs/gsm8k_qwen2.5_7b_8gpu.yaml", paths)  # 7B on 8 GPUs: what keeps a step in memory
+    t = big.trainer
+    assert t.packing and t.gradient_checkpointing and t.max_tokens_per_micro_batch > 0 and t.logit_chunk_tokens > 0
+    assert t.num_ranks + big.rollout.num_servers == 8 and big.weights.backend == "nccl" and big.model.dtype == "bfloat16"
 
 
 def test_configs_readme_is_what_config_doc_prints():
