@@ -112,8 +112,6 @@ def _checkpoint_index(path: str, device: torch.device) -> dict[str, tuple[str, s
 def _read_index(path: str) -> dict[str, tuple[str, str, list[int]]] | str:
     import json
 
-    from safetensors import safe_open
-
     sharded = os.path.join(path, "model.safetensors.index.json")
     if os.path.exists(sharded):
         with open(sharded) as f:
@@ -124,11 +122,22 @@ def _read_index(path: str) -> dict[str, tuple[str, str, list[int]]] | str:
         return f"{path}: no model.safetensors (or model.safetensors.index.json) in the model folder"
     index: dict[str, tuple[str, str, list[int]]] = {}
     for name in files:
-        with safe_open(os.path.join(path, name), framework="pt", backend="pread") as f:
+        with _open(os.path.join(path, name)) as f:
             for key in f.keys():
                 s = f.get_slice(key)
                 index[key] = (name, s.get_dtype(), list(s.get_shape()))
     return index
+
+
+def _open(file: str) -> Any:
+    """A safetensors file opened for reads with pread (no mapping of the file stays resident),
+    or memory-mapped where the installed safetensors has no `backend`."""
+    from safetensors import safe_open
+
+    try:
+        return safe_open(file, framework="pt", backend="pread")
+    except TypeError:  # an older safetensors
+        return safe_open(file, framework="pt")
 
 
 def _tensors(model: torch.nn.Module) -> list[tuple[list[str], torch.Tensor]]:
@@ -249,7 +258,6 @@ def _fill(model: torch.nn.Module, sources: dict[str, str], fresh: dict[str, torc
     dtype, and each rank copies its own rows (FSDP2 shards dim 0 as `torch.chunk` does) in the model's dtype."""
     from contextlib import ExitStack
 
-    from safetensors import safe_open
     from torch.distributed.tensor import DTensor, Shard
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -263,7 +271,7 @@ def _fill(model: torch.nn.Module, sources: dict[str, str], fresh: dict[str, torc
                 file, stored, shape = index[sources[name]]
                 if rank == 0:
                     if file not in opened:
-                        opened[file] = files.enter_context(safe_open(os.path.join(path, file), framework="pt", backend="pread"))
+                        opened[file] = files.enter_context(_open(os.path.join(path, file)))
                     full = opened[file].get_tensor(sources[name]).to(device)
                 else:
                     full = torch.empty(shape, dtype=_DTYPES[stored], device=device)
