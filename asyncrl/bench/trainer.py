@@ -4,7 +4,7 @@ One Qwen2 of about 20M parameters built locally (random init, `data/tiny_model.p
 whose lengths run from 32 to 2048 tokens (log-normal, mean about 300), fp32 on CPU, through the
 real `TrainerEngine.train_step` (FSDP2 on one gloo rank). Three cases, one after the other:
 
-- `padded`: today's path, `trainer.micro_batch_size` rows per micro-batch padded to the longest;
+- `padded`: the plain path, `trainer.micro_batch_size` rows per micro-batch padded to the longest, full logits;
 - `packed`: `trainer.packing` + token-budget micro-batches (`trainer.max_tokens_per_micro_batch`
   = the longest sequence) + chunked log-probs (`trainer.logit_chunk_tokens`);
 - `checkpointing`: `packed` + `trainer.gradient_checkpointing`.
@@ -66,7 +66,8 @@ SIZES = {
 
 def cases(size: Size) -> dict[str, dict[str, object]]:
     packed = {"packing": True, "max_tokens_per_micro_batch": size.max_len, "logit_chunk_tokens": 1024}
-    return {"padded": {}, "packed": packed, "checkpointing": packed | {"gradient_checkpointing": True}}
+    # `padded` is the path before packing and token budgets: full logits too (`logit_chunk_tokens` is on by default now)
+    return {"padded": {"logit_chunk_tokens": 0}, "packed": packed, "checkpointing": packed | {"gradient_checkpointing": True}}
 
 
 def lengths(size: Size, seed: int = 0) -> list[int]:
