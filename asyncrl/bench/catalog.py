@@ -37,7 +37,7 @@ BENCHES = (
     Bench("planes", "asyncrl.bench.planes", "bytes reaching the controller of a Ray run; its publish at 10M and 200M params",
           "a bare Sender publish of the same bytes", "about 70 s; --quick 50 s; --hosts 3: 40 s"),
     Bench("trainer", "asyncrl.bench.trainer", "one long-tail batch's step: padded vs packed micro-batches, checkpointing",
-          "the padded step (speed, peak memory, loss and gradients)", "about 100 s; --quick 5 s"),
+          "the padded step (speed, peak memory, loss and gradients)", "about 50 s; --quick 5 s"),
     Bench("trainer-load", "asyncrl.bench.trainer_load", "peak host memory per rank loading a 7B-wide Qwen2 (policy + bf16 reference, 2 gloo ranks)",
           "the old load (every rank from_pretrained in fp32) and the rank's shards + one layer", "about 35 s; --quick 10 s"),
     Bench("chaos", "asyncrl.bench.chaos", "a Ray run while servers, a trainer rank, the controller and rewards fail",
