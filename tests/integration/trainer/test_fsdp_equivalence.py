@@ -7,6 +7,7 @@ checkpoint is then loaded by one rank.
 """
 
 import os
+import re
 import subprocess
 import sys
 
@@ -15,23 +16,27 @@ import torch
 ARGS = ["--num-seqs", "7", "--micro-batch-size", "2", "--steps", "2", "--kl-coef", "0.05", "--seed", "5"]
 
 
-def test_two_ranks_match_one_rank(tiny_model_path, tmp_path):
+def one_and_two_ranks(model: str, tmp_path, args: list[str], two_only: list[str] = ()) -> tuple[dict, dict, str]:  # noqa: ANN001
+    """`smoke.py` with `args` on 2 gloo ranks (torchrun) and, meanwhile, on 1 rank in this process: (one rank's
+    result, two ranks', the 2-rank log). `two_only`: arguments of the 2-rank run alone."""
     from tests.integration.trainer.smoke import main
 
     out2 = tmp_path / "r2.pt"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    proc = subprocess.Popen(
-        cmd + [os.path.join(os.path.dirname(__file__), "smoke.py"), "--model", tiny_model_path, "--out", str(out2), "--save", str(tmp_path / "ckpt2")] + ARGS,
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           os.path.join(os.path.dirname(__file__), "smoke.py"), "--model", model, "--out", str(out2), *two_only, *args]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        main(["--model", tiny_model_path, "--out", str(tmp_path / "r1.pt")] + ARGS)  # one rank, in this process
+        main(["--model", model, "--out", str(tmp_path / "r1.pt"), *args])  # one rank, in this process
         log, _ = proc.communicate(timeout=240)
     finally:
         proc.kill()
     assert proc.returncode == 0, log[-4000:]
-    one, two = torch.load(tmp_path / "r1.pt"), torch.load(out2)
+    return torch.load(tmp_path / "r1.pt"), torch.load(out2), log
+
+
+def test_two_ranks_match_one_rank(tiny_model_path, tmp_path):
+    one, two, _ = one_and_two_ranks(tiny_model_path, tmp_path, ARGS, two_only=["--save", str(tmp_path / "ckpt2")])
     assert (one["world"], two["world"]) == (1, 2)
 
     for m1, m2 in zip(one["metrics"], two["metrics"], strict=True):
@@ -63,21 +68,8 @@ def test_two_ranks_match_one_rank(tiny_model_path, tmp_path):
 def test_two_ranks_match_one_rank_with_the_critic(tmp_path, tiny_model_path):
     """`algorithm.advantage=gae` with the KL in the reward: whole trainer steps (2 mini-batches per
     step, GAE whitened over the ranks, the critic's own update) on 2 ranks equal 1 rank's."""
-    from tests.integration.trainer.smoke import main
-
     args = ["--num-seqs", "8", "--micro-batch-size", "2", "--steps", "2", "--seed", "3", "--advantage", "gae", "--lr", "1e-4"]
-    out2 = tmp_path / "r2.pt"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    proc = subprocess.Popen(cmd + [os.path.join(os.path.dirname(__file__), "smoke.py"), "--model", tiny_model_path, "--out", str(out2)] + args,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        main(["--model", tiny_model_path, "--out", str(tmp_path / "r1.pt")] + args)
-        log, _ = proc.communicate(timeout=240)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, log[-4000:]
-    one, two = torch.load(tmp_path / "r1.pt"), torch.load(out2)
+    one, two, _ = one_and_two_ranks(tiny_model_path, tmp_path, args)
     for m1, m2 in zip(one["metrics"], two["metrics"], strict=True):
         for key in ("loss", "critic/vf_loss", "critic/values_mean", "critic/returns_mean", "critic/advantages_mean", "reward/kl", "grad_norm"):
             assert abs(m1[key] - m2[key]) < 1e-5, (key, m1[key], m2[key])
@@ -104,27 +96,13 @@ def test_token_budget_micro_batches_of_skewed_ranks_stay_in_step(tiny_model_path
     """`trainer.max_tokens_per_micro_batch` with rank 0's rows short and rank 1's long: alone they need different
     numbers of micro-batches, so their FSDP forwards and backwards would not meet (a hang, or gloo's abort). The
     ranks agree on the most (`batch.micro_batch_plan`) and the step equals one rank's on the whole batch."""
-    from tests.integration.trainer.smoke import main
-
     args = ["--num-seqs", "12", "--micro-batch-size", "8", "--max-tokens", "24", "--by-length", "--steps", "2",
             "--kl-coef", "0.05", "--seed", "7"]
-    out2 = tmp_path / "r2.pt"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    proc = subprocess.Popen(cmd + [os.path.join(os.path.dirname(__file__), "smoke.py"), "--model", tiny_model_path,
-                                   "--out", str(out2)] + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        main(["--model", tiny_model_path, "--out", str(tmp_path / "r1.pt")] + args)
-        log, _ = proc.communicate(timeout=180)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, log[-4000:]
-    import re
-
+    one, two, log = one_and_two_ranks(tiny_model_path, tmp_path, args)
     counts = {int(r): (int(a), int(b)) for r, a, b in re.findall(r"rank (\d): (\d+) micro-batches alone, (\d+) in step", log)}
     assert set(counts) == {0, 1} and counts[0][0] != counts[1][0], counts  # skewed: the check could hang without the plan
     assert counts[0][1] == counts[1][1] == max(a for a, _ in counts.values()), counts
-    one, two = torch.load(tmp_path / "r1.pt"), torch.load(out2)
+
     for m1, m2 in zip(one["metrics"], two["metrics"], strict=True):
         for key in ("loss", "pg_loss", "kl", "entropy", "grad_norm", "tokens"):
             assert abs(m1[key] - m2[key]) < 1e-5, (key, m1[key], m2[key])
