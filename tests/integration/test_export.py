@@ -82,7 +82,7 @@ def test_the_end_of_run_lines_are_short_and_rounded(run: Path) -> None:
 
     summary = json.loads((run / "summary.json").read_text())
     lines = end_lines(summary, run)
-    assert 4 <= len(lines) <= 7 and all(len(l) <= 120 for l in lines), lines
+    assert 4 <= len(lines) <= 7 and all(len(l.replace(str(run), 'RUN')) <= 110 for l in lines), lines  # the path aside
     text = "\n".join(lines)
     assert not re.search(r"\d\.\d{3,}", text), text  # no 0.021875000000000002
     assert lines[0] == f"asyncrl: finished: fully_async, 2 steps in {summary['wall_s']:.1f} s, {summary['trained_samples']} samples trained"
