@@ -26,10 +26,8 @@ reference) (`advantages.kl_in_reward`), beta from a fixed or adaptive `KLControl
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import warnings
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -46,34 +44,6 @@ from asyncrl.trainer.load import load_sharded_model
 from asyncrl.trainer.setup import adamw_with_schedule, clip_and_step
 
 
-EXPECTED_REPORT = (("lm_head.", "UNEXPECTED"), ("score.", "MISSING"))
-"""What loading a causal LM's folder as the critic always reports: its LM head unused, the value head (`score`) new."""
-
-
-class _OnlyExpected(logging.Filter):
-    """Drops transformers' LOAD REPORT when every row of it is `EXPECTED_REPORT`'s (any other row keeps it)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        msg = record.getMessage()
-        if "LOAD REPORT" not in msg:
-            return True
-        rows = [[c.strip() for c in line.split("|")] for line in msg.splitlines() if line.count("|") >= 2]
-        rows = [r for r in rows if r[0] and r[0] != "Key" and not set(r[0]) <= {"-", "+"}]
-        return not rows or not all(any(r[0].startswith(k) and r[1] == status for k, status in EXPECTED_REPORT) for r in rows)
-
-
-@contextlib.contextmanager
-def _expected_load_report() -> Iterator[None]:
-    """While the critic loads: no LOAD REPORT table for what is by design (a value model built from a causal LM)."""
-    log = logging.getLogger("transformers.modeling_utils")
-    quiet = _OnlyExpected()
-    log.addFilter(quiet)
-    try:
-        yield
-    finally:
-        log.removeFilter(quiet)
-
-
 class CriticEngine:
     """The value model of one trainer rank: `values`, `prepare` (GAE), `update`, checkpoint state."""
 
@@ -81,10 +51,10 @@ class CriticEngine:
         e = engine
         self.trainer, self.algorithm, self.cfg = e.trainer, e.algorithm, e.critic_cfg
         self.device, self.rank, self.world = e.device, e.rank, e.world
-        with _expected_load_report():
-            self.model = load_sharded_model(self.cfg.model_path or model_path, self.device, e.dtype, trainable=True,
-                                            gradient_checkpointing=self.trainer.gradient_checkpointing,
-                                            auto_class="AutoModelForTokenClassification")
+        # from a causal LM's folder: its `lm_head` is left unread and the value head `score` is drawn new (`load.py`)
+        self.model = load_sharded_model(self.cfg.model_path or model_path, self.device, e.dtype, trainable=True,
+                                        gradient_checkpointing=self.trainer.gradient_checkpointing,
+                                        auto_class="AutoModelForTokenClassification")
         self.optimizer, self.scheduler = adamw_with_schedule(self.model, self.trainer, self.cfg.lr or self.trainer.lr,
                                                              self.cfg.weight_decay)
         alg = self.algorithm

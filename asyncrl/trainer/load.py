@@ -38,8 +38,8 @@ def load_sharded_model(path: str, device: torch.device, dtype: torch.dtype, trai
 
     What the folder lacks is an error naming it, except what is new by design, drawn as transformers and
     peft draw it: LoRA adapters, and a head the folder's architecture does not have (the critic's value
-    head `score` from a causal LM's folder, whose `lm_head` it then leaves unread: critic.py's
-    `EXPECTED_REPORT`). Tied weights (`tie_word_embeddings`) stay one parameter.
+    head `score` from a causal LM's folder, whose `lm_head` it then leaves unread). Tied weights
+    (`tie_word_embeddings`) stay one parameter.
     """
     from asyncrl.trainer.lora import AdaptersDisabled, wrap
 

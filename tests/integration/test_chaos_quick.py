@@ -2,7 +2,7 @@
 
 A real fully_async run on a Ray cluster of its own (2 trainer ranks, 2 servers, real processes; the
 actors outlive the controller, `ray.detached`) with a real redis-server queue, while the bench's injector hangs a
-rollout server with SIGSTOP, then SIGKILLs one every 10 s of the run (across the resume), one trainer rank once, and the whole controller once
+rollout server with SIGSTOP, then SIGKILLs one every 6 s of the run (across the resume), one trainer rank once, and the whole controller once
 (then resumes it with `resume=true`), with a reward that raises or hangs 5% of the time each. The
 run must finish every step with no trajectory lost and none trained twice, its queue's counts
 adding up. The run without faults (the wall-time ratio) is the bench's, not the test's.
@@ -10,12 +10,17 @@ adding up. The run without faults (the wall-time ratio) is the bench's, not the 
 
 import pytest
 
+SERVER_EVERY_S = 6.0
+"""Seconds between server faults. The quick run lasts 20-45 s of wall on this machine (both segments); at the
+bench's 10 s a fast run ended before the fault after the hang was due (a clean-clone run: the hang only), so the
+kill this test asserts did not happen. At 6 s the hang comes at about 6 s and the kill at 12 s."""
+
 
 @pytest.mark.timeout(900)
 def test_chaos_quick_loses_nothing_and_trains_nothing_twice():
     from asyncrl.bench.chaos import QUICK_STEPS, run
 
-    res = run(QUICK_STEPS, server_every=10.0, seed=0, baseline=False)
+    res = run(QUICK_STEPS, server_every=SERVER_EVERY_S, seed=0, baseline=False)
     faults = res["faults_injected"]
     assert faults["controller"] == 1 and faults["trainer_rank"] == 1, res
     assert faults["server"] >= 1 and faults["server_hung"] == 1, res
