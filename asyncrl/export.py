@@ -93,17 +93,17 @@ def run_config(run_dir: Path) -> "object":
     return load(str(cfg_file))
 
 
-def run_model(run_dir: Path) -> tuple[str, str]:
-    """(model folder, `model.dtype`) the run started from, per its resolved config (the demo model is rebuilt if its
-    cache is gone: it is deterministic)."""
+def run_model(run_dir: Path, cfg: "object | None" = None) -> tuple[str, str]:
+    """(model folder, `model.dtype`) the run started from, per its resolved config `cfg` (read from `run_dir` when
+    not given; the demo model is rebuilt if its cache is gone: it is deterministic)."""
     from asyncrl.launch import resolve_model_path
 
-    cfg = run_config(run_dir)
+    cfg = cfg if cfg is not None else run_config(run_dir)
     path = resolve_model_path(cfg)
     if not (Path(path) / "config.json").exists():
         raise ExportError(f"model.path: {path} (from {run_dir / 'config.yaml'}) has no config.json; the run's model folder is needed "
                           "for its architecture and tokenizer")
-    return path, cfg.model.dtype
+    return path, cfg.model.dtype  # type: ignore[attr-defined]
 
 
 def generation_limits(gen: "object", rollout: "object") -> dict[str, object]:
@@ -119,14 +119,14 @@ def generation_limits(gen: "object", rollout: "object") -> dict[str, object]:
     return limits
 
 
-def merged_lora(weights: dict[str, "object"], run_dir: Path) -> dict[str, "object"]:
-    """The checkpoint's weights under the base model's names: a LoRA run's adapters merged in (`trainer.lora`)."""
+def merged_lora(weights: dict[str, "object"], run_dir: Path, model: "object") -> dict[str, "object"]:
+    """The checkpoint's weights under the base model's names: a LoRA run's adapters merged in (`trainer.lora`);
+    `model` is the run's `model` config section."""
     from asyncrl.trainer.lora import is_adapter_key, merge_state_dict
 
     if not any(is_adapter_key(k) for k in weights):
         return weights
-    model = run_config(run_dir).model  # type: ignore[attr-defined]
-    if not model.lora_rank:
+    if not model.lora_rank:  # type: ignore[attr-defined]
         raise ExportError(f"{run_dir}: the checkpoint holds LoRA adapters but config.yaml has model.lora_rank=0")
     return merge_state_dict(weights, model.lora_alpha / model.lora_rank)  # type: ignore[arg-type]
 
@@ -142,12 +142,13 @@ def export(run_dir: str | Path, out: str | Path, *, step: int | None = None, dty
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ExportError(f"{out}: exists and is not an empty folder")
     ckpt = find_checkpoint(run_dir, step)
-    model_path, run_dtype = run_model(run_dir)
+    cfg = run_config(run_dir)  # read once: the model, its dtype, LoRA, where answers ended
+    model_path, run_dtype = run_model(run_dir, cfg)
     dtype = dtype or run_dtype
     if dtype not in DTYPES:
         raise ExportError(f"--dtype: must be one of {', '.join(DTYPES)}, got {dtype!r}")
     weights = load_policy_weights(ckpt / "trainer")
-    weights = merged_lora(weights, run_dir)
+    weights = merged_lora(weights, run_dir, cfg.model)  # type: ignore[attr-defined]
 
     config = AutoConfig.from_pretrained(model_path)
     with torch.device("meta"):
@@ -163,7 +164,7 @@ def export(run_dir: str | Path, out: str | Path, *, step: int | None = None, dty
     model.config.dtype = dtype
     gen = Path(model_path) / "generation_config.json"
     model.generation_config = GenerationConfig.from_pretrained(model_path) if gen.exists() else GenerationConfig.from_model_config(config)
-    trained_as = generation_limits(model.generation_config, run_config(run_dir).rollout)
+    trained_as = generation_limits(model.generation_config, cfg.rollout)  # type: ignore[attr-defined]
 
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -248,6 +248,11 @@ def in_step(groups: list[Tensor], lengths: list[int], count: int) -> list[Tensor
     return out + [None] * (count - len(out))
 
 
+def micro_batches_in_step(rows: TrainBatch, size: int, max_tokens: int, world: int, device: torch.device) -> list[TrainBatch]:
+    """The micro-batches of `micro_batch_plan`, each trimmed to its longest row, a `stand_in` where this rank has none."""
+    return [rows[idx].trim() if idx is not None else stand_in(rows) for idx in micro_batch_plan(rows, size, max_tokens, world, device)]
+
+
 def stand_in(rows: TrainBatch) -> TrainBatch:
     """One row of `rows` with no loss token: the pass a rank runs for a micro-batch it has no rows for (`in_step`),
     so its collectives meet the other ranks'; it adds exactly zero to every loss, gradient and metric."""

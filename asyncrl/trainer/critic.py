@@ -36,7 +36,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.stateful import Stateful
 
 from asyncrl.trainer.advantages import KLController, kl_in_reward
-from asyncrl.trainer.batch import TrainBatch, micro_batch_plan, stand_in
+from asyncrl.trainer.batch import TrainBatch, micro_batch_plan, micro_batches_in_step, stand_in
 from asyncrl.trainer.gae import gae_advantages, value_loss, whiten, whiten_sums
 from asyncrl.trainer.losses import agg_loss, kl_penalty
 from asyncrl.trainer.packing import pack
@@ -139,9 +139,8 @@ class CriticEngine:
         alg = self.algorithm
         norm = dict(num_tokens=num_tokens, num_seqs=num_seqs, norm_len=alg.loss_agg_norm_len)
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)
-        rows = rows.to(self.device)
-        plan = micro_batch_plan(rows, self.trainer.micro_batch_size, self.trainer.max_tokens_per_micro_batch, self.world, self.device)
-        for mb in (rows[idx].trim() if idx is not None else stand_in(rows) for idx in plan):
+        for mb in micro_batches_in_step(rows.to(self.device), self.trainer.micro_batch_size, self.trainer.max_tokens_per_micro_batch,
+                                        self.world, self.device):
             vpreds = self._forward(mb)
             loss_tok, clipped = value_loss(vpreds, mb.values, mb.returns, self.cfg.cliprange_value)
             loss = agg_loss(loss_tok, mb.loss_mask, alg.loss_agg, **norm)

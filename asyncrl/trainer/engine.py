@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from asyncrl.config import AlgorithmConfig, CriticConfig, TrainerConfig
-from asyncrl.trainer.batch import TrainBatch, along_lineage, mask_stale_tokens, micro_batch_plan, stand_in, token_age_metrics
+from asyncrl.trainer.batch import TrainBatch, along_lineage, mask_stale_tokens, micro_batch_plan, micro_batches_in_step, stand_in, token_age_metrics
 from asyncrl.trainer.critic import CriticEngine
 from asyncrl.trainer.corrections import Corrector, age_metrics, age_sums, stat_max, stat_metrics, stat_sums
 from asyncrl.trainer.lora import LoraSpec
@@ -113,7 +113,7 @@ class TrainerEngine:
     def _micro_batches(self, rows: TrainBatch) -> list[TrainBatch]:
         """`trainer.micro_batch_size` rows each, or token-budget groups (`trainer.max_tokens_per_micro_batch`), as
         many on every rank (`batch.micro_batch_plan`; a stand-in row with no loss token where this rank has none)."""
-        return [rows[idx].trim() if idx is not None else stand_in(rows) for idx in self._micro_batch_rows(rows)]
+        return micro_batches_in_step(rows, self.trainer.micro_batch_size, self.trainer.max_tokens_per_micro_batch, self.world, self.device)
 
     def _micro_batch_rows(self, rows: TrainBatch) -> list[Tensor | None]:
         """Row indices of each micro-batch, as many on every rank (collective with a token budget); None: a stand-in pass."""
