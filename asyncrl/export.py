@@ -1,6 +1,6 @@
 """`asyncrl export RUN_DIR [--step N] [--dtype D] OUT`: a trained policy as a Hugging Face folder.
 
-Job: read the policy weights of one trainer checkpoint (torch.distributed.checkpoint, under
+Job: read the policy weights of one trainer checkpoint (torch.distributed.checkpoint in `trainer.ckpt_format`, under
 `RUN_DIR/checkpoints/step_N/trainer`; the newest complete one when no step is given) into a
 plain state dict, in this process and without a process group, and write them with the
 run's model config, tokenizer (chat template included) and generation config as a folder
@@ -52,34 +52,42 @@ def find_checkpoint(run_dir: Path, step: int | None) -> Path:
         ckpt = checkpoint_dir(run_dir, step)
         if not (ckpt / "state.json").exists():
             raise ExportError(f"--step {step}: no complete checkpoint {ckpt} (steps with one: {steps})")
-    if not (ckpt / "trainer" / ".metadata").exists():
-        raise ExportError(f"{ckpt / 'trainer'}: not a trainer checkpoint (no .metadata)")
     from asyncrl.config import ConfigError
     from asyncrl.run_dir import check_own_tree
+    from asyncrl.trainer.ckpt_format import CheckpointFormatError, refuse_other_format
 
-    try:  # before anything of it is unpickled: another user's checkpoint could run their code as you
+    try:  # another user's files are not read at all, whatever their format
         check_own_tree(ckpt, "checkpoint")
-    except ConfigError as e:
+        refuse_other_format(ckpt / "trainer")
+    except (ConfigError, CheckpointFormatError) as e:
         raise ExportError(str(e)) from None
     return ckpt
 
 
 def load_policy_weights(trainer_dir: Path) -> dict[str, "object"]:
-    """HF parameter name -> full tensor, from a DCP trainer checkpoint (any number of saving ranks)."""
+    """HF parameter name -> full tensor, from a DCP trainer checkpoint (any number of saving ranks; read
+    without unpickling anything: `trainer.ckpt_format`)."""
     import torch
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    reader = FileSystemReader(str(trainer_dir))
-    meta = reader.read_metadata().state_dict_metadata
+    from asyncrl.trainer.ckpt_format import CheckpointFormatError, LoadPlannerNoPickle, Reader, verify
+
+    reader = Reader(trainer_dir)
+    try:
+        meta = verify(trainer_dir).state_dict_metadata
+    except CheckpointFormatError as e:
+        raise ExportError(str(e)) from None
     sd = {k: torch.empty(v.size, dtype=v.properties.dtype) for k, v in meta.items()
           if k.startswith(MODEL_PREFIX) and isinstance(v, TensorStorageMetadata)}
     if not sd:
         raise ExportError(f"{trainer_dir}: the checkpoint holds no model weights (no {MODEL_PREFIX}* entries)")
     with warnings.catch_warnings():  # "torch.distributed is ... uninitialized": loading in one process is the intent
         warnings.simplefilter("ignore", UserWarning)
-        dcp.load(sd, storage_reader=reader, no_dist=True)
+        try:
+            dcp.load(sd, storage_reader=reader, planner=LoadPlannerNoPickle(), no_dist=True)
+        except CheckpointFormatError as e:
+            raise ExportError(str(e)) from None
     return {k[len(MODEL_PREFIX):]: v for k, v in sd.items()}
 
 

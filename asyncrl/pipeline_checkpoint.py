@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from asyncrl.config import ConfigError
 from asyncrl.rollout.resume import capture, read_async_state, reinstate, write_async_state
 from asyncrl.run_dir import check_own_tree, checkpoint_dir, latest_checkpoint, prune_checkpoints, read_published, write_state
 from asyncrl.trajectory_queue import response_length
@@ -62,7 +63,13 @@ class PipelineCheckpoint:
         ckpt = latest_checkpoint(self.run_dir)
         if ckpt is None:
             return False
-        check_own_tree(ckpt, "resume")  # before anything of it is unpickled (DCP's metadata)
+        check_own_tree(ckpt, "resume")  # another user's files are not read at all
+        from asyncrl.trainer.ckpt_format import CheckpointFormatError, verify
+
+        try:  # one line before the trainer ranks read it (a rank's error reaches here in a traceback)
+            verify(ckpt / "trainer")
+        except CheckpointFormatError as e:
+            raise ConfigError(f"resume: {e}") from None
         state = json.loads((ckpt / "state.json").read_text())
         await self.trainer.load(str(ckpt / "trainer"))
         self.step = state["step"]

@@ -149,8 +149,9 @@ def assign_queue_run_id(cfg: Config, run_dir: Path) -> str:
 
 def check_own_tree(path: Path, key: str) -> None:
     """`path` and everything under it must be this user's, not links, and writable by no one else before
-    anything there is loaded (a trainer checkpoint's DCP metadata is a pickle: whoever could write a file
-    of it could run code as this user); else one line naming the file, its owner and `key`."""
+    anything there is loaded (no file of a checkpoint is code, `trainer.ckpt_format`, but whoever could write
+    one could make this user's run train from weights and state of theirs); else one line naming the file,
+    its owner and `key`."""
     for p in [path, *sorted(path.rglob("*"))]:
         what = _not_own(os.lstat(p))
         if what:

@@ -4,6 +4,7 @@ KL-in-reward beta too (`critic.CriticState`).
 
 Each rank writes and reads only its own shards, so a checkpoint costs no gather and
 scales with the ranks; DCP reshards on load, so a run saved with N ranks resumes on M.
+The files are safetensors, msgpack and JSON (`ckpt_format`): nothing is unpickled on load.
 The reference model is not saved: it is always the initial weights of `model_path`.
 
 This module knows the engine's attributes (`model`, `optimizer`, `scheduler`, `step`)
@@ -21,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
+
+from asyncrl.trainer import ckpt_format
 
 if TYPE_CHECKING:
     from asyncrl.trainer.engine import TrainerEngine
@@ -58,9 +61,11 @@ def _states(engine: "TrainerEngine") -> dict[str, Stateful]:
 
 def save(engine: "TrainerEngine", path: str) -> None:
     """Write the engine's state under the folder `path` (collective: every rank calls it)."""
-    dcp.save(_states(engine), checkpoint_id=str(path))
+    dcp.save(_states(engine), storage_writer=ckpt_format.Writer(path), planner=ckpt_format.SavePlannerNoPickle())
 
 
 def load(engine: "TrainerEngine", path: str) -> None:
-    """Restore model, optimizer, schedule and step from `path` into an engine built with the same model."""
-    dcp.load(_states(engine), checkpoint_id=str(path))
+    """Restore model, optimizer, schedule and step from `path` into an engine built with the same model
+    (`ckpt_format.CheckpointFormatError`: not a checkpoint this version reads)."""
+    ckpt_format.verify(path)  # its one line here, before DCP would wrap it in a rank's traceback
+    dcp.load(_states(engine), storage_reader=ckpt_format.Reader(path), planner=ckpt_format.LoadPlannerNoPickle())
