@@ -88,7 +88,8 @@ class TorchRolloutServer(RolloutServer):
             raise ValueError(f"TorchRolloutServer max_batch_size must be >= 1, got {max_batch_size}")
         if threads > 0:
             torch.set_num_threads(threads)
-        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=DTYPES[dtype]).to(device).eval()
+        # safetensors only, as the trainer's loader: a pytorch_model.bin would be unpickled
+        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=DTYPES[dtype], use_safetensors=True).to(device).eval()
         model.requires_grad_(False)
         self.model = model
         self._params: dict[str, torch.Tensor] = {k: v.data for k, v in model.state_dict(keep_vars=True).items()}
