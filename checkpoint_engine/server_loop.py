@@ -21,15 +21,32 @@ succeeds; the others keep serving their old version.
 
 The update's iterator blocks on the network; it is consumed on the event loop thread, so
 the loop is busy while bytes land (the server is paused then anyway, except under `keep`,
-whose requests continue on the engine thread and are delivered after the load).
+whose requests continue on the engine thread and are delivered after the load). Waiting for the
+next update blocks too. Both run on one thread of the server's own (`serve_updates`; an engine's
+`load_update` reads through `blocking`), never on asyncio's shared default executor (min(32, cores + 4)
+threads): with a poll and a load per server there, 16 embedded servers of one process held every thread
+of it, a publish to all of them could not finish (every receiver takes each bucket), and record writes and
+queue calls waited behind them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, Protocol
 
 from checkpoint_engine.receiver import ChecksumError, Receiver, Update, UpdateAborted
+
+
+_WEIGHTS_THREAD: contextvars.ContextVar[Executor | None] = contextvars.ContextVar("weights_thread", default=None)
+
+
+async def blocking(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)`, a blocking read of an update's buckets (`list(update)`, `land_into(update, ...)`), off the
+    event loop: on the weights thread of the `serve_updates` that is loading it, else asyncio's default
+    executor (a load called directly, as tests do)."""
+    return await asyncio.get_running_loop().run_in_executor(_WEIGHTS_THREAD.get(), lambda: fn(*args, **kwargs))
 
 
 class Updatable(Protocol):
@@ -70,17 +87,24 @@ async def serve_updates(server: Updatable, receiver: Receiver, pause_mode: str =
                         on_error: Any = None) -> None:
     """Apply every update the sender publishes until `stop` is set (or forever). A refused
     (checksum), aborted or failed update is skipped: the sender was told and re-syncs later;
-    `on_error(exc)` (if given) hears of each failure."""
-    while stop is None or not stop.is_set():
-        try:
-            update = await asyncio.to_thread(receiver.next_update, poll_s)
-        except TimeoutError:  # deliberate: wake up to look at `stop`
-            continue
-        except UpdateAborted:  # the sender closed
-            return
-        try:
-            await apply_update(server, update, pause_mode)
-        except (ChecksumError, UpdateAborted, RuntimeError, ValueError, KeyError) as e:  # reported to the sender
-            if on_error is not None:
-                on_error(e)
-            continue
+    `on_error(exc)` (if given) hears of each failure. The wait for an update, and the engine's reads of it
+    (`blocking`), run on one thread of this loop's own (ended with it: at most `poll_s` after `stop`)."""
+    loop = asyncio.get_running_loop()
+    poller = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weights")
+    _WEIGHTS_THREAD.set(poller)  # this task's context: the loads it awaits read on the same thread (`blocking`)
+    try:
+        while stop is None or not stop.is_set():
+            try:
+                update = await loop.run_in_executor(poller, receiver.next_update, poll_s)
+            except TimeoutError:  # deliberate: wake up to look at `stop`
+                continue
+            except UpdateAborted:  # the sender closed
+                return
+            try:
+                await apply_update(server, update, pause_mode)
+            except (ChecksumError, UpdateAborted, RuntimeError, ValueError, KeyError) as e:  # reported to the sender
+                if on_error is not None:
+                    on_error(e)
+                continue
+    finally:
+        poller.shutdown(wait=False, cancel_futures=True)

@@ -162,7 +162,9 @@ class RolloutServer(abc.ABC):
         this process, since the sender waits for every receiver at each step, and for requests under
         `keep`), then passed whole to `update_weights`. A backend that lands bytes in place as they
         arrive, or whose workers receive them itself (`receiver_transport`), overrides it."""
-        pairs = await asyncio.to_thread(list, update)
+        from checkpoint_engine.server_loop import blocking
+
+        pairs = await blocking(list, update)
         await self.update_weights(pairs, update.version)
 
     def receiver_transport(self, cfg: WeightsConfig) -> ReceiverTransport | None:

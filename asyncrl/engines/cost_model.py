@@ -200,8 +200,9 @@ class CostModelServer(RolloutServer):
         """A weight-plane update lands in this server's own copy of the weights, as an engine's load
         does (copied into buffers allocated at the first update), so the bytes really move."""
         from checkpoint_engine.receiver import land_into
+        from checkpoint_engine.server_loop import blocking
 
-        await asyncio.to_thread(land_into, update, self._weights, strict=False)
+        await blocking(land_into, update, self._weights, strict=False)
         await self.update_weights((), update.version)
 
     async def reset_prefix_cache(self) -> None:

@@ -212,8 +212,9 @@ class TorchRolloutServer(RolloutServer):
         or a mismatched shape stops the load midway (`loads_in_place`: the server stays paused
         until a later update succeeds)."""
         from checkpoint_engine.receiver import land_into
+        from checkpoint_engine.server_loop import blocking
 
-        await asyncio.to_thread(land_into, update, self._params)
+        await blocking(land_into, update, self._params)
         await self._command("update", ([], int(update.version)))
 
     async def reset_prefix_cache(self) -> None:

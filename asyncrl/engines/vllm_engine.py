@@ -228,8 +228,10 @@ class VLLMRolloutServer(RolloutServer):
         if not getattr(update.receiver.transport, "consumes", False):
             await self.update_weights(update, update.version)
             return
+        from checkpoint_engine.server_loop import blocking
+
         try:
-            await asyncio.to_thread(_drive, update)  # blocking bucket by bucket: off the event loop
+            await blocking(_drive, update)  # blocking bucket by bucket: off the event loop
         except BaseException:
             self._healthy = False  # layers may be half loaded until an update succeeds
             raise
