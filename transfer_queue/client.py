@@ -7,7 +7,8 @@ handles; `fetch` turns handles into tensors (views of the plane's memory where i
 allows); `ack` finishes a batch for its consumer group. It holds no queue state itself:
 any number of clients, in any processes, share one queue.
 
-    client = connect(TransferQueueConfig(storage="shm", controller_address="tcp://127.0.0.1:5555"))
+    # RUN_ID: the queue's own (the service prints it); every process of one queue is given the same
+    client = connect(TransferQueueConfig(storage="shm", controller_address="tcp://127.0.0.1:5555", run_id=RUN_ID))
     client.put([Record("u0", "g0", group_size=1, version=3, tensors={"response_ids": ids})])
     batch = client.get("trainer", num_groups=1, max_staleness=2, current_version=4, timeout=10)
     tensors = client.fetch(batch, ["response_ids"])     # [{"response_ids": tensor}]

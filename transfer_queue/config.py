@@ -7,6 +7,7 @@ tree; asyncrl nests it under `queue:`.
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 
 from plane_common.net import check_spec
@@ -16,6 +17,11 @@ STORAGE_PLANES = ("local", "shm", "zmq", "nixl")
 CROSSING_PLANES = ("zmq", "nixl")
 """The planes whose tensors a consumer on another host than the producer's can read; `local` stays in
 one process, `shm` in one host (its /dev/shm)."""
+
+
+def new_run_id() -> str:
+    """A queue namespace of its own (`queue.run_id` left unset): `tq-` and 12 random hex digits."""
+    return f"tq-{secrets.token_hex(6)}"
 
 
 @dataclass
@@ -64,11 +70,13 @@ class TransferQueueConfig:
     redis_url: str = "redis://127.0.0.1:6379/0"
     """Redis server of the `redis` backend."""
 
-    run_id: str = "default"
+    run_id: str = field(default_factory=new_run_id)
     """Namespace of the run's queue state: every Redis key (`tq:<run_id>:...`) and shm file (`tq-<run_id>-...`);
-    a handle of another run is refused and a sweep touches only this run's files. Processes of one queue
-    share it. asyncrl replaces `default` with the run's own (`<run name>-<8 hex>`, kept in the run
-    directory so that a resume finds it)."""
+    a handle of another run is refused and a sweep touches only this run's files. Unset, each config draws its
+    own (`tq-<12 hex>`), so two queues never share one by accident; every process of one queue must be given
+    the same (the service prints its own: `python -m transfer_queue.service`), and a durable (`redis`) queue
+    that is reopened must be given its id again. asyncrl sets `default` here and replaces it with the run's
+    own (`<run name>-<8 hex>`, kept in the run directory so that a resume finds it)."""
 
     storage_address: str = ""
     """ZeroMQ address of the `zmq` storage unit. Empty: start one in this process."""

@@ -393,15 +393,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--capacity", type=int, default=4096)
     p.add_argument("--consumer-groups", default="trainer")
     p.add_argument("--lease-timeout-s", type=float, default=60.0)
-    p.add_argument("--run-id", default="default")
+    p.add_argument("--run-id", default=None, help="the queue's namespace (queue.run_id); default: one of its own "
+                   "(tq-<12 hex>), printed on the second line: give every client of this queue the same")
     p.add_argument("--max-connections", type=int, default=256)
     a = p.parse_args(argv)
-    cfg = TransferQueueConfig(storage=a.storage, capacity=a.capacity, bind_host=a.bind_host, run_id=a.run_id,
+    cfg = TransferQueueConfig(storage=a.storage, capacity=a.capacity, bind_host=a.bind_host,
                               consumer_groups=a.consumer_groups.split(","), lease_timeout_s=a.lease_timeout_s,
-                              max_connections=a.max_connections)
+                              max_connections=a.max_connections, **({"run_id": a.run_id} if a.run_id else {}))
     cfg.secret = os.environ.get("TQ_SECRET", "")  # never on the command line (visible to every user in ps)
     svc = ControllerService(cfg, port=a.port)
     print(svc.address, flush=True)
+    print(f"run_id={cfg.run_id}", flush=True)  # what its clients' queue.run_id must be (their handles are refused otherwise)
     try:
         threading.Event().wait()
     except KeyboardInterrupt:

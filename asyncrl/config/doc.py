@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import inspect
 import textwrap
+from typing import Any
 
 from asyncrl.config.tree import Config
 
@@ -43,14 +44,16 @@ def field_docs(cls: type) -> dict[str, str]:
             and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)}
 
 
-def document(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(key, default, doc) for every leaf field of `cls` (the whole tree by default), nested sections flattened."""
-    docs, inst = field_docs(cls), cls()
+def document(cls: type = Config, prefix: str = "", inst: Any = None) -> list[tuple[str, str, str]]:
+    """(key, default, doc) for every leaf field of `cls` (the whole tree by default), nested sections flattened.
+    A section's defaults are those of the instance its parent makes (asyncrl's `queue` section sets some of
+    `TransferQueueConfig`'s own: `run_id`, `inline_max_bytes`)."""
+    docs, inst = field_docs(cls), cls() if inst is None else inst
     rows: list[tuple[str, str, str]] = []
     for f in dataclasses.fields(cls):
         v = getattr(inst, f.name)
         if dataclasses.is_dataclass(v):
-            rows += document(type(v), f"{prefix}{f.name}.")
+            rows += document(type(v), f"{prefix}{f.name}.", v)
         else:
             rows.append((f"{prefix}{f.name}", repr(v), docs.get(f.name, "")))
     return rows

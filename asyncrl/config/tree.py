@@ -318,8 +318,8 @@ class Config:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
-    queue: TransferQueueConfig = field(default_factory=lambda: TransferQueueConfig(inline_max_bytes=0))
-    """The TransferQueue (`transfer_queue/config.py`); asyncrl sends every trajectory tensor through the data plane (`inline_max_bytes` 0), so the controller holds metadata only."""
+    queue: TransferQueueConfig = field(default_factory=lambda: TransferQueueConfig(inline_max_bytes=0, run_id="default"))
+    """The TransferQueue (`transfer_queue/config.py`); asyncrl sends every trajectory tensor through the data plane (`inline_max_bytes` 0), so the controller holds metadata only, and leaves `run_id` at `default`, which each run replaces with its own (`asyncrl/run_dir.py`), kept for its resume."""
     weights: WeightsConfig = field(default_factory=WeightsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     ray: RayConfig = field(default_factory=RayConfig)

@@ -5,15 +5,17 @@
     asyncrl status --redis redis://host:6379/0 [--name RUN]   a cluster run, from any host
     asyncrl status --redis env [--name RUN]   the same, the URL (with its password) from ASYNCRL_REDIS_URL
     asyncrl status --json                   one snapshot, schema in docs/status.md
-    asyncrl status --watch [--interval 1] [--prometheus 9464]
+    asyncrl status --watch [--interval 1] [--prometheus 9464 [--prometheus-host 127.0.0.1]]
+                                            also serve the figures as Prometheus text on HOST:PORT/metrics
     asyncrl status --gc [--shm-dir /dev/shm] [--keep-s 86400]
                                             remove what this user's runs that are gone left in shared
                                             memory (asyncrl/shm_gc.py); every view shows it (`shm_dead`)
 
 Job: locate the snapshot (a run directory's `status.json`, or Redis keys written by
-`StatusReporter`), add `liveness` (alive, or dead / stalled / finished / failed / interrupted, with
+`StatusReporter`), check it against its typed form (`schema.py`: a snapshot of another shape is one
+line naming the wrong field, exit code 1), add `liveness` (alive, or dead / stalled / finished / failed / interrupted, with
 the age of its last heartbeat; a failed or interrupted run's recorded line) and `source`, then print it. Boundary: reads only; never
-touches the run. A missing run is the one error translated into a message (exit code 1);
+touches the run. A missing run or a malformed snapshot is the one error translated into a message (exit code 1);
 a dead run is not an error, it is a status. `--gc` is the one verb that removes something: files
 of this user's runs that are gone, never a live run's.
 """
@@ -30,10 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.observe.reporter import FINAL_FILE, KEY_PREFIX, RUNS_KEY, status_key
-from asyncrl.observe.snapshot import MALFORMED, MalformedSnapshot, RunNotFound, lifecycle_snapshot
+from asyncrl.observe.schema import LifecycleRecord, Snapshot, check
+from asyncrl.observe.snapshot import MalformedSnapshot, RunNotFound, lifecycle_snapshot
 from asyncrl.redis_url import from_arg, redact_url
 from asyncrl.shm_gc import KEEP_S, collect
 from plane_common.liveness import pid_alive
+from plane_common.net import LOOPBACK, resolve
 
 STALL_INTERVALS = 5
 """A live process whose heartbeat is older than this many reporting intervals is `stalled`
@@ -59,7 +63,8 @@ _CONTROL.update({ord("\n"): " ", ord("\t"): " "})
 def decode(raw: bytes | str, source: str) -> dict[str, Any]:
     """The JSON snapshot `raw` with every string (keys too) stripped of control characters (escape
     sequences: a title change, a clipboard write, a clear screen; newlines and tabs become spaces),
-    as a dict nested at most `MAX_DEPTH` deep; anything else is `MalformedSnapshot`."""
+    as a dict nested at most `MAX_DEPTH` deep; anything else is `MalformedSnapshot`. Its fields'
+    types are `schema.check`'s to judge."""
     if len(raw) > MAX_SNAPSHOT_BYTES:
         raise MalformedSnapshot(f"{source}: snapshot of {len(raw)} bytes, over {MAX_SNAPSHOT_BYTES}")
     try:
@@ -69,6 +74,11 @@ def decode(raw: bytes | str, source: str) -> dict[str, Any]:
     if not isinstance(snap, dict):
         raise MalformedSnapshot(f"{source}: a snapshot is a JSON object, not {type(snap).__name__}")
     return _clean(snap, 0, source)
+
+
+def plain(text: str) -> str:
+    """`text` (a path, a Redis key: a run directory's name is whoever made it) without control characters."""
+    return text.translate(_CONTROL)
 
 
 def _clean(v: Any, depth: int, source: str) -> Any:
@@ -87,12 +97,14 @@ def read_local(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "status.json"
     if not path.is_file():
         raise RunNotFound(f"{str(run_dir)!r} has no status.json (not a run directory, or the run never started)")
-    record = decode(path.read_bytes(), str(path))
+    shown = plain(str(path))
+    record = decode(path.read_bytes(), shown)
     if "schema_version" not in record:  # `asyncrl train`'s lifecycle record: starting / failed / finished
         final = run_dir / FINAL_FILE
-        last = decode(final.read_bytes(), str(final)) if final.is_file() else None
-        record = lifecycle_snapshot(record, str(run_dir.resolve()), last)
-    record["source"] = str(path.resolve())
+        last = check(decode(final.read_bytes(), plain(str(final))), plain(str(final)), Snapshot) if final.is_file() else None
+        record = lifecycle_snapshot(check(record, shown, LifecycleRecord), plain(str(run_dir.resolve())), last)
+    record = check(record, shown)
+    record["source"] = plain(str(path.resolve()))
     return record
 
 
@@ -117,8 +129,9 @@ def read_redis(url: str, name: str | None) -> dict[str, Any]:
         client.close()
     if raw is None:
         raise RunNotFound(f"no run named {name!r} in {shown} (no {KEY_PREFIX}{name}: never started, or reported over a week ago)")
-    snap = decode(raw, f"{shown} {status_key(name)}")
-    snap["source"] = f"{shown} {status_key(name)}" + ("" if live is not None else ":last")
+    where = plain(f"{shown} {status_key(name)}")
+    snap = check(decode(raw, where), where)
+    snap["source"] = where + ("" if live is not None else ":last")
     snap["heartbeat_expired"] = live is None
     full = snap.pop("heartbeat_ttl_s", None)
     if live is not None and full and ttl_ms and ttl_ms > 0 and snap.get("time") is not None:
@@ -163,14 +176,11 @@ def judge(snap: dict[str, Any], now: float | None = None) -> dict[str, Any]:
 
 
 def read(args: argparse.Namespace) -> dict[str, Any]:
-    try:
-        if args.redis:
-            snap = read_redis(from_arg(args.redis), args.name)
-        else:
-            snap = read_local(Path(args.run) if args.run else latest_run(Path(args.root)))
-        snap["liveness"] = judge(snap)
-    except MALFORMED as e:
-        raise MalformedSnapshot(f"a snapshot of the wrong shape ({type(e).__name__}: {str(e)[:200]})") from None
+    if args.redis:
+        snap = read_redis(from_arg(args.redis), args.name)
+    else:
+        snap = read_local(Path(args.run) if args.run else latest_run(Path(args.root)))
+    snap["liveness"] = judge(snap)  # of a checked snapshot (`schema.check`): its fields have their types
     snap["shm_dead"] = collect(args.shm_dir, args.keep_s, remove=False).summary()  # this host's /dev/shm
     return snap
 
@@ -185,7 +195,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="print one snapshot as JSON (docs/status.md)")
     p.add_argument("--watch", action="store_true", help="refresh a live view until Ctrl-C")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes with --watch")
-    p.add_argument("--prometheus", type=int, metavar="PORT", help="with --watch: serve the figures as Prometheus text on 127.0.0.1:PORT")
+    p.add_argument("--prometheus", type=int, metavar="PORT", help="with --watch: serve the figures as Prometheus text on "
+                   "HOST:PORT/metrics (HOST: --prometheus-host)")
+    p.add_argument("--prometheus-host", metavar="HOST",
+                   help="with --prometheus: the address it binds (default 127.0.0.1: this host only); in a pod, the pod's "
+                   "address (`auto`: the default route's; also `iface:NAME` or a CIDR, as queue.bind_host); never a wildcard")
     p.add_argument("--gc", action="store_true", help="remove what this user's runs that are gone left in --shm-dir, then print what went")
     p.add_argument("--shm-dir", default="/dev/shm", help="the runs' queue.shm_dir (what `shm_dead` and --gc look at)")
     p.add_argument("--keep-s", type=float, default=KEEP_S, help="queue.shm_keep_s: how long files a resume may read are kept")
@@ -201,6 +215,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
         p.error("--json and --watch exclude each other")
     if args.prometheus is not None and not args.watch:
         p.error("--prometheus needs --watch")
+    if args.prometheus_host is not None and args.prometheus is None:
+        p.error("--prometheus-host needs --prometheus")
+    try:  # resolved here, on the host that binds it: a spec this host has no address for is a usage error
+        args.prometheus_host = resolve(args.prometheus_host or LOOPBACK, "--prometheus-host")
+    except ValueError as e:
+        p.error(str(e))
     return args
 
 
@@ -219,7 +239,7 @@ def main(argv: list[str]) -> int:
     try:
         snap = read(args)
     except RunNotFound as e:
-        print(f"asyncrl status: {e}", file=sys.stderr)
+        print(f"asyncrl status: {plain(str(e))}", file=sys.stderr)
         return 1
     if args.json:
         try:
@@ -230,10 +250,11 @@ def main(argv: list[str]) -> int:
     from asyncrl.observe.view import show, watch
 
     if args.watch:
-        return watch(lambda: read(args), interval_s=args.interval, prometheus_port=args.prometheus)
+        return watch(lambda: read(args), interval_s=args.interval, prometheus_port=args.prometheus,
+                     prometheus_host=args.prometheus_host)
     try:
         show(snap)
     except MalformedSnapshot as e:
-        print(f"asyncrl status: {e}", file=sys.stderr)
+        print(f"asyncrl status: {plain(str(e))}", file=sys.stderr)
         return 1
     return 0

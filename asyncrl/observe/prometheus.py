@@ -2,7 +2,8 @@
 
 Job: turn one snapshot (with `liveness`) into gauges named like its JSON keys
 (`asyncrl_queue_depth{state="ready"}`, `asyncrl_staleness{view="queue",staleness="1"}`, ...)
-and serve them on 127.0.0.1 from `asyncrl status --watch --prometheus PORT`.
+and serve them from `asyncrl status --watch --prometheus PORT` on 127.0.0.1, or on the address
+`--prometheus-host` names (a pod's own address, for `deploy/kuberay/status-service.yaml`; never a wildcard).
 Boundary: the watcher's latest snapshot is the only input; prometheus_client writes the text
 (label values escaped: a server or fleet name may hold any character) and serves it.
 """
@@ -15,6 +16,8 @@ from typing import Any, Callable
 from prometheus_client import generate_latest, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
+
+from plane_common.net import LOOPBACK, resolve
 
 HELP = {
     "up": "1 while the run reports (not dead, stalled, finished or failed)",
@@ -119,8 +122,9 @@ def render(snap: dict[str, Any]) -> str:
     return generate_latest(_registry(lambda: snap)).decode()
 
 
-def serve(port: int, latest: Callable[[], dict[str, Any]]) -> Any:
-    """Serve the figures of `latest()` at http://127.0.0.1:PORT/metrics in a daemon thread;
-    returns the server (`server_address`, `shutdown()`)."""
-    server, _thread = start_http_server(port, addr="127.0.0.1", registry=_registry(latest))
+def serve(port: int, latest: Callable[[], dict[str, Any]], host: str = LOOPBACK) -> Any:
+    """Serve the figures of `latest()` at http://HOST:PORT/metrics in a daemon thread; returns the server
+    (`server_address`, `shutdown()`). `host` is a listener spec as `queue.bind_host` takes it (an address,
+    `auto`, `iface:NAME`, a CIDR), resolved here; a wildcard is refused (`ValueError`)."""
+    server, _thread = start_http_server(port, addr=resolve(host, "--prometheus-host"), registry=_registry(latest))
     return server

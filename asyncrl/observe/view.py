@@ -1,6 +1,6 @@
 """The terminal view of a status snapshot (rich): one screen, printed once or refreshed live.
 
-Job: lay out the snapshot of `snapshot.py` (plus the `liveness` that `command.py` adds)
+Job: lay out the snapshot of `snapshot.py`, as `schema.check` returned it (plus the `liveness` that `command.py` adds),
 with the same words as the JSON keys: queue_depth by state, staleness histograms, per
 fleet / per server version, in_flight, tokens/s, arena_waits and health, trainer step and version,
 last publish, the data plane's back-pressure (arena_waits, undelivered_frees), drops by cause,
@@ -193,8 +193,10 @@ def show(snap: dict[str, Any]) -> None:
     console().print(checked(snap))
 
 
-def watch(read: Callable[[], dict[str, Any]], *, interval_s: float = 1.0, prometheus_port: int | None = None) -> int:
-    """Refresh the view every `interval_s` until Ctrl-C; a run that ends stays on screen with its end state."""
+def watch(read: Callable[[], dict[str, Any]], *, interval_s: float = 1.0, prometheus_port: int | None = None,
+          prometheus_host: str = "127.0.0.1") -> int:
+    """Refresh the view every `interval_s` until Ctrl-C; a run that ends stays on screen with its end state.
+    With `prometheus_port`, the latest snapshot's figures are served on `prometheus_host` (`prometheus.serve`)."""
     from asyncrl.observe.snapshot import RunNotFound
 
     latest: dict[str, Any] = {}
@@ -202,7 +204,7 @@ def watch(read: Callable[[], dict[str, Any]], *, interval_s: float = 1.0, promet
     if prometheus_port is not None:
         from asyncrl.observe.prometheus import serve
 
-        server = serve(prometheus_port, lambda: latest)
+        server = serve(prometheus_port, lambda: latest, host=prometheus_host)
 
     def frame() -> Any:
         try:

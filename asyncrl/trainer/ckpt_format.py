@@ -136,6 +136,7 @@ class Writer(StorageWriter):
 
         name = str(plan.storage_data)
         tensors: dict[str, torch.Tensor] = {}
+        storages: set[int] = set()
         results = []
         for i, item in enumerate(plan.items):
             data = planner.resolve_data(item)
@@ -143,8 +144,10 @@ class Writer(StorageWriter):
                 t = torch.frombuffer(bytearray(data.getbuffer()), dtype=torch.uint8)  # type: ignore[union-attr]
             else:
                 t = data.detach().to("cpu").contiguous()  # type: ignore[union-attr]
-                if t.untyped_storage().nbytes() != t.numel() * t.element_size():
-                    t = t.clone()  # a chunk of a larger tensor: safetensors takes no two views of one storage
+                storage = t.untyped_storage()
+                if storage.data_ptr() in storages or storage.nbytes() != t.numel() * t.element_size():
+                    t = t.clone()  # tied weights, or a chunk of a larger tensor: safetensors takes one tensor per storage
+                storages.add(t.untyped_storage().data_ptr())
             key = str(i)
             tensors[key] = t
             results.append(WriteResult(index=item.index, size_in_bytes=t.numel() * t.element_size(),

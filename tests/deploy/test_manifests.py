@@ -60,7 +60,8 @@ def validate_crd(obj: dict[str, Any]) -> None:
 @pytest.mark.timeout(60)
 def test_the_kuberay_folder_has_every_object_the_run_needs():
     kinds = sorted(d["kind"] for p in MANIFESTS for d in documents(p))
-    assert kinds == sorted(["PersistentVolumeClaim", "Secret", "Deployment", "Service", "Service", "RayCluster", "RayJob", "RayJob"])
+    assert kinds == sorted(["PersistentVolumeClaim", "Secret", "Deployment", "Service", "NetworkPolicy", "Deployment", "Service",
+                            "RayCluster", "RayJob", "RayJob"])
 
 
 @pytest.mark.timeout(60)
@@ -174,6 +175,80 @@ def test_redis_asks_for_a_password_and_is_never_public():
     for obj in (d for p in MANIFESTS for d in documents(p) if d["kind"] in CRD_KINDS):
         env = head_env(obj, "0123abcd")
         assert env["ASYNCRL_REDIS_URL"] == "redis://:0123abcd@asyncrl-redis:6379/0", obj["metadata"]["name"]
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a label selector of only `matchLabels` selects a pod with `labels`."""
+    assert set(selector) == {"matchLabels"}, selector
+    return all(labels.get(k) == v for k, v in selector["matchLabels"].items())
+
+
+def pods() -> dict[str, dict[str, str]]:
+    """Every pod template of the folder: `<object name>/<n>` -> its labels."""
+    out = {}
+    for obj in (d for p in MANIFESTS for d in documents(p)):
+        if obj["kind"] in CRD_KINDS:
+            tpls = pod_templates(obj)
+        elif obj["kind"] == "Deployment":
+            tpls = [obj["spec"]["template"]]
+        else:
+            continue
+        for i, tpl in enumerate(tpls):
+            out[f"{obj['metadata']['name']}/{i}"] = tpl["metadata"]["labels"]
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_only_the_runs_ray_pods_and_the_status_pod_may_reach_redis():
+    """redis.yaml's NetworkPolicy selects the Redis pod and admits, on its port only, the Ray pods of every
+    RayCluster / RayJob and the status pod, by their labels: no namespace, address block or other pod."""
+    redis = documents(DEPLOY / "kuberay" / "redis.yaml")
+    policies = [d for p in MANIFESTS for d in documents(p) if d["kind"] == "NetworkPolicy"]
+    assert len(policies) == 1, policies
+    spec = policies[0]["spec"]
+    everyone = pods()
+    assert {name for name, labels in everyone.items() if selects(spec["podSelector"], labels)} == {"asyncrl-redis/0"}
+    assert selects(spec["podSelector"], redis[0]["spec"]["template"]["metadata"]["labels"])
+    assert spec["policyTypes"] == ["Ingress"] and len(spec["ingress"]) == 1
+    rule = spec["ingress"][0]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 6379}]
+    assert redis[0]["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] == 6379
+    assert all(set(peer) == {"podSelector"} for peer in rule["from"]), rule  # same namespace, by label only
+    admitted = {name for name, labels in everyone.items() if any(selects(peer["podSelector"], labels) for peer in rule["from"])}
+    ray = {name for name in everyone if name.split("/")[0] in {d["metadata"]["name"] for p in MANIFESTS for d in documents(p)
+                                                                  if d["kind"] in CRD_KINDS}}
+    assert ray and admitted == ray | {"asyncrl-status/0"}, admitted
+
+
+@pytest.mark.timeout(60)
+def test_the_status_service_serves_the_status_view_not_redis(monkeypatch):
+    """status-service.yaml: a Deployment running `asyncrl status --redis env --watch --prometheus PORT` bound to its
+    pod's address, its Redis URL from the Secret, and a ClusterIP Service for PORT: nothing of it is Redis's port."""
+    from asyncrl.observe.command import parse
+
+    deployment, service = documents(DEPLOY / "kuberay" / "status-service.yaml")
+    assert (deployment["kind"], service["kind"]) == ("Deployment", "Service")
+    pod = deployment["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "asyncrl-redis", "key": "password"}
+    assert env["ASYNCRL_REDIS_URL"]["value"] == "redis://:$(REDIS_PASSWORD)@asyncrl-redis:6379/0"
+    argv = [a.replace("$(POD_IP)", "10.1.2.3") for a in container["args"]]  # as Kubernetes expands it
+    assert "command" not in container and argv[0] == "status"  # the image's entrypoint is `asyncrl`
+    monkeypatch.setenv("ASYNCRL_REDIS_URL", "redis://:0123abcd@asyncrl-redis:6379/0")
+    args = parse(argv[1:])
+    assert args.redis == "env" and args.watch and args.prometheus_host == "10.1.2.3"
+    ports = container["ports"]
+    assert [p["containerPort"] for p in ports] == [args.prometheus] and args.prometheus != 6379
+    assert service["spec"].get("type", "ClusterIP") == "ClusterIP"
+    assert selects({"matchLabels": service["spec"]["selector"]}, pod["metadata"]["labels"])
+    assert selects(deployment["spec"]["selector"], pod["metadata"]["labels"])
+    named = {p["name"]: p["containerPort"] for p in ports}
+    for p in service["spec"]["ports"]:
+        assert p["port"] != 6379 and named.get(p["targetPort"], p["targetPort"]) == args.prometheus, p
+    redis = documents(DEPLOY / "kuberay" / "redis.yaml")[0]["spec"]["template"]["metadata"]["labels"]
+    assert not selects({"matchLabels": service["spec"]["selector"]}, redis)  # it fronts no Redis pod
 
 
 @pytest.mark.timeout(60)

@@ -44,6 +44,7 @@ import numpy as np
 
 from plane_common.liveness import pid_alive, unlink_orphan
 from transfer_queue.codec import WireError, check_header
+from transfer_queue.config import new_run_id
 from transfer_queue.storage.arena import Arena, FreeEndpoint, FreeSender
 from transfer_queue.storage.base import StoragePlane, StorageUnreachable, handle_of
 from transfer_queue.storage.handles import Handle, ShmHandle, shm_source
@@ -54,9 +55,13 @@ class ShmStorage(StoragePlane):
     kind = "shm"
     outlives_writer = True  # a file per tensor stays until freed; an arena until a sweep finds its producer gone
 
-    def __init__(self, shm_dir: str = "/dev/shm", run_id: str = "default", arena_bytes: int = 1 << 30,
+    def __init__(self, shm_dir: str = "/dev/shm", run_id: str | None = None, arena_bytes: int = 1 << 30,
                  bind_host: str = "127.0.0.1", timeout_s: float = 120.0, sweep_arenas: bool = True, **kw) -> None:
         super().__init__(**kw)
+        self.run_id = run_id or new_run_id()
+        """The queue's namespace (`queue.run_id`): its files are `tq-<run_id>-...`, and a handle of any other
+        is refused. None draws one of this plane's own: give every plane of one queue the same."""
+        run_id = self.run_id
         self.sweep_arenas = sweep_arenas
         """Remove this run's orphaned arenas when this producer's arena is created (not with durable metadata)."""
         self.dir = shm_dir
