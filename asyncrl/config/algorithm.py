@@ -21,6 +21,81 @@ from asyncrl.config.critic import KLCtrlConfig
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """verl's `algorithm.rollout_correction` (verl/trainer/config/algorithm.py), so that a verl recipe's keys load.
+
+    Each combination asyncrl has an entry for becomes that entry (`translate`): `rollout_is` token / sequence with a
+    float threshold -> `token_tis` / `seq_tis`; token with "low_high" -> `icepop`; `rollout_rs` `seq_sum_k1` with
+    sequence IS -> `seq_mis`; `seq_mean_k1` -> `geo_rs`, `seq_mean_k3` -> `k3_rs` (with the IS as their `tis`).
+    `bypass_mode` -> `form=bypass`; with `loss_type=ppo_clip` verl applies no IS weight (the PPO ratio is it), so
+    only the rejection is kept (`bypass` when there is none); `loss_type=reinforce` selects `algorithm.loss=reinforce`.
+    Any other combination is an error naming the key.
+    """
+
+    rollout_is: str | None = None
+    """verl: IS weight level, `token` or `sequence`; null: no IS weight."""
+    rollout_is_threshold: Any = 2.0
+    """verl: the IS weight's upper bound (a number: truncation), or "low_high" (IcePop: weights outside the band are 0)."""
+    rollout_is_batch_normalize: bool = False
+    """verl: normalise the IS weights to mean 1 over the batch; not supported (true is an error)."""
+    rollout_rs: str | None = None
+    """verl: rejection sampling, one of `seq_sum_k1` (with rollout_is=sequence), `seq_mean_k1`, `seq_mean_k3` (asyncrl's entries); null: none."""
+    rollout_rs_threshold: Any = None
+    """verl: the rejection bounds: "low_high" (or one number x: 1/x_x) for `*_k1`, an upper bound for `*_k3`."""
+    bypass_mode: bool = False
+    """verl: anchor on the rollout's log-probs (`form=bypass`), no proximal policy."""
+    loss_type: str = "ppo_clip"
+    """verl, with bypass_mode: `ppo_clip` (the PPO ratio is the IS weight) or `reinforce` (-w A logp: `algorithm.loss=reinforce`)."""
+
+    def translate(self) -> tuple[str, dict[str, Any], str | None] | None:
+        """(correction, correction_args, loss or None), or None when no verl key is in use."""
+        if self.rollout_is is None and self.rollout_rs is None and not self.bypass_mode:
+            return None
+        key = "algorithm.rollout_correction"
+        _check(self.rollout_is in (None, "token", "sequence"), f"{key}.rollout_is", f"must be one of ['token', 'sequence', null], got {self.rollout_is!r}")
+        _check(self.loss_type in ("ppo_clip", "reinforce"), f"{key}.loss_type", f"must be one of ['ppo_clip', 'reinforce'], got {self.loss_type!r}")
+        _check(not self.rollout_is_batch_normalize, f"{key}.rollout_is_batch_normalize", "is not supported by asyncrl (set false)")
+        form = {"form": "bypass"} if self.bypass_mode else {}
+        level = None if self.bypass_mode and self.loss_type == "ppo_clip" else self.rollout_is
+        loss = "reinforce" if self.bypass_mode and self.loss_type == "reinforce" else None
+        high, low = _bounds(self.rollout_is_threshold, f"{key}.rollout_is_threshold") if level else (2.0, None)
+        if self.rollout_rs is None:
+            if level is None:
+                _check(self.bypass_mode, f"{key}.rollout_is", "null with no rollout_rs: choose algorithm.correction instead")
+                return "bypass", {}, loss
+            _check(level == "token" or low is None, f"{key}.rollout_is_threshold", "a \"low_high\" band needs rollout_is=token (IcePop)")
+            if low is not None:
+                return "icepop", {"low": low, "high": high, **form}, loss
+            return f"{level[:3] if level == 'sequence' else level}_tis", {"threshold": high, **form}, loss
+        rs = self.rollout_rs.strip()
+        _check(rs in ("seq_sum_k1", "seq_mean_k1", "seq_mean_k3"), f"{key}.rollout_rs",
+               f"asyncrl has entries for seq_sum_k1 (with rollout_is=sequence), seq_mean_k1, seq_mean_k3; got {rs!r}")
+        _check(low is None, f"{key}.rollout_is_threshold", "a \"low_high\" band (IcePop) cannot be combined with rollout_rs")
+        _check(self.rollout_rs_threshold is not None, f"{key}.rollout_rs_threshold", f"required with rollout_rs={rs}")
+        tis = {"tis": level, "tis_threshold": high} if level else {}
+        if rs == "seq_mean_k3":
+            return "k3_rs", {"threshold": float(self.rollout_rs_threshold), **tis, **form}, loss
+        text = str(self.rollout_rs_threshold)
+        rs_low, rs_high = (float(t) for t in text.split("_", 1)) if "_" in text else (1.0 / float(text), float(text))
+        if rs == "seq_mean_k1":
+            return "geo_rs", {"low": rs_low, "high": rs_high, **tis, **form}, loss
+        _check(level == "sequence", f"{key}.rollout_rs", "seq_sum_k1 is asyncrl's seq_mis: it needs rollout_is=sequence")
+        return "seq_mis", {"threshold": high, "low": rs_low, "high": rs_high, **form}, loss
+
+
+def _bounds(spec: Any, key: str) -> tuple[float, float | None]:
+    """verl's `rollout_is_threshold`: a number (upper) or "low_high"."""
+    try:
+        text = str(spec).strip()
+        if "_" in text:
+            low, high = (float(t) for t in text.split("_", 1))
+            return high, low
+        return float(text), None
+    except ValueError:
+        raise ConfigError(f"{key}: must be a number or \"low_high\", got {spec!r}") from None
+
+
+@dataclass
 class AlgorithmConfig:
     advantage: str = "grpo"
     """Advantage estimator from the registry: `grpo`, `rloo`, `reinforce_pp` (group-centred, then whitened over the batch's sequences), or `gae` (PPO with a critic: per-token GAE from the critic's values, `algorithm.gamma` / `lam`, whitened over the batch; the `critic.*` keys)."""
@@ -69,7 +144,11 @@ class AlgorithmConfig:
     entropy_coef_max: float = 1.0
     """Adaptive entropy control: upper bound of the adapted weight."""
     correction: str = "decoupled_ppo"
-    """Off-policy correction (`trainer/corrections.py`): `none`/`bypass` (PPO around the behavior policy), `decoupled_ppo` (AReaL), `tis`, `mis`."""
+    """Off-policy correction (`trainer/corrections.py`): `none`/`bypass` (PPO around the behavior policy), `decoupled_ppo` (AReaL), `tis`, `mis`; verl's and AReaL's (`trainer/rollout_corr.py`, settings in `algorithm.correction_args`): `token_tis`, `seq_tis`, `seq_mis`, `icepop`, `geo_rs`, `k3_rs`, `m2po` (docs/algorithms.md). Set by `algorithm.rollout_correction.*` when that is used."""
+    correction_args: dict[str, Any] = field(default_factory=dict)
+    """The selected correction's own settings by name, e.g. `algorithm.correction_args.threshold=3` with `token_tis`, `algorithm.correction_args.form=bypass` (anchor on the behavior policy, rho = pi_theta / pi_behav); checked at load against the correction's settings dataclass (docs/algorithms.md lists them). `decoupled_ppo`, `tis`, `mis` take none (their keys: `is_cap`, `mis_*`)."""
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=lambda: RolloutCorrectionConfig())
+    """verl's rollout correction keys, read as verl reads them and turned into `algorithm.correction` / `correction_args` (and `algorithm.loss=reinforce` for verl's bypass REINFORCE) at load."""
     proximal: Literal["recompute", "interpolate"] = "recompute"
     """Proximal policy of `decoupled_ppo`/`tis`/`mis`: `recompute` (one extra forward pass per step) or `interpolate` (from token versions, no extra pass; it takes the weights of each mini-batch as the proximal policy, so with `trainer.minibatches` > 1 its clip does not bind: use `recompute` there)."""
     is_cap: float = 2.0
@@ -85,7 +164,9 @@ class AlgorithmConfig:
         from asyncrl.trainer.advantages import advantage_spec  # torch: when a config is checked, not when imported
 
         _check_literals(self, "algorithm")  # proximal, mis_level, loss_agg, kl_estimator
+        self._from_verl()
         _check_registered(self.correction, "algorithm.correction")
+        self.correction_settings()
         _check(self.is_cap >= 0, "algorithm.is_cap", "must be >= 0")
         _check(self.is_cap > 0 or self.correction != "tis", "algorithm.is_cap", "must be > 0 with correction tis")
         _check(0 <= self.mis_low <= 1, "algorithm.mis_low", "must be in [0, 1]")
@@ -108,6 +189,30 @@ class AlgorithmConfig:
         _check(self.entropy_coef_lr > 0, "algorithm.entropy_coef_lr", f"must be > 0, got {self.entropy_coef_lr}")
         _check(self.entropy_coef_max >= self.entropy_coef, "algorithm.entropy_coef_max",
                f"must be >= algorithm.entropy_coef ({self.entropy_coef}), got {self.entropy_coef_max}")
+
+    def correction_settings(self) -> Any:
+        """The selected correction's settings object (`corrections.Correction.make_settings`), or None for an entry
+        without (`decoupled_ppo`, `tis`, `mis`, `none`, `bypass`); a bad one is a `ConfigError` naming the key."""
+        from asyncrl.trainer.corrections import CORRECTIONS
+
+        try:
+            return CORRECTIONS[self.correction].make_settings(self.correction_args)
+        except (TypeError, ValueError) as e:
+            msg = str(e)
+            raise ConfigError(msg if msg.startswith("algorithm.") else f"algorithm.correction_args ({self.correction}): {msg}") from None
+
+    def _from_verl(self) -> None:
+        """`algorithm.rollout_correction.*` (verl's keys), when used, choose the correction, its settings and, for verl's
+        bypass REINFORCE, the loss; `correction_args` set beside them to other values is an error."""
+        picked = self.rollout_correction.translate()
+        if picked is None:
+            return
+        name, args, loss = picked
+        _check(not self.correction_args or self.correction_args == args, "algorithm.correction_args",
+               f"and algorithm.rollout_correction.* both set the correction's settings ({self.correction_args} and {args}): set one")
+        self.correction, self.correction_args = name, args
+        if loss:
+            self.loss = loss
 
     def loss_settings(self) -> Any:
         """The selected loss's settings object (`losses.PolicyLoss.make_settings`): `loss_args`, plus any

@@ -91,7 +91,7 @@ ALIASES: tuple[Alias, ...] = (
     _a("actor_rollout_ref.actor.clip_ratio_low", "algorithm.clip_ratio_low", note=GSPO),
     _a("actor_rollout_ref.actor.clip_ratio_high", "algorithm.clip_ratio_high", note=GSPO),
     _a("actor_rollout_ref.actor.policy_loss.loss_mode", "algorithm.loss",
-       note="verl's `vanilla` (PPO's clip, with dual clip) is `ppo_clip`; `gspo` keeps its name (asyncrl's `vanilla_pg` is unclipped)"),
+       note="verl's `vanilla` (PPO's clip, with dual clip) is `ppo_clip`; `gspo`, `clip_cov`, `kl_cov`, `cispo` keep their names (asyncrl's `vanilla_pg` is unclipped)"),
     _a("actor_rollout_ref.actor.loss_agg_mode", "algorithm.loss_agg", note="values with underscores: `token_mean`, `seq_mean_token_mean`, `seq_mean_token_sum`, `seq_mean_token_sum_norm`"),
     _a("actor_rollout_ref.actor.loss_scale_factor", "algorithm.loss_agg_norm_len",
        note="the constant of `seq_mean_token_sum_norm`, required > 0 there (verl's null, the batch's padded length: give e.g. rollout.max_tokens); "
@@ -110,7 +110,19 @@ ALIASES: tuple[Alias, ...] = (
     _a("critic.model.path", "critic.model_path", note="empty: the policy's model; a value head is added"),
     _a("critic.ppo_micro_batch_size_per_gpu", "trainer.micro_batch_size", note="the critic runs on the trainer's ranks with their micro-batches"),
     _a("trainer.critic_warmup", note="not implemented: the actor and the critic update from the first step"),
-    _a("algorithm.rollout_correction.rollout_is", "algorithm.correction", note="`tis`, `mis` or `decoupled_ppo`"),
+    # verl's algorithm.rollout_correction.* keys load as they are (asyncrl reads them: docs/verl.md); its loss settings:
+    _a("actor_rollout_ref.actor.policy_loss.clip_cov_ratio", "algorithm.loss_args", note="`algorithm.loss_args.clip_cov_ratio` with `algorithm.loss=clip_cov`"),
+    _a("actor_rollout_ref.actor.policy_loss.clip_cov_lb", "algorithm.loss_args", note="`algorithm.loss_args.clip_cov_lb` with `algorithm.loss=clip_cov`"),
+    _a("actor_rollout_ref.actor.policy_loss.clip_cov_ub", "algorithm.loss_args", note="`algorithm.loss_args.clip_cov_ub` with `algorithm.loss=clip_cov`"),
+    _a("actor_rollout_ref.actor.policy_loss.kl_cov_ratio", "algorithm.loss_args", note="`algorithm.loss_args.kl_cov_ratio` with `algorithm.loss=kl_cov`"),
+    _a("actor_rollout_ref.actor.policy_loss.ppo_kl_coef", "algorithm.loss_args", note="`algorithm.loss_args.ppo_kl_coef` with `algorithm.loss=kl_cov`"),
+    # AReaL's off-policy keys
+    _a("actor.use_decoupled_loss", "algorithm.correction", note="true: `decoupled_ppo` (or another entry of form decoupled); false: `bypass`"),
+    _a("actor.prox_logp_method", "algorithm.proximal", note="`recompute` as AReaL's; AReaL's `loglinear` is `interpolate`"),
+    _a("actor.m2_threshold", "algorithm.correction", "algorithm.correction_args", note="`algorithm.correction=m2po` with `algorithm.correction_args.m2_threshold`"),
+    _a("actor.rejection_sampling.level", "algorithm.correction", note="token, ratio, mask with lower/upper: `icepop` (`correction_args.low` / `high`); sequence, ratio, mean: `geo_rs`"),
+    _a("actor.rejection_sampling.lower", "algorithm.correction_args", note="`low` of `icepop` / `geo_rs`"),
+    _a("actor.rejection_sampling.upper", "algorithm.correction_args", note="`high` of `icepop` / `geo_rs`"),
     # verl's fully-async recipe
     _a("async_training.staleness_threshold", "trainer.max_staleness",
        note="verl: a fraction of extra samples generated ahead; asyncrl: eta, the most versions a trained sample may lag (with trainer.mode=fully_async)"),

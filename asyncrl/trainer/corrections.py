@@ -14,11 +14,17 @@ ratio rho = pi_prox / pi_behav into a detached weight w that multiplies the poli
 | `decoupled_ppo` (AReaL) | pi_prox | rho | rho > is_cap (if is_cap > 0) |
 | `tis` | pi_prox | min(rho, is_cap) | none |
 | `mis` | pi_prox | rho' | rho' outside [mis_low, mis_high] |
+| `token_tis`, `seq_tis`, `seq_mis`, `icepop`, `geo_rs`, `k3_rs`, `m2po` | see `rollout_corr.py` (verl's rollout correction, AReaL's IcePop / M2PO) | | |
 
 with rho' = rho (token level) or the geometric mean of rho over the sequence's loss tokens
 (sequence level; a product would make the bounds mean different things at different lengths).
 Dropped tokens still count in the loss normaliser: masking shrinks the step, it does not
 re-weight the survivors. With pi_behav == pi_prox every correction is plain PPO (w = 1).
+
+An entry with a settings dataclass (`register_correction(..., settings=...)`, set as
+`algorithm.correction_args.<field>`) is given the unclamped, masked log rho too and may define both
+forms: `form=decoupled` (anchor pi_prox, rho = pi_prox / pi_behav) and `form=bypass` (anchor pi_behav,
+rho = pi_theta / pi_behav from the training forward, detached: verl's bypass mode).
 
 pi_prox comes from `algorithm.proximal`:
 - `recompute`: one `compute_logprobs` pass with the step's starting weights (`needs_proximal`);
@@ -41,13 +47,16 @@ This module is pure tensors: no model, no ranks. Statistics leave as additive su
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 import torch
 from torch import Tensor
 
 from asyncrl.registry import Registry
+from asyncrl.trainer import rollout_corr
 
 if TYPE_CHECKING:  # config checks read CORRECTIONS: importing the config here would be a cycle
     from asyncrl.config import AlgorithmConfig
@@ -78,22 +87,54 @@ class WeightFn(Protocol):
         ...
 
 
+class SettingsWeightFn(Protocol):
+    def __call__(self, ratio: Tensor, mask: Tensor, *, log_ratio: Tensor, settings: Any) -> tuple[Tensor, Tensor, Tensor]:
+        """(weight, clipped, masked) from rho, the loss mask, log rho (masked, unclamped) and the entry's settings."""
+        ...
+
+
 @dataclass(frozen=True)
 class Correction:
-    weight_fn: WeightFn
+    weight_fn: WeightFn | SettingsWeightFn
     uses_proximal: bool
-    """False: the anchor is the behavior policy and no pi_prox is needed."""
+    """False: the anchor is the behavior policy and no pi_prox is needed (with settings: their `form`, if any, decides)."""
+    settings: type | None = None
+    """The dataclass of `algorithm.correction_args` (a `SettingsWeightFn` then); None: the flat `algorithm.is_cap` / `mis_*` keys."""
+
+    def make_settings(self, args: Mapping[str, Any] | None = None) -> Any:
+        """The settings object of `algorithm.correction_args`; a bad name or type is a ValueError naming the key."""
+        if self.settings is None:
+            if args:
+                raise ValueError(f"algorithm.correction_args: this correction has no settings of its own (its keys: algorithm.is_cap, mis_*), got {dict(args)}")
+            return None
+        hints, names = typing.get_type_hints(self.settings), [f.name for f in dataclasses.fields(self.settings)]
+        for key, value in (args or {}).items():
+            if key not in names:
+                raise ValueError(f"algorithm.correction_args.{key}: not a setting of this correction (its settings: {names})")
+            if hints[key] is float and type(value) is int:
+                args = {**args, key: float(value)}
+            elif hints[key] in (bool, int, float, str) and type(value) is not hints[key]:
+                raise ValueError(f"algorithm.correction_args.{key}: must be a {hints[key].__name__}, got {value!r}")
+        return self.settings(**(args or {}))
+
+    def proximal_for(self, settings: Any) -> bool:
+        """Whether this entry, with these settings, anchors on pi_prox (`form=decoupled`) or on pi_behav (`bypass`)."""
+        form = getattr(settings, "form", None)
+        return self.uses_proximal if form is None else form == "decoupled"
 
 
 CORRECTIONS: Registry[Correction] = Registry("correction", "algorithm.correction", import_paths=False)
 """No import paths: an entry is a `Correction` (its weight function and whether it needs pi_prox), not a bare callable."""
 
 
-def register_correction(name: str, *, uses_proximal: bool) -> Callable[[WeightFn], WeightFn]:
-    """Decorator: `@register_correction("my_is", uses_proximal=True)` makes it selectable as `algorithm.correction=my_is`."""
+def register_correction(name: str, *, uses_proximal: bool, settings: type | None = None) -> Callable[[Any], Any]:
+    """Decorator: `@register_correction("my_is", uses_proximal=True)` makes it selectable as `algorithm.correction=my_is`;
+    with `settings=MySettings` (a dataclass, every field defaulted) its fields are `algorithm.correction_args.<field>`."""
+    if settings is not None:
+        settings()  # every field needs a valid default
 
-    def deco(fn: WeightFn) -> WeightFn:
-        CORRECTIONS.add(name, Correction(fn, uses_proximal))
+    def deco(fn: Any) -> Any:
+        CORRECTIONS.add(name, Correction(fn, uses_proximal, settings))
         return fn
 
     return deco
@@ -154,6 +195,10 @@ def masked_is(
     return torch.where(keep, ratio, 0.0), torch.zeros_like(ratio), (~keep).float() * mask
 
 
+for _name, (_fn, _settings) in rollout_corr.ENTRIES.items():  # verl's and AReaL's: token_tis ... m2po
+    register_correction(_name, uses_proximal=True, settings=_settings)(_fn)
+
+
 def interpolate_proximal(logprobs: Tensor, behavior_logprobs: Tensor, token_versions: Tensor, version: int) -> Tensor:
     """log pi_prox = log pi_behav + alpha (log pi_theta - log pi_behav), alpha = 1 if 0 <= v_tok < version else 0.
 
@@ -175,8 +220,10 @@ class Corrector:
 
     def __init__(self, algorithm: AlgorithmConfig) -> None:
         self.spec = CORRECTIONS.get(algorithm.correction)  # unknown: a KeyError naming algorithm.correction
-        self.interpolate = self.spec.uses_proximal and algorithm.proximal == "interpolate"
-        self.needs_proximal = self.spec.uses_proximal and not self.interpolate
+        self.settings = self.spec.make_settings(algorithm.correction_args)
+        self.uses_proximal = self.spec.proximal_for(self.settings)
+        self.interpolate = self.uses_proximal and algorithm.proximal == "interpolate"
+        self.needs_proximal = self.uses_proximal and not self.interpolate
         """True: the caller passes `proximal_logprobs` from a `compute_logprobs` pass at the step's start."""
         self.constants: dict[str, float | str] = dict(
             is_cap=algorithm.is_cap, mis_low=algorithm.mis_low, mis_high=algorithm.mis_high, mis_level=algorithm.mis_level
@@ -200,13 +247,17 @@ class Corrector:
             proximal_logprobs = interpolate_proximal(logprobs, behavior_logprobs, token_versions, version)
         elif self.needs_proximal and proximal_logprobs is None:
             raise ValueError("algorithm.proximal=recompute: pass proximal_logprobs (compute_logprobs at the step's start)")
-        prox = proximal_logprobs if self.spec.uses_proximal else logprobs
+        prox = proximal_logprobs if self.uses_proximal else logprobs
         mask = mask.to(logprobs.dtype)
-        log_ratio = ((prox - behavior_logprobs) * mask).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+        raw_log_ratio = (prox - behavior_logprobs) * mask
+        log_ratio = raw_log_ratio.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
         ratio = log_ratio.exp()
-        weight, clipped, masked = self.spec.weight_fn(ratio, mask, **self.constants)
+        if self.spec.settings is None:
+            weight, clipped, masked = self.spec.weight_fn(ratio, mask, **self.constants)
+        else:
+            weight, clipped, masked = self.spec.weight_fn(ratio, mask, log_ratio=raw_log_ratio, settings=self.settings)
         return CorrectionOutput(
-            proximal_logprobs=proximal_logprobs if self.spec.uses_proximal else None,
+            proximal_logprobs=proximal_logprobs if self.uses_proximal else None,
             weight=weight.detach(), ratio=ratio, clipped=clipped, masked=masked, kl=ratio - 1.0 - log_ratio,
         )  # fmt: skip
 
@@ -279,3 +330,4 @@ def age_metrics(by_age: Tensor) -> dict[str, float]:
             key = f"correction/age_{a}" if a < last else f"correction/age_gt{last - 1}"
             out.update({f"{key}/tokens": n, f"{key}/is_weight_mean": rho / n, f"{key}/behav_prox_kl": kl / n})
     return out
+

@@ -2,10 +2,10 @@
 
 Every function works on `[B, T]` tensors aligned like `TrainBatch` (token t scored at
 position t, `mask` 1 where the token is trained on). Policy losses live in the
-`POLICY_LOSSES` registry, chosen by `algorithm.loss` (`ppo_clip` with dual clip, `vanilla_pg`,
-`gspo`, `cispo`). An entry (`PolicyLoss`) is a function, the dataclass of the loss's own
-constants (`algorithm.loss_args.<field>`, checked against it when the config loads) and its
-`level` (`sequence`: aggregated per sequence whatever `algorithm.loss_agg` says). The engine
+`POLICY_LOSSES` registry, chosen by `algorithm.loss` (`ppo_clip` with dual clip, `vanilla_pg`, `gspo`,
+`cispo`; verl's `clip_cov`, `kl_cov`, `reinforce`: `losses_verl.py`). An entry (`PolicyLoss`) is a function,
+the dataclass of the loss's own constants (`algorithm.loss_args.<field>`, checked against it when the config
+loads) and its `level` (`sequence`: aggregated per sequence whatever `algorithm.loss_agg` says). The engine
 computes what every loss shares once (`LossInputs.of`: the anchor, the log-ratio to it, the
 shared PPO clip range) and calls `entry(inputs, settings)`. A loss returns a per-token loss and
 per-token statistics, never a scalar, so the engine aggregates over the *global* batch
@@ -48,13 +48,13 @@ import torch
 from torch import Tensor
 
 from asyncrl.registry import Registry
+from asyncrl.trainer import losses_verl
 
 AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
 
 LOG_RATIO_CLAMP = 20.0
-"""|log ratio| bound before the exp of a token ratio (verl): e^20 ~ 5e8 lies past any clip, and a token
-whose log-ratio is beyond it (a stale, now far likelier token) gets a large finite loss and no gradient
-instead of inf / nan (which skipped the whole mini-batch)."""
+"""|log ratio| bound before the exp of a token ratio (verl): e^20 ~ 5e8 lies past any clip, and a token whose
+log-ratio is beyond it (a stale, now far likelier token) gets a large finite loss and no gradient, not inf / nan."""
 
 
 @dataclass
@@ -298,15 +298,12 @@ def vanilla_pg(x: LossInputs, s: NoSettings) -> PolicyLossOutput:
     return PolicyLossOutput(loss=-x.advantages * ratio, ratio=ratio.detach(), clipped=torch.zeros_like(ratio))
 
 
-def agg_loss(
-    loss: Tensor,
-    mask: Tensor,
-    mode: str,
-    *,
-    num_tokens: float | None = None,
-    num_seqs: float | None = None,
-    norm_len: float | None = None,
-) -> Tensor:
+for _name, (_fn, _settings) in losses_verl.ENTRIES.items():  # verl's clip_cov, kl_cov, reinforce: their math is there
+    register_policy_loss(_name, settings=_settings or NoSettings)(lambda x, s, fn=_fn: PolicyLossOutput(*fn(x, s)))
+
+
+def agg_loss(loss: Tensor, mask: Tensor, mode: str, *, num_tokens: float | None = None, num_seqs: float | None = None,
+             norm_len: float | None = None) -> Tensor:
     """Reduce a [B, T] per-token loss to a scalar over the tokens where `mask` is 1.
 
     - `token_mean`: sum(loss * mask) / num_tokens (default: mask.sum())
@@ -344,8 +341,7 @@ def agg_loss(
     raise ValueError(f"algorithm.loss_agg: unknown {mode!r}, known {list(AGG_MODES)}")
 
 
-KL_CLAMP_LOG_RATIO = 20.0
-KL_CLAMP_VALUE = 10.0
+KL_CLAMP_LOG_RATIO, KL_CLAMP_VALUE = 20.0, 10.0
 
 
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tensor:
@@ -396,3 +392,4 @@ def token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float = 1.0) 
     picked = torch.gather(z, -1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     lp = picked - torch.logsumexp(z, dim=-1)
     return torch.nn.functional.pad(lp, (1, 0))
+
