@@ -33,11 +33,13 @@ from asyncrl.config import Config, ConfigError
 
 
 def resolve_run_dir(cfg: Config) -> Path:
-    """The run's directory (found again on resume), made private (`make_private`), and `cfg.queue.run_id`
-    set to the run's own queue namespace when left at its default (`assign_queue_run_id`)."""
+    """The run's directory (found again on resume), made private (`make_private`), `cfg.queue.run_id`
+    set to the run's own queue namespace when left at its default (`assign_queue_run_id`), and a durable
+    queue's record key (`assign_record_key`)."""
     d = _find_run_dir(cfg)
     make_private(d, cfg.logging.shared_group)
     assign_queue_run_id(cfg, d)
+    assign_record_key(cfg, d)
     return d
 
 
@@ -145,6 +147,40 @@ def assign_queue_run_id(cfg: Config, run_dir: Path) -> str:
         path.write_text(run_id + "\n")
     cfg.queue.run_id = run_id
     return run_id
+
+
+RECORD_KEY_FILE = "queue_record_key"
+"""The Redis records' MAC key of the run (`queue.record_key`): a resume reads the records a segment before wrote."""
+
+
+def assign_record_key(cfg: Config, run_dir: Path) -> None:
+    """`queue.metadata=redis` without `queue.record_key`: the run's own, drawn once into `RUN_DIR/queue_record_key`
+    (mode 0600, never through a link) and read back by a resume; a file there that is a link, another user's or
+    readable by others is a one-line error naming it. The run's `secret` cannot serve: unless given
+    (`ASYNCRL_SECRET`) each segment draws its own, and the records of the one before would all fail their MACs."""
+    if cfg.queue.metadata != "redis" or cfg.queue.record_key:
+        return
+    path = run_dir / RECORD_KEY_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        fd = -1
+    if fd >= 0:
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as e:  # ELOOP: a link
+        raise ConfigError(f"queue.record_key: {str(path)!r} cannot be read as this run's own file ({e.strerror})") from None
+    with os.fdopen(fd) as f:
+        st = os.fstat(f.fileno())
+        if st.st_uid != os.getuid() or st.st_mode & 0o077 or not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"queue.record_key: {str(path)!r} is not a file of this user's that only it may read "
+                              f"(owner uid {st.st_uid}, mode {st.st_mode & 0o777:o})")
+        key = f.read(256).strip()
+    if len(key) < 32:
+        raise ConfigError(f"queue.record_key: {str(path)!r} holds no key (remove it only if no record of the run is in Redis)")
+    cfg.queue.record_key = key
 
 
 def check_own_tree(path: Path, key: str) -> None:

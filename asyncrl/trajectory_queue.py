@@ -161,6 +161,9 @@ class TrajectoryQueue:
         self.records = 0
         self._queued: dict[str, list[SampleMeta]] = {}
         """In-process queue: the groups put and not yet handed out or dropped, by group id (what a checkpoint keeps)."""
+        self._put_ids: set[str] = set()
+        """Groups this process put (or restored) and the queue has not handed out or dropped since: those whose
+        admission slots a forged-record drop frees (a group a stranger wrote in Redis was never admitted)."""
 
     @property
     def storage(self) -> StoragePlane:
@@ -178,6 +181,7 @@ class TrajectoryQueue:
             newest = max(int(s.meta["max_version"]) for s in group)
             group = [dataclasses.replace(s, version=newest) for s in group]
         await self.client.add(group)
+        self._put_ids.add(group[0].group_id)
         if not self.ack_at_checkpoint:
             self._queued[group[0].group_id] = group
 
@@ -190,6 +194,7 @@ class TrajectoryQueue:
         for group in groups:
             self.received(group, sum(len(msgspec.msgpack.encode(s)) for s in group))
             await self.client.add(group)
+            self._put_ids.add(group[0].group_id)
             if not self.ack_at_checkpoint:
                 self._queued[group[0].group_id] = group
 
@@ -224,10 +229,15 @@ class TrajectoryQueue:
             )
             for s in [*batch.samples, *batch.stale]:  # handed out or dropped: no longer the queue's to keep
                 self._queued.pop(s.group_id, None)
+                self._put_ids.discard(s.group_id)
             if batch.stale_groups:  # dropped by the queue as too stale: their admission slots are free again
                 await self.staleness.drop_accepted("stale", batch.stale_groups)
                 if self.on_stale is not None:
                     self.on_stale(batch.stale)
+            ours = [g for g in batch.forged_groups if g in self._put_ids]  # a record of theirs was changed in Redis
+            if ours:
+                self._put_ids.difference_update(ours)
+                await self.staleness.drop_accepted("forged", len(ours))
             if batch.samples:
                 self._training = batch
                 break

@@ -124,6 +124,12 @@ class TransferQueueConfig:
     authentication, for standalone use on a trusted host. Never in a repr (nor in asyncrl's saved
     config, which says `<set>`)."""
 
+    record_key: str = field(default="", repr=False)
+    """Key material of the `redis` backend's record MACs (`metadata/record_auth.py`); empty: derived from
+    `secret`. A durable queue outlives its processes, so a reopened one needs the key its records were
+    written under: asyncrl keeps one per run in `RUN_DIR/queue_record_key` (0600), since its `secret` is drawn
+    anew by each process unless given. Neither set: records are not authenticated. Never in a repr."""
+
     max_connections: int = 256
     """Peers each listening socket of the package (controller service, zmq storage unit, arena free
     endpoints) keeps at once; one more is disconnected at once (counted). With the small frames a

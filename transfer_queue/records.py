@@ -95,6 +95,10 @@ class Batch(msgspec.Struct, forbid_unknown_fields=True):
     stale: Annotated[list[SampleMeta], msgspec.Meta(max_length=MAX_COUNT)] = []
     """The records of those groups, metadata only (their tensors are freed): what a consumer needs
     to see what the drops were (their versions, lengths, rewards)."""
+    forged_groups: Annotated[list[str], msgspec.Meta(max_length=MAX_COUNT)] = []
+    """Group ids this `get` dropped because a record of theirs failed its MAC (`redis` with a secret; counted
+    in `stats().forged` and `dropped[consumer]["forged"]`), so that a consumer frees the admission slots of
+    those it admitted itself (a group a stranger made up was never admitted)."""
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -136,6 +140,10 @@ class QueueStats(msgspec.Struct, forbid_unknown_fields=True):
     """Waiting calls refused at once because `queue.max_blocking_ops` were already in flight."""
     not_owner: int = 0
     """Updates and acks refused: the caller is neither the record's producer nor its lease holder."""
+    forged: int = 0
+    """Records refused as not the run's (`redis` backend, with `queue.secret`: their MAC fails; written, changed
+    or copied by a client without the secret), counted by each reader that met one; the groups `get` dropped
+    for them are counted in `dropped[consumer]["forged"]`. Always 0 in memory."""
     auth_refused: int = 0
     """Peers refused by the service's CURVE handler (no or wrong `queue.secret`)."""
     handshake_failed: int = 0

@@ -105,8 +105,9 @@ def _check_missing(named: list[tuple[str, Any]]) -> None:
 
 _ABSENT = object()
 
-SECRET_KEYS = ("queue.secret", "weights.secret")
-"""Where a run's secret may sit in the tree (one secret for both planes; `launch.share_run_secret`)."""
+SECRET_KEYS = ("queue.secret", "weights.secret", "queue.record_key")
+"""Where a run's secrets may sit in the tree (one secret for both planes, `launch.share_run_secret`; the Redis
+records' key, `run_dir.assign_record_key`)."""
 SECRET_SET = REDACTED
 """What `dump_resolved` writes for a secret that was set (read back by `load` as not set)."""
 

@@ -11,8 +11,9 @@ Layout (P = `tq:<run_id>:`):
     P grp:<gid>   hash   size, n (records put), sealed, eid (stream entry once published), done,
                          d:<cg> (finished for that consumer group, while others are not), pr (producer
                          of its first put), pm (set: records of several producers), and per record
-                         r:<uid> (msgpack SampleMeta), s:<uid> (sealed), v:<uid> (updates), p:<uid>
-                         (producer, only where it is not pr), m:<uid> (memory ids, where it has any)
+                         r:<uid> (msgpack SampleMeta), t:<uid> (its MAC, with a secret), s:<uid> (sealed),
+                         v:<uid> (updates), p:<uid> (producer, only where it is not pr), m:<uid> (memory
+                         ids, where it has any)
     P idx         hash   uid -> the record's group id (uid uniqueness, update and ack by uid)
     P mem         hash   memory id (a digest of `storage.handles.identity`) -> uid of the live record
     P stream      stream one entry per complete, sealed group; consumer group per queue consumer group
@@ -39,7 +40,17 @@ all of its records; `update` when it produced the record or holds it in any cons
 `nack` as ack; `renew` only by the holder. Anything else raises `PermissionError`, counted in
 `stats().not_owner`, and changes nothing. Two live records never point at the same memory (`P mem`,
 as memory's `identity` table): a `put` or `update` whose handle names memory held is refused.
-Redis itself must still be reachable only by the run: whoever can talk to it can rewrite it.
+
+Records are authenticated (`record_auth.py`: the MAC, what it covers and what not): with `queue.secret`
+set, every blob `put` or `update` writes carries a tag keyed by the secret and bound to run, group and
+uid, and every reader checks it before it decodes the record. A record that fails (rewritten, written or
+copied by a client without the secret) is never delivered: `get` drops its whole group for that consumer
+group (groups finish whole here; its other records would be delivered as a group short of one), counting
+the records that failed in `stats().forged` and the group's records under `dropped[cg]["forged"]`; an
+`update` of it raises `ForgedRecord` (counted); an ack that frees it does not free memory by its handles
+(counted). A stream entry that is not its group's (a replayed or never put group) is skipped in READ,
+counted `forged`. Each kind is logged once per store. Without a secret nothing is authenticated:
+whoever can talk to Redis can rewrite the queue.
 
 Round trips (pinned by tests/integration/transfer_queue/test_tq_redis_round_trips.py): a `put` is one
 script call, whatever its size; a `get` whose groups are ready is one (READ: own pending entries,
@@ -62,7 +73,8 @@ import redis
 from transfer_queue.codec import pack
 from transfer_queue.config import TransferQueueConfig
 from transfer_queue.metadata.base import DROP_CAUSES, FreeHook, GetRequest, MetadataStore, default_consumer_id
-from transfer_queue.records import Batch, QueueStats, SampleMeta, sample_decoder
+from transfer_queue.records import Batch, QueueStats, SampleMeta
+from transfer_queue.metadata.record_auth import ForgeryLog, RecordAuth, entries, freed
 from transfer_queue.metadata.redis_scripts import FINISH, LOAD, NACK, PUT, READ, RENEW, UPDATE
 from transfer_queue.rules import Candidate, select_groups, staleness
 from transfer_queue.storage.handles import identity
@@ -79,41 +91,8 @@ def _memory_ids(handles: Any) -> list[str]:
     return out
 
 
-def _sample(blob: bytes) -> SampleMeta:
-    return sample_decoder.decode(blob)  # written by `put` of this module, not by a peer
-
-
-def _stream(data: bytes) -> msgpack.Unpacker:
-    """The objects of a msgpack stream a script concatenated (blobs written by `put` of this module)."""
-    it = msgpack.Unpacker(raw=False, max_buffer_size=max(len(data), 1))
-    it.feed(data)
-    return it
-
-
-def _records(data: bytes) -> list[SampleMeta]:
-    """The concatenated record blobs of a script's reply, each decoded by the typed decoder."""
-    it, out = _stream(data), []
-    start = 0
-    while start < len(data):
-        it.skip()
-        end = it.tell()
-        out.append(sample_decoder.decode(memoryview(data)[start:end]))
-        start = end
-    return out
-
-
-def _entries(data: bytes) -> list[tuple[str, list[SampleMeta]]]:
-    """READ's answer: per stream entry its id, its number of records k, then k records."""
-    it, out, mv = _stream(data), [], memoryview(data)
-    while it.tell() < len(data):
-        eid, k = it.unpack(), it.unpack()
-        samples = []
-        for _ in range(k):
-            start = it.tell()
-            it.skip()
-            samples.append(sample_decoder.decode(mv[start:it.tell()]))
-        out.append((eid, samples))
-    return out
+class ForgedRecord(ValueError):
+    """An `update` found the record in Redis not authentic (`record_auth`): it is left as it is."""
 
 
 class RedisController(MetadataStore):
@@ -129,6 +108,7 @@ class RedisController(MetadataStore):
         self.on_free = on_free or (lambda handles: None)
         self.p = f"tq:{config.run_id}:"
         self.r = redis.Redis.from_url(config.redis_url)
+        self.auth, self._forged = RecordAuth(config.record_key or config.secret, config.run_id), ForgeryLog()
         self._put, self._update, self._load_script, self._read, self._finish, self._nack, self._renew = (
             self.r.register_script(s) for s in (PUT, UPDATE, LOAD, READ, FINISH, NACK, RENEW))
         self._lease_ms = int(config.lease_timeout_s * 1000)
@@ -154,8 +134,9 @@ class RedisController(MetadataStore):
         head: list[Any] = []
         for s in samples:
             head += [s.uid, s.group_id, s.group_size, int(s.sealed), ",".join(_memory_ids(s.handles.values()))]
-        args = [self.p, self.config.capacity, len(samples), client_id or default_consumer_id(), pack(head),
-                *(pack(s) for s in samples)]
+        blobs = [pack(s) for s in samples]
+        args = [self.p, self.config.capacity, len(samples), client_id or default_consumer_id(), pack(head), *blobs,
+                *(self.auth.tag(s.group_id, s.uid, b) for s, b in zip(samples, blobs))]
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = 0.001
         while self._call(self._put, args) == -1:  # full: back-pressure by polling
@@ -169,18 +150,25 @@ class RedisController(MetadataStore):
         client_id = client_id or default_consumer_id()
         for _ in range(100):  # optimistic: retry if another writer changed the record meanwhile
             gid = self.r.hget(self.p + "idx", uid)
-            blob, version = self.r.hmget(self.p + f"grp:{gid.decode()}", f"r:{uid}", f"v:{uid}") if gid else (None, None)
+            blob, version, tag = (self.r.hmget(self.p + f"grp:{gid.decode()}", f"r:{uid}", f"v:{uid}", f"t:{uid}")
+                                  if gid else (None, None, None))
             if blob is None:
                 raise KeyError(f"update: no record {uid!r} in the queue")
-            s = sample_decoder.decode(blob)
+            s = self.auth.open(gid, (uid.encode(), tag or b"", blob))
+            if s is None:  # never rewritten (and so signed) from what another client wrote
+                self.r.hincrby(self.p + "stats", "forged", 1)
+                self._forged("update", 1, f"record {uid!r}")
+                raise ForgedRecord(f"update of {uid!r}: the record in Redis is not this run's (written or changed by a "
+                                   "client without queue.secret); it stays as it is and is dropped when read")
             old = [s.handles[k] for k in handles if k in s.handles]
             s.handles.update(handles)
             s.meta.update(meta or {})
             s.sealed = s.sealed or seal
+            blob = pack(s)
             res = self._call(self._update, [
-                self.p, uid, version, pack(s), int(seal), client_id, ",".join(_memory_ids(old)),
+                self.p, uid, version, blob, int(seal), client_id, ",".join(_memory_ids(old)),
                 ",".join(_memory_ids(handles.values())), ",".join(_memory_ids(s.handles.values())),
-                *self.consumer_groups])
+                self.auth.tag(gid, uid, blob), *self.consumer_groups])
             if res == -2:
                 raise KeyError(f"update: no record {uid!r} in the queue")
             if res == -3:
@@ -207,6 +195,7 @@ class RedisController(MetadataStore):
         parked = self._parked.setdefault(cg, {})
         given: list[Any] = []  # (stream id, group id) pairs a blocking read returned, for READ to load
         stale: list[list[SampleMeta]] = []  # groups dropped as too stale
+        forged_groups: list[str] = []  # groups dropped for a record that failed its MAC
         refreshed = not parked  # what this call reads is freshly leased; what it finds parked is refreshed once
         last_refresh = time.monotonic()
         while True:
@@ -217,13 +206,23 @@ class RedisController(MetadataStore):
             if claim:
                 self._next_claim[cg] = time.monotonic() + self._claim_every
             skip = list(parked) if own else []
-            _, data = self._call(self._read, [self.p, cg, me, int(own), self._lease_ms if claim else -1, max(want, 1),
-                                              want, len(skip), *skip, *given])
-            given = []
+            _, data, replayed = self._call(self._read, [self.p, cg, me, int(own), self._lease_ms if claim else -1,
+                                                        max(want, 1), want, len(skip), *skip, *given])
+            self._forged("stream entry not its group's", replayed, "a replayed group, or one never put")
+            given, forged = [], []
             taken = {e for e, _ in held}
-            for eid, samples in _entries(data):
-                if eid not in taken:
+            for eid, gid, raws in entries(data):
+                if eid in taken:
+                    continue
+                samples, bad = self.auth.open_group(gid, raws)
+                if bad:
+                    forged.append((eid, gid, bad))
+                    parked.pop(eid, None)
+                else:
                     parked[eid] = samples
+            if forged:
+                self._drop_forged(cg, forged)
+                forged_groups += [gid.decode(errors="replace") for _, gid, _ in forged]
             sel = select_groups(
                 [Candidate(eid, min(s.version for s in g), len(g), g[0].group_size) for eid, g in parked.items()],
                 num_groups=req.num_groups, num_samples=req.num_samples, group_size=req.group_size,
@@ -251,7 +250,7 @@ class RedisController(MetadataStore):
             want = (req.num_groups or req.num_samples or 1) - (len(held) if req.num_groups else sum(len(g) for _, g in held))
             res = self.r.xreadgroup(cg, me, {stream: ">"}, count=max(want, 1), block=block)
             for eid, fields in (res[0][1] if res else []):
-                given += [eid, fields[b"gid"]] if fields else []
+                given += [eid, fields.get(b"gid", b"")] if fields else []  # no gid: not ours, READ skips it
         if parked:
             self.r.xclaim(stream, cg, me, 0, list(parked), justid=True)  # keep their lease fresh
         samples = [s for _, g in held for s in g]
@@ -261,13 +260,36 @@ class RedisController(MetadataStore):
                 pipe.hincrby(self.p + f"hist:{cg}", str(age), n)
             pipe.execute()
         lease = f"{me}|{','.join(e for e, _ in held)}" if held else ""
-        return Batch(cg, lease, samples, req.current_version, stale_groups=len(stale), stale=[s for g in stale for s in g])
+        return Batch(cg, lease, samples, req.current_version, stale_groups=len(stale), stale=[s for g in stale for s in g],
+                     forged_groups=forged_groups)
 
-    def _load(self, entries: list[tuple[bytes, dict]]) -> list[list[SampleMeta]]:
+    def _drop_forged(self, cg: str, forged: list[tuple[str, bytes, int]]) -> None:
+        """Finish for `cg` the groups of READ's entries that hold records that failed `record_auth`."""
+        self._forged("bad tag", sum(n for _, _, n in forged), f"group {forged[0][1].decode(errors='replace')!r}")
+        pairs = msgpack.packb([x for eid, gid, _ in forged for x in (eid, gid)], use_bin_type=False)
+        out = self._call(self._finish, [self.p, cg, len(self.consumer_groups), "forged", "", pack([]), "0", pairs,
+                                        sum(n for _, _, n in forged)])
+        self._free(out[1], count=False)  # its forged records were counted just now
+
+    def _free(self, data: bytes, count: bool = True) -> None:
+        """Pass to `on_free` the handles of FINISH's freed records that verify; those that do not free nothing."""
+        handles, bad = [], 0
+        for gid, raw in freed(data):
+            s = self.auth.open(gid, raw)
+            if s is None:
+                bad += 1
+            else:
+                handles += s.handles.values()
+        if bad and count:
+            self.r.hincrby(self.p + "stats", "forged", bad)
+            self._forged("freed", bad, "a record changed after its delivery; its memory is not freed by its handles")
+        if handles:
+            self.on_free(handles)
+
+    def _load(self, entries: list[tuple[bytes, dict]]) -> list[int]:
         if not entries:
             return []
-        groups = self._load_script(args=[self.p, *[fields[b"gid"] for _, fields in entries]])
-        return [[_sample(b) for b in blobs] for blobs in groups]
+        return self._load_script(args=[self.p, *[fields.get(b"gid", b"") for _, fields in entries]])
 
     def ack(self, consumer: str, uids: list[str], client_id: str = "") -> int:
         return self._settle(consumer, uids, "", client_id or default_consumer_id())
@@ -290,8 +312,7 @@ class RedisController(MetadataStore):
             what = "ack" if cause == "" else "drop"
             raise PermissionError(f"{what} of {out[1].decode()!r} for {consumer!r}: client {client_id!r} is neither "
                                   "the producer nor the lease holder")
-        if out[1]:  # the records freed that held memory
-            self.on_free([h for s in _records(out[1]) for h in s.handles.values()])
+        self._free(out[1])  # the records freed that held memory
         return int(out[0])
 
     def nack(self, consumer: str, lease_id: str, uids: list[str], client_id: str = "") -> int:
@@ -340,7 +361,7 @@ class RedisController(MetadataStore):
         depth, acked, dropped, redelivered, hist = {}, {}, {}, {}, {}
         for cg in self.consumer_groups:
             acked[cg] = c.get(f"acked:{cg}", 0)
-            dropped[cg] = {k: c.get(f"dropped:{cg}:{k}", 0) for k in DROP_CAUSES}
+            dropped[cg] = {k: c.get(f"dropped:{cg}:{k}", 0) for k in (*DROP_CAUSES, "forged")}
             redelivered[cg] = c.get(f"redelivered:{cg}", 0)
             hist[cg] = {int(k): int(v) for k, v in self.r.hgetall(self.p + f"hist:{cg}").items()}
             pending = self.r.xpending_range(self.p + "stream", cg, "-", "+", self.config.capacity)
@@ -348,7 +369,7 @@ class RedisController(MetadataStore):
             for e in pending:
                 pipe.xrange(self.p + "stream", e["message_id"], e["message_id"])
             entries = [r[0] for r in pipe.execute() if r and r[0][1]]
-            leased = sum(len(g) for g in self._load(entries))
+            leased = sum(self._load(entries))
             in_flight = put - acked[cg] - sum(dropped[cg].values())
             depth[cg] = {"ready": in_flight - leased - waiting, "waiting": waiting, "leased": leased}
         now = self._now()
@@ -356,7 +377,7 @@ class RedisController(MetadataStore):
         return QueueStats(
             capacity=self.config.capacity, resident=resident, put=put,
             complete_groups=int(self.r.xlen(self.p + "stream")), depth=depth, acked=acked, dropped=dropped,
-            redelivered=redelivered, not_owner=c.get("not_owner", 0), staleness=hist,
+            redelivered=redelivered, not_owner=c.get("not_owner", 0), forged=c.get("forged", 0), staleness=hist,
             rates={"put_per_s": put / up, "ack_per_s": sum(acked.values()) / up})
 
     def _now(self) -> float:

@@ -6,7 +6,9 @@ Cost is what bounds the queue's rate (`asyncrl bench queue`), so each script wor
 group, not per record, where Redis lets it: one HMGET/HSET of the `idx` hash for all uids of a call,
 one HSET per group, one XDEL and one counter update per call. Per-record arguments travel packed in
 one msgpack string (unpacked once by `cmsgpack`) beside the record blobs, which Lua never decodes;
-record blobs come back concatenated in one msgpack stream (one reply element, decoded in C)."""
+records come back in one msgpack stream (one reply element, decoded in C), each as its uid, its tag
+(`t:<uid>`, the MAC of `record_auth.py`; '' where none is) and its blob, each packed by Lua, so a
+rewritten blob cannot shift the framing of the records after it."""
 
 from transfer_queue.rules import MAY_ACT_LUA
 
@@ -49,12 +51,12 @@ end
 """
 
 # ARGV: prefix, capacity, n, producer, head (msgpack array: per record uid, gid, size, sealed (0/1), memory ids
-# comma-joined ('' for none)), then the n blobs (msgpack SampleMeta) in the same order
+# comma-joined ('' for none)), then the n blobs (msgpack SampleMeta) in the same order, then their n tags ('': none)
 PUT = CHUNKED + """
 local p, cap, n, producer = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 if tonumber(redis.call('GET', p..'resident') or '0') + n > cap then return -1 end
 local head = cmsgpack.unpack(ARGV[5])
-if #head ~= 5 * n or #ARGV ~= 5 + n then return redis.error_reply('put: malformed call') end
+if #head ~= 5 * n or #ARGV ~= 5 + 2 * n then return redis.error_reply('put: malformed call') end
 local held = 'put: a handle of %s refers to memory that another live record (or field) already holds'
 local uids = {}
 for r = 1, n do uids[r] = head[5 * r - 4] end
@@ -92,6 +94,7 @@ for r = 1, n do
     g.mixed = true
   end
   if m ~= '' then f[#f+1] = 'm:'..uid; f[#f+1] = m end
+  if ARGV[5 + n + r] ~= '' then f[#f+1] = 't:'..uid; f[#f+1] = ARGV[5 + n + r] end
   idx[#idx + 1] = uid
   idx[#idx + 1] = gid
 end
@@ -121,7 +124,7 @@ return n
 """
 
 # ARGV: prefix, uid, version read by the caller, new blob, seal, client, memory ids released (of the fields
-# replaced), memory ids added, memory ids of the new record, consumer groups...
+# replaced), memory ids added, memory ids of the new record, the new blob's tag ('': none), consumer groups...
 # -1: changed meanwhile (retry), -2: gone, -3: not the producer or a lease holder (counted)
 UPDATE = PUBLISH + OWNER + """
 local p, uid, client = ARGV[1], ARGV[2], ARGV[6]
@@ -132,7 +135,7 @@ local info = redis.call('HMGET', g, 'v:'..uid, 'p:'..uid, 'pr', 'eid')
 local v, producer = info[1], info[2] or info[3]
 if v ~= ARGV[3] then return -1 end
 local ok = may_act(client, producer, nil)
-for j = 10, #ARGV do
+for j = 11, #ARGV do
   if ok then break end
   ok = may_act(client, producer, holder(p, ARGV[j], info[4]))
 end
@@ -146,7 +149,11 @@ for id in string.gmatch(ARGV[8], '[^,]+') do
 end
 for id in string.gmatch(ARGV[7], '[^,]+') do redis.call('HDEL', p..'mem', id) end
 for id in string.gmatch(ARGV[8], '[^,]+') do redis.call('HSET', p..'mem', id, uid) end
-redis.call('HSET', g, 'r:'..uid, ARGV[4], 'v:'..uid, tonumber(v) + 1, 'm:'..uid, ARGV[9])
+if ARGV[10] ~= '' then
+  redis.call('HSET', g, 'r:'..uid, ARGV[4], 'v:'..uid, tonumber(v) + 1, 'm:'..uid, ARGV[9], 't:'..uid, ARGV[10])
+else
+  redis.call('HSET', g, 'r:'..uid, ARGV[4], 'v:'..uid, tonumber(v) + 1, 'm:'..uid, ARGV[9])
+end
 if ARGV[5] == '1' and redis.call('HGET', g, 's:'..uid) == '0' then
   redis.call('HSET', g, 's:'..uid, '1')
   redis.call('HINCRBY', g, 'sealed', 1)
@@ -155,20 +162,27 @@ end
 return 0
 """
 
-BLOBS = """
-local function blobs(key)
-  local out, kv = {}, redis.call('HGETALL', key)
+RECORDS = """
+local function records(key)  -- a group's records {uid, blob}, their tags by uid, and the group's stream entry
+  local rec, tags, eid, kv = {}, {}, false, redis.call('HGETALL', key)
   for j = 1, #kv, 2 do
-    if string.sub(kv[j], 1, 2) == 'r:' then table.insert(out, kv[j+1]) end
+    local kind = string.sub(kv[j], 1, 2)
+    if kind == 'r:' then rec[#rec + 1] = {string.sub(kv[j], 3), kv[j+1]}
+    elseif kind == 't:' then tags[string.sub(kv[j], 3)] = kv[j+1]
+    elseif kv[j] == 'eid' then eid = kv[j+1] end
   end
-  return out
+  return rec, tags, eid
 end
 """
 
-# ARGV: prefix, gids...; returns per group the blobs of its records (`stats`: what is leased)
-LOAD = BLOBS + """
+# ARGV: prefix, gids...; returns per group its number of records (`stats`: what is leased)
+LOAD = """
 local p, out = ARGV[1], {}
-for i = 2, #ARGV do table.insert(out, blobs(p..'grp:'..ARGV[i])) end
+for i = 2, #ARGV do
+  local n, kv = 0, redis.call('HKEYS', p..'grp:'..ARGV[i])
+  for j = 1, #kv do if string.sub(kv[j], 1, 2) == 'r:' then n = n + 1 end end
+  out[#out + 1] = n
+end
 return out
 """
 
@@ -176,10 +190,12 @@ return out
 # claim idle ms (-1: no XAUTOCLAIM), claim count, entries wanted, number of skip ids, skip ids (parked by
 # the caller: not offered again from its own pending list)..., then pairs (stream id, group id) the caller
 # read already (a blocking XREADGROUP). Takes entries in that order (own, claimed, given, new up to
-# `wanted`); an entry deleted or freed meanwhile is acknowledged and skipped.
-# Returns {records redelivered (own + claimed, counted), one msgpack stream: per entry its id, its number
-# of records k, then its k record blobs}.
-READ = BLOBS + """
+# `wanted`); an entry deleted or freed meanwhile is acknowledged and skipped, and so is one that is not its
+# group's stream entry (another client's XADD: a replay of a group or a group never put), its records
+# counted `forged`.
+# Returns {records redelivered (own + claimed, counted), one msgpack stream: per entry its id, its group id,
+# its number of records k, then per record its uid, tag and blob; records refused as not their entry's}.
+READ = RECORDS + """
 local p, cg, me = ARGV[1], ARGV[2], ARGV[3]
 local stream, got, skip = p..'stream', {}, {}
 local nskip = tonumber(ARGV[8])
@@ -207,25 +223,30 @@ if want > 0 then
   local es = entries(redis.call('XREADGROUP', 'GROUP', cg, me, 'COUNT', want, 'STREAMS', stream, '>'))
   for j = 1, #es do add(es[j], false) end
 end
-local out, nred = {}, 0
+local out, nred, nforged = {}, 0, 0
 for _, e in ipairs(got) do
-  local b = blobs(p..'grp:'..e[2])
-  if #b == 0 then  -- freed meanwhile (a late ack elsewhere): nothing to deliver
+  local b, tags, eid = records(p..'grp:'..e[2])
+  if #b == 0 or eid ~= e[1] then  -- freed meanwhile (a late ack elsewhere), or not the group's entry
     redis.call('XACK', stream, cg, e[1])
+    if #b > 0 then nforged = nforged + #b end
   else
-    out[#out + 1] = cmsgpack.pack(e[1], #b)
-    for j = 1, #b do out[#out + 1] = b[j] end
+    out[#out + 1] = cmsgpack.pack(e[1], e[2], #b)
+    for j = 1, #b do out[#out + 1] = cmsgpack.pack(b[j][1], tags[b[j][1]] or '', b[j][2]) end
     if e[3] then nred = nred + #b end
   end
 end
 if nred > 0 then redis.call('HINCRBY', p..'stats', 'redelivered:'..cg, nred) end
-return {nred, table.concat(out)}
+if nforged > 0 then redis.call('HINCRBY', p..'stats', 'forged', nforged) end
+return {nred, table.concat(out), nforged}
 """
 
 # ARGV: prefix, consumer group, number of consumer groups, cause ('' = ack), client ('' = the controller's
-# own rule, e.g. a stale drop: no ownership check), uids (msgpack array)
-# returns {records finished, blobs of the freed records that held memory, concatenated}, or {-1, uid} when
-# the client may not (counted)
+# own rule, e.g. a stale drop: no ownership check), uids (msgpack array), records only ('1'/'0'), and for
+# cause 'forged' (groups with a record refused by `record_auth`, finished by the entry read, since none of
+# their uids is trusted): (stream id, group id) pairs (msgpack array), records refused (counted `forged`).
+# The records a group counts (`n`, what `put` counted) are counted under the cause.
+# returns {records finished, per freed record that held memory its group id, uid, tag and blob (one msgpack
+# stream)}, or {-1, uid} when the client may not (counted)
 FINISH = OWNER + CHUNKED + """
 local p, cg, ncg, cause, client = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 local uids = cmsgpack.unpack(ARGV[6])
@@ -252,11 +273,19 @@ for i = 1, #uids do
     end
   end
 end
+local forged = cause == 'forged' and cmsgpack.unpack(ARGV[8]) or {}
+for i = 1, #forged, 2 do
+  local g = p..'grp:'..forged[i + 1]
+  local info = redis.call('HMGET', g, 'eid', 'n', 'd:'..cg, 'pr', 'pm')
+  info[1] = forged[i]
+  if info[3] then redis.call('XACK', p..'stream', cg, forged[i]) else todo[#todo + 1] = {g, info, forged[i + 1]} end
+end
+if #forged > 0 then redis.call('HINCRBY', p..'stats', 'forged', tonumber(ARGV[9])) end
 local n, rest, removed, out, idx, freed, eids = 0, 0, 0, {}, {}, {}, {}
 for _, t in ipairs(todo) do  -- a group never delivered to this consumer group is not finished (XACK 0)
   local g, info = t[1], t[2]
   if redis.call('XACK', p..'stream', cg, info[1]) == 1 then
-    local size = tonumber(info[2])
+    local size = tonumber(info[2]) or 0  -- (a group another client wrote may have no count)
     if only then
       local k = math.min(named[t[3]], size)
       n, rest = n + k, rest + size - k
@@ -266,22 +295,26 @@ for _, t in ipairs(todo) do  -- a group never delivered to this consumer group i
     if redis.call('HINCRBY', g, 'done', 1) < ncg then
       redis.call('HSET', g, 'd:'..cg, 1)
     else  -- finished for every consumer group: the group leaves
-      local kv, rec, holds = redis.call('HGETALL', g), {}, {}
+      local kv, rec, tags, holds = redis.call('HGETALL', g), {}, {}, {}
       for j = 1, #kv, 2 do
         local f = kv[j]
         local kind = string.sub(f, 1, 2)
         if kind == 'r:' then
           rec[string.sub(f, 3)] = kv[j+1]
           idx[#idx + 1] = string.sub(f, 3)
+        elseif kind == 't:' then
+          tags[string.sub(f, 3)] = kv[j+1]
         elseif kind == 'm:' and kv[j+1] ~= '' then
           holds[#holds + 1] = string.sub(f, 3)
           for id in string.gmatch(kv[j+1], '[^,]+') do freed[#freed + 1] = id end
         end
       end
-      for _, uid in ipairs(holds) do out[#out + 1] = rec[uid] end
+      for _, uid in ipairs(holds) do
+        if rec[uid] then out[#out + 1] = cmsgpack.pack(t[3], uid, tags[uid] or '', rec[uid]) end
+      end
       redis.call('DEL', g)
       eids[#eids + 1] = info[1]
-      removed = removed + tonumber(info[2])
+      removed = removed + size
     end
   end
 end
@@ -291,8 +324,8 @@ end
 if rest > 0 then
   redis.call('HINCRBY', p..'stats', 'acked:'..cg, rest)
 end
+if #eids > 0 then chunked('XDEL', p..'stream', eids) end
 if removed > 0 then
-  chunked('XDEL', p..'stream', eids)
   redis.call('DECRBY', p..'resident', removed)
   redis.call('HINCRBY', p..'stats', 'published', -removed)
 end
