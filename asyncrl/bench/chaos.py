@@ -54,6 +54,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from asyncrl.bench.redis_tools import REDIS_URL_ENV
 from plane_common.liveness import held
 
 QUICK_STEPS = 20
@@ -86,7 +87,7 @@ def _cmd(tmp: Path, redis_url: str, address: str, steps: int, faults: bool, name
         "trainer.num_ranks=2", "rollout.num_servers=2", "trainer.mode=fully_async",
         f"trainer.total_steps={steps}", "trainer.save_every=5", "trainer.eval_every=1000",
         "trainer.prompts_per_step=4", "rollout.group_size=4", "data.eval_size=8",
-        "queue.metadata=redis", f"queue.redis_url={redis_url}", f"queue.run_id={name}", "queue.lease_timeout_s=10",
+        "queue.metadata=redis", REDIS_URL_ENV[1], f"queue.run_id={name}", "queue.lease_timeout_s=10",
         "queue.shm_arena_bytes=0", f"queue.shm_dir={tmp}/shm", "rollout.health_timeout_s=5", "rollout.health_interval_s=2",
         "weights.timeout_s=10", "agent.reward_timeout_s=1",
         *(["agent.reward=asyncrl.bench.chaos:flaky_digits"] if faults else []),
@@ -216,6 +217,7 @@ def run_once(tmp: Path, redis_url: str, steps: int, faults_on: bool, server_ever
     from asyncrl.bench.cluster import ray_head
 
     with ray_head(num_cpus=5) as (address, env, cluster):
+        env = {**env, REDIS_URL_ENV[0]: redis_url}  # its password on no command line
         return _run_once(tmp, redis_url, address, env, cluster, steps, faults_on, server_every, seed, max_tokens)
 
 

@@ -392,7 +392,7 @@ def _drive(cmd: list[str], run: Path, env: dict[str, str], cluster: int, phase_s
 def run(phase_s: float = PHASE_S, seed: int = 0, load: Load | None = None) -> dict[str, Any]:
     from asyncrl.bench.chaos import _cmd, accounting
     from asyncrl.bench.cluster import ray_head
-    from asyncrl.bench.redis_tools import redis_server
+    from asyncrl.bench.redis_tools import REDIS_URL_ENV, redis_server
 
     load = load or Load()
     name, steps = "elastic", total_steps(phase_s, load)
@@ -402,6 +402,7 @@ def run(phase_s: float = PHASE_S, seed: int = 0, load: Load | None = None) -> di
     redis, url = redis_server(str(tmp))
     try:
         with ray_head(num_cpus=5) as (address, env, cluster), open(tmp / f"{name}.log", "ab") as log:
+            env = {**env, REDIS_URL_ENV[0]: url}  # chaos._cmd reads the URL, password and all, from it
             cmd = _cmd(tmp, url, address, steps, False, name, *load.overrides(SIZES[0]), max_tokens=round(load.tokens * 1.5))
             drive = _drive(cmd, run_dir, env, cluster, phase_s, log, timeout_s=len(SIZES) * phase_s * 2 + 300, rng=random.Random(seed))
         (tmp / "drive.json").write_text(json.dumps(drive))  # what the run's files do not say, for a second look

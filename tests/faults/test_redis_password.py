@@ -64,3 +64,24 @@ def test_a_redis_password_is_taken_from_the_environment_only_and_written_nowhere
     written = [p for d in ("runs", "mlruns") for p in (tmp_path / d).rglob("*") if p.is_file()]
     assert any(p.name == "config.yaml" for p in written) and any(p.name == "mlflow.db" for p in written)
     assert not [p for p in written if PASSWORD.encode() in p.read_bytes()]
+
+
+def test_the_benchmarks_redis_asks_for_a_password_that_no_command_line_shows(tmp_path):
+    """`asyncrl bench chaos`/`elastic`/`queue` start Redis with a random `requirepass` given on stdin: a client
+    without it (another local user on 127.0.0.1) is refused, and the server's command line holds no password."""
+    import redis
+
+    from asyncrl.bench.redis_tools import redis_server
+
+    proc, url = redis_server(str(tmp_path))
+    try:
+        password = redis.connection.parse_url(url)["password"]
+        port = redis.connection.parse_url(url)["port"]
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port).ping()
+        assert redis.Redis.from_url(url).ping()
+        cmdline = open(f"/proc/{proc.pid}/cmdline", "rb").read()
+        assert password.encode() not in cmdline and len(password) == 32
+    finally:
+        proc.kill()
+        proc.wait()
