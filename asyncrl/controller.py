@@ -139,6 +139,8 @@ class Pipeline(PipelineCheckpoint):
         self.staleness_hist: Counter[int] = Counter()
         self.bad_steps = 0
         """Trainer steps that skipped a mini-batch for a non-finite gradient (`trainer.max_bad_steps` in a row stop the run)."""
+        self.mismatch: dict[str, float] = {}
+        """The latest step's `mismatch/*` metrics without the prefix, and `step` (`asyncrl status`' `mismatch` block)."""
         self.wait_s = 0.0
         self.wall_before = 0.0  # seconds spent in earlier (resumed) segments of this run
         self.t_start = time.time()
@@ -257,6 +259,7 @@ class Pipeline(PipelineCheckpoint):
             m["time/wait_rollout_s"] = t_batch - t_wait
             self.step += 1
             self.bad_steps += int(stats.get("bad_step", 0))
+            self.mismatch = {"step": self.step, **{k.removeprefix("mismatch/"): v for k, v in stats.items() if k.startswith("mismatch/")}}
             self.trained_samples += sum(len(g) for g in groups) - len(unreadable)
             self.trained_tokens += n_tokens
             await self.queue.trained(handle)

@@ -90,6 +90,9 @@ class RunState:
     """The back-pressure of the controller's data plane (`StoragePlane.backpressure`): its arena's waits
     (the embedded default's servers write there) and `undelivered_frees`, the frees it sent that a
     producer did not get (rows {endpoint, producer, frees})."""
+    mismatch: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    """The latest trainer step's `mismatch/*` metrics (`asyncrl/trainer/mismatch.py`) keyed without the prefix, and
+    `step`, the step they are of; empty before the first step."""
 
 
 class RunSource(Protocol):
@@ -150,6 +153,7 @@ class PipelineSource:
             parity_tol=p.parity.tol if p.parity is not None else None,
             lengths=MappingProxyType({k: MappingProxyType(v) for k, v in p.lengths.summary().items()}),
             data_plane=_frozen_plane(p.queue.storage.backpressure()),
+            mismatch=MappingProxyType(dict(p.mismatch)),
         )
 
     async def queue_stats(self) -> QueueStats:

@@ -125,6 +125,22 @@ class Lengths(Struct, kw_only=True):
     max: int | UnsetType = UNSET
 
 
+class Mismatch(Struct, kw_only=True):
+    """The latest trainer step's training-inference mismatch (`snapshot.mismatch_block`; the `mismatch/*` metrics of
+    `asyncrl/trainer/mismatch.py`); a figure that was not finite at that step is absent."""
+
+    step: int
+    """The trainer step the figures are of."""
+    logprob_gap_mean: float | UnsetType = UNSET
+    logprob_gap_max: float | UnsetType = UNSET
+    k3_seq_mean: float | UnsetType = UNSET
+    k3_seq_max: float | UnsetType = UNSET
+    token_masked_share: float | UnsetType = UNSET
+    token_truncated_share: float | UnsetType = UNSET
+    seq_masked_share: float | UnsetType = UNSET
+    ess: float | UnsetType = UNSET
+
+
 class Server(Struct, kw_only=True):
     name: str
     healthy: bool
@@ -217,6 +233,8 @@ class Snapshot(Struct, kw_only=True):
     staleness: Staleness
     drops: dict[str, int]
     lengths: dict[str, Lengths] | UnsetType = UNSET
+    mismatch: Mismatch | UnsetType = UNSET
+    """Absent before the first trainer step, and in snapshots of runs from before it was written."""
     fleets: dict[str, Fleet]
     data_plane: DataPlane | UnsetType = UNSET
     rates: dict[str, float]

@@ -7,6 +7,9 @@ stable schema documented in docs/status.md (`SCHEMA_VERSION`). The snapshot embe
 `QueueStats` it read (`queue.stats`), so every queue figure can be checked against the
 queue's own numbers at the same instant.
 
+The `mismatch` block is the latest trainer step's training-inference mismatch (`mismatch_block`: the
+`mismatch/*` metrics of that step, `asyncrl/trainer/mismatch.py`), absent before the first step.
+
 Boundary: it only reads a `RunSource`, never the pipeline itself, and it knows nothing about where
 the snapshot goes (see `reporter.py`) or how it is shown (`view.py`). Liveness (dead /
 stalled) is judged by the reader, from `pid`, `host` and `time` (see `command.py`).
@@ -25,6 +28,8 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
+
+import math
 
 import msgspec
 
@@ -47,6 +52,25 @@ class MalformedSnapshot(RunNotFound):
 
 MALFORMED = (TypeError, ValueError, KeyError, AttributeError, IndexError)
 """What reading a snapshot of the wrong shape raises (a number that is a string, a list that is a map)."""
+
+
+MISMATCH_KEYS = ("logprob_gap_mean", "logprob_gap_max", "k3_seq_mean", "k3_seq_max", "token_masked_share",
+                 "token_truncated_share", "seq_masked_share", "ess")
+"""The `mismatch/*` metrics a snapshot's `mismatch` block carries (their meaning: `asyncrl/trainer/mismatch.py`)."""
+
+
+def mismatch_block(latest: Mapping[str, float] | None) -> dict[str, Any] | None:
+    """The snapshot's `mismatch` block from the latest step's `mismatch/*` metrics (keyed without the prefix, with
+    `step`: the step they are of), or None before the first step; figures to 6 significant digits (a gap of 2e-7
+    is two engines that agree, not 0), one that is not finite left out, as `metrics.jsonl` leaves it out.
+
+    >>> mismatch_block({"step": 3, "ess": 0.97123456, "logprob_gap_mean": 2.1606683e-07, "logprob_gap_max": float("inf")})
+    {'step': 3, 'logprob_gap_mean': 2.16067e-07, 'ess': 0.971235}
+    """
+    if not latest or "step" not in latest:
+        return None
+    figures = {k: float(f"{float(latest[k]):.6g}") for k in MISMATCH_KEYS if k in latest and math.isfinite(float(latest[k]))}
+    return {"step": int(latest["step"]), **figures}
 
 
 def hist(counts: Mapping[Any, int]) -> dict[str, int]:
@@ -101,6 +125,7 @@ class SnapshotBuilder:
         self._beats["weights"] = s.last_publish_time
         self._last_trained(s.staleness_hist)
         depth = stats.depth.get(consumer, {})
+        mismatch = mismatch_block(s.mismatch)
         return {
             "schema_version": SCHEMA_VERSION,
             "run": {
@@ -145,6 +170,7 @@ class SnapshotBuilder:
             },
             "drops": {k: int(v) for k, v in sorted(s.drops.items())},
             "lengths": {k: dict(v) for k, v in s.lengths.items()},
+            **({"mismatch": mismatch} if mismatch else {}),
             "fleets": servers,
             "data_plane": data_plane(s.data_plane),
             "rates": {

@@ -3,8 +3,8 @@
 Job: lay out the snapshot of `snapshot.py`, as `schema.check` returned it (plus the `liveness` that `command.py` adds),
 with the same words as the JSON keys: queue_depth by state, staleness histograms, per
 fleet / per server version, in_flight, tokens/s, arena_waits and health, trainer step and version,
-last publish, the data plane's back-pressure (arena_waits, undelivered_frees), drops by cause,
-rates, idle ratios and heartbeat ages. Boundary: display
+last publish, the latest step's training-inference mismatch (one `mismatch` line), the data plane's
+back-pressure (arena_waits, undelivered_frees), drops by cause, rates, idle ratios and heartbeat ages. Boundary: display
 only; it computes nothing that is not in the snapshot except ages relative to now.
 """
 
@@ -97,6 +97,8 @@ def render(snap: dict[str, Any], now: float | None = None) -> Group:
     t.add_row("last batch", _hist(st["last_batch"]))
     t.add_row("trained (all)", _hist(st["trained"]))
     parts.append(t)
+    if "mismatch" in snap:
+        parts.append(_mismatch(snap["mismatch"]))
 
     t = _table("rollout fleets", "fleet", "server", "version", "in_flight", "tokens/s", "parity", "arena_waits", "health")
     for name, fleet in snap["fleets"].items():
@@ -144,6 +146,22 @@ def render(snap: dict[str, Any], now: float | None = None) -> Group:
     if snap.get("error") and snap.get("state") != "interrupted":  # an interrupted run's line is the head's detail
         parts.append(Text(f"error: {snap['error']}", style="red"))
     return Group(*parts)
+
+
+def _mismatch(m: dict[str, Any]) -> Text:
+    """The latest step's training-inference mismatch in one line, e.g. `mismatch (step 12) logprob_gap mean 0.012 max
+    0.41 · k3_seq mean 0.003 max 0.02 · masked 1.2% tokens 3.4% seqs · truncated 0% tokens · ess 0.97`."""
+    def num(key: str) -> str:
+        return f"{m[key]:.3g}" if key in m else "-"
+
+    def pct(key: str) -> str:
+        return f"{100 * m[key]:.3g}%" if key in m else "-"
+
+    return Text.assemble((f"mismatch (step {m['step']}) ", "bold"),
+                         f"logprob_gap mean {num('logprob_gap_mean')} max {num('logprob_gap_max')} · "
+                         f"k3_seq mean {num('k3_seq_mean')} max {num('k3_seq_max')} · "
+                         f"masked {pct('token_masked_share')} tokens {pct('seq_masked_share')} seqs · "
+                         f"truncated {pct('token_truncated_share')} tokens · ess {num('ess')}")
 
 
 def _arena(row: dict[str, Any]) -> str:

@@ -37,7 +37,8 @@ pi_prox comes from `algorithm.proximal`:
 
 This module is pure tensors: no model, no ranks. Statistics leave as additive sums
 (`stat_sums`, `stat_max`) so the engine reduces them over micro-batches and ranks, then
-`stat_metrics` names them `correction/*`.
+`stat_metrics` names them `correction/*` (per mini-batch); what the same outputs say about the
+training-inference mismatch over a whole step is `mismatch.py`'s (`mismatch/*`).
 
     corrector = Corrector(AlgorithmConfig(correction="tis", is_cap=2.0))
     out = corrector(logp.detach(), behav, mask, proximal_logprobs=prox)
@@ -79,6 +80,8 @@ class CorrectionOutput:
     """[B, T] float, 1 where the token was dropped (w = 0 on a loss token)."""
     kl: Tensor
     """[B, T] k3 estimate of KL(pi_behav || pi_prox) from behavior samples: rho - 1 - log rho."""
+    log_ratio: Tensor
+    """[B, T] log rho = log pi_anchor - log pi_behav, unclamped (0 off the loss mask): the gap `mismatch.py` reports."""
 
 
 class WeightFn(Protocol):
@@ -259,6 +262,7 @@ class Corrector:
         return CorrectionOutput(
             proximal_logprobs=proximal_logprobs if self.uses_proximal else None,
             weight=weight.detach(), ratio=ratio, clipped=clipped, masked=masked, kl=ratio - 1.0 - log_ratio,
+            log_ratio=raw_log_ratio,
         )  # fmt: skip
 
 

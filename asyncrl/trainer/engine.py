@@ -36,6 +36,7 @@ from asyncrl.trainer.batch import TrainBatch, along_lineage, mask_stale_tokens, 
 from asyncrl.trainer.critic import CriticEngine
 from asyncrl.trainer.corrections import Corrector, age_metrics, age_sums, stat_max, stat_metrics, stat_sums
 from asyncrl.trainer.lora import LoraSpec
+from asyncrl.trainer.mismatch import MismatchStats, rollout_probs_diff
 from asyncrl.trainer.step_metrics import merge_minibatch_metrics
 from asyncrl.trainer.advantages import advantage_spec
 from asyncrl.trainer.losses import POLICY_LOSSES, LossInputs, agg_loss, entropy_from_logits, kl_penalty, token_logprobs
@@ -237,9 +238,9 @@ class TrainerEngine:
         if self.world > 1:
             dist.all_reduce(counts)  # each mini-batch's global normalisers
             dist.all_reduce(age)
-        out = []
+        out, mismatch = [], MismatchStats(self.device)
         for i, (part, (num_tokens, num_seqs)) in enumerate(zip(parts, counts.tolist())):
-            m = self.forward_backward(part, num_tokens=num_tokens, num_seqs=num_seqs, first=i == 0)
+            m = self.forward_backward(part, num_tokens=num_tokens, num_seqs=num_seqs, first=i == 0, mismatch=mismatch)
             last = i == len(parts) - 1
             if self.critic is not None:
                 m.update(self.critic.update(part, num_tokens=num_tokens, num_seqs=num_seqs, end_of_step=last))
@@ -252,6 +253,7 @@ class TrainerEngine:
         self._count_bad_step(skipped > 0, metrics["grad_norm"])
         metrics["entropy_coef"] = self.adapt_entropy_coef(metrics["entropy"]) if not skipped else self.entropy_coef
         metrics.update(token_age_metrics(age))
+        metrics.update(mismatch.metrics(self.world))  # exact over the whole step (`mismatch.py`)
         metrics.update(critic_metrics)
         return metrics
 
@@ -290,7 +292,8 @@ class TrainerEngine:
             self.entropy_coef = min(max(used + alg.entropy_coef_lr * (alg.entropy_target - entropy), 0.0), alg.entropy_coef_max)
         return used
 
-    def forward_backward(self, rows: TrainBatch, *, num_tokens: float, num_seqs: float, first: bool = True) -> dict[str, float]:
+    def forward_backward(self, rows: TrainBatch, *, num_tokens: float, num_seqs: float, first: bool = True,
+                         mismatch: MismatchStats | None = None) -> dict[str, float]:
         """Accumulate gradients of the globally normalised loss over this rank's `rows` (one
         mini-batch), micro-batch by micro-batch; `num_tokens` / `num_seqs` are the mini-batch's
         loss tokens and sequences over every rank; `first`: no optimizer step was taken yet in
@@ -305,7 +308,8 @@ class TrainerEngine:
         |p_rollout - p_trainer| of the loss tokens the rollout sampled with the weights the trainer
         holds now (`token_versions == version`: no staleness, so any gap is the two engines disagreeing,
         e.g. weights that did not arrive whole), scored with the proximal log-probs or, without
-        them, the first mini-batch's forward; `rollout_probs_diff_tokens` counts those tokens.
+        them, the first mini-batch's forward; `rollout_probs_diff_tokens` counts those tokens. `mismatch`
+        gathers the step's `mismatch/*` sums; the caller reduces them once the step's mini-batches are done.
         """
         alg = self.algorithm
         rows = self._with_fixed_logprobs(rows)
@@ -347,7 +351,9 @@ class TrainerEngine:
                 sums[:13] += torch.cat([torch.stack([loss, pg_loss]).double(), per_tok.sum(dim=(1, 2)), stat_sums(corr, mask)])
                 if mb.token_versions is not None:
                     by_age += age_sums(corr, mask, self.version - mb.token_versions, self.trainer.eta)
-                diff_sum, diff_n, diff_max = self._rollout_probs_diff(mb, logprobs, first)
+                if mismatch is not None:
+                    mismatch.add(corr, mask)
+                diff_sum, diff_n, diff_max = rollout_probs_diff(mb, logprobs, first, self.version)
                 sums[13:] += torch.stack([diff_sum, diff_n])
                 if mask.any():
                     r = out.ratio[mask > 0].double()
@@ -365,19 +371,6 @@ class TrainerEngine:
             "ratio_max": e[0] if num_tokens else 0.0, "ratio_min": -e[1] if num_tokens else 0.0,
             "tokens": num_tokens, "seqs": num_seqs, **stat_metrics(s[7:13], e[2], num_tokens), **age_metrics(by_age), **diff,
         }  # fmt: skip
-
-    def _rollout_probs_diff(self, mb: TrainBatch, logprobs: Tensor, first: bool) -> tuple[Tensor, Tensor, Tensor]:
-        """(sum, count, max) of |exp(behavior) - exp(trainer)| over `mb`'s loss tokens sampled at `version`
-        (see `forward_backward`); zeros (max -inf) when there are none or no log-probs of that version."""
-        zero = torch.zeros((), dtype=torch.float64, device=logprobs.device)
-        ref = mb.proximal_logprobs if mb.proximal_logprobs is not None else (logprobs.detach() if first else None)
-        if ref is None or mb.token_versions is None:
-            return zero, zero, torch.full((), -math.inf, dtype=torch.float64, device=logprobs.device)
-        fresh = (mb.loss_mask > 0) & (mb.token_versions == self.version)
-        d = (mb.old_logprobs.exp() - ref.to(logprobs.device).exp()).abs().double()[fresh]
-        if not d.numel():
-            return zero, zero, torch.full((), -math.inf, dtype=torch.float64, device=logprobs.device)
-        return d.sum(), torch.tensor(float(d.numel()), dtype=torch.float64, device=d.device), d.max()
 
     def optimizer_step(self, end_of_step: bool = True) -> dict[str, float]:
         """Clip, AdamW step; at the end of a trainer step also advance the schedule and `step` += 1.

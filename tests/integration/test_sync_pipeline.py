@@ -40,6 +40,7 @@ def test_sync_run_then_resume(tmp_path):
     # staleness in sync mode is exactly 0 for every trained sample
     lines = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()[1:]]
     assert all(l["staleness/max"] == 0 for l in lines)
+    assert all(0 < l["train/mismatch/ess"] <= 1 and "train/mismatch/logprob_gap_max" in l for l in lines)  # per step (docs/algorithms.md)
 
     # a second invocation of the same run name without resume refuses to overwrite checkpoints
     assert main(_args(tmp_path, 6)) == 2

@@ -63,5 +63,5 @@ def fake_pipeline(run_dir: Path) -> SimpleNamespace:
                               fleets=SimpleNamespace(last_publish_s=0.25, last_publish_time=time.time() - 2,
                                                  evicted={"server-1": "timeout"})),
         staleness_hist=Counter({0: 8, 1: 12, 2: 4}), wait_s=0.5, trained_samples=24, trained_tokens=300,
-        t_start=time.time() - 10,
+        t_start=time.time() - 10, mismatch={},  # no trainer step reported yet: no `mismatch` block
     )

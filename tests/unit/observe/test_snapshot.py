@@ -77,3 +77,51 @@ def test_final_snapshot_of_a_failing_run_says_failed(tmp_path):
         pass
     snap = json.loads((tmp_path / "status.json").read_text())
     assert snap["state"] == "failed" and "trainer died" in snap["error"]
+
+
+MISMATCH = {"step": 3, "logprob_gap_mean": 0.0123, "logprob_gap_max": 0.41, "k3_seq_mean": 0.003, "k3_seq_max": 0.02,
+            "token_masked_share": 0.012, "token_truncated_share": 0.0, "seq_masked_share": 0.034, "ess": 0.97}
+
+
+def _text(snap: dict) -> str:
+    import os
+
+    from rich.console import Console
+
+    from asyncrl.observe.view import render
+
+    c = Console(width=200, record=True, file=open(os.devnull, "w"))
+    c.print(render(snap))
+    return c.export_text()
+
+
+def test_mismatch_block_decodes_and_renders_its_line_and_a_snapshot_without_it_still_decodes(tmp_path):
+    import dataclasses
+    from collections.abc import Mapping
+
+    from asyncrl.observe.schema import check
+    from asyncrl.run_state import RunState
+
+    @dataclasses.dataclass(frozen=True)
+    class WithMismatch(RunState):  # the latest step's `mismatch/*`, as the run state hands them to the builder
+        mismatch: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    class Source(PipelineSource):
+        def state(self):
+            s = super().state()
+            fields = {f.name: getattr(s, f.name) for f in dataclasses.fields(s)}
+            return WithMismatch(**{**fields, "mismatch": {**MISMATCH, "ess": 0.9700000001}})
+
+    snap = json.loads(json.dumps(asyncio.run(SnapshotBuilder(Source(fake_pipeline(tmp_path))).build())))
+    assert snap["mismatch"] == MISMATCH  # to 6 significant digits
+    typed = check(snap, "status.json")
+    assert typed["mismatch"] == MISMATCH
+    line = next(l for l in _text(typed).splitlines() if l.startswith("mismatch"))
+    assert line == ("mismatch (step 3) logprob_gap mean 0.0123 max 0.41 · k3_seq mean 0.003 max 0.02 · "
+                    "masked 1.2% tokens 3.4% seqs · truncated 0% tokens · ess 0.97")
+
+    old = asyncio.run(SnapshotBuilder(PipelineSource(fake_pipeline(tmp_path))).build())  # no step reported: no block
+    assert "mismatch" not in old and "mismatch" not in check(json.loads(json.dumps(old)), "status.json")
+    assert not any(l.startswith("mismatch") for l in _text(check(old, "status.json")).splitlines())
+    partial = check({**old, "mismatch": {"step": 1, "ess": 1.0}}, "status.json")  # a figure that was not finite is absent
+    assert "logprob_gap mean - max - ·" in next(l for l in _text(partial).splitlines() if l.startswith("mismatch"))
