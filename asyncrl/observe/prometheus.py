@@ -36,6 +36,8 @@ HELP = {
     "data_plane_arena_wait_s": "seconds those writes waited",
     "data_plane_arena_waiting": "writes waiting for the controller's arena now",
     "undelivered_frees": "frees the controller sent that a producer's free endpoint did not get",
+    "mismatch": "the latest trainer step's training-inference mismatch (docs/algorithms.md), by figure",
+    "mismatch_step": "the trainer step the mismatch figures are of",
 }
 
 
@@ -99,6 +101,12 @@ def gauges(snap: dict[str, Any]) -> list[GaugeMetricFamily]:
         g.add("undelivered_frees", r["frees"], endpoint=r["endpoint"], producer=r["producer"])
     for k, v in snap["liveness"]["component_age_s"].items():
         g.add("heartbeat_age_s", v, component=k)
+    mm = snap.get("mismatch") or {}  # absent before the first step and in older runs' snapshots
+    if "step" in mm:
+        g.add("mismatch_step", mm["step"])
+    for k, v in mm.items():
+        if k != "step":
+            g.add("mismatch", v, figure=k)
     return list(g.families.values())
 
 

@@ -119,9 +119,15 @@ def test_mismatch_block_decodes_and_renders_its_line_and_a_snapshot_without_it_s
     line = next(l for l in _text(typed).splitlines() if l.startswith("mismatch"))
     assert line == ("mismatch (step 3) logprob_gap mean 0.0123 max 0.41 · k3_seq mean 0.003 max 0.02 · "
                     "masked 1.2% tokens 3.4% seqs · truncated 0% tokens · ess 0.97")
+    from asyncrl.observe import prometheus
+
+    alive = {"liveness": {"alive": True, "component_age_s": {}}}  # what the watcher adds before it serves a snapshot
+    prom = prometheus.render({**typed, **alive})  # `asyncrl status --watch --prometheus`: a label per figure
+    assert 'asyncrl_mismatch{figure="ess"} 0.97' in prom and "asyncrl_mismatch_step 3.0" in prom
 
     old = asyncio.run(SnapshotBuilder(PipelineSource(fake_pipeline(tmp_path))).build())  # no step reported: no block
     assert "mismatch" not in old and "mismatch" not in check(json.loads(json.dumps(old)), "status.json")
     assert not any(l.startswith("mismatch") for l in _text(check(old, "status.json")).splitlines())
+    assert "asyncrl_mismatch" not in prometheus.render({**check(old, "status.json"), **alive})
     partial = check({**old, "mismatch": {"step": 1, "ess": 1.0}}, "status.json")  # a figure that was not finite is absent
     assert "logprob_gap mean - max - ·" in next(l for l in _text(partial).splitlines() if l.startswith("mismatch"))
