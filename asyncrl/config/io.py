@@ -109,6 +109,8 @@ SECRET_KEYS = ("queue.secret", "weights.secret", "queue.record_key")
 """Where a run's secrets may sit in the tree (one secret for both planes, `launch.share_run_secret`; the Redis
 records' key, `run_dir.assign_record_key`)."""
 SECRET_SET = REDACTED
+SECRET_LEAVES = {key.rsplit(".", 1)[1] for key in SECRET_KEYS}
+"""The names those keys end in: `redacted` replaces a set value of any of them, wherever it sits."""
 """What `dump_resolved` writes for a secret that was set (read back by `load` as not set)."""
 
 
@@ -179,7 +181,7 @@ def redacted(tree: dict[str, Any]) -> dict[str, Any]:
     """`tree` (a `to_dict`) with every set secret replaced by `SECRET_SET`, and every URL's password."""
     out = {k: redacted(v) if isinstance(v, dict) else v for k, v in tree.items()}
     for k, v in out.items():
-        if k == "secret" and v:
+        if k in SECRET_LEAVES and v:
             out[k] = SECRET_SET
         elif isinstance(v, str):
             out[k] = redact_url(v)

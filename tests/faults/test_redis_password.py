@@ -64,6 +64,9 @@ def test_a_redis_password_is_taken_from_the_environment_only_and_written_nowhere
     written = [p for d in ("runs", "mlruns") for p in (tmp_path / d).rglob("*") if p.is_file()]
     assert any(p.name == "config.yaml" for p in written) and any(p.name == "mlflow.db" for p in written)
     assert not [p for p in written if PASSWORD.encode() in p.read_bytes()]
+    key = (tmp_path / "runs" / "r" / "queue_record_key").read_bytes().strip()  # the records' MAC key: there alone
+    assert len(key) == 64 and key not in printed.encode()
+    assert [p.name for p in written if key in p.read_bytes()] == ["queue_record_key"]
 
 
 def test_the_benchmarks_redis_asks_for_a_password_that_no_command_line_shows(tmp_path):
