@@ -18,9 +18,9 @@ trainer rank for its own rows; weights go from trainer rank 0 to every server's 
                   │  ─> every rank reads its rows from the storage units, trains (FSDP2)
                   │  every k steps: FleetManager.publish(version = step) ─> the weight plane
                   │      (checkpoint_engine, `weights:`): trainer rank 0's Sender ─> every routed server's Receiver: pause(update_mode), load as buckets land,
-                  │         drop KV / prefix cache, confirm, resume; returns once all loaded
-                  │      then (every `weights.parity_every` publishes) the parity probe: each server and the trainer score one
-                  │         fixed sequence; a server off by more than `weights.parity_tol` stops the run (or is re-synced)
+                  │         drop KV / prefix cache, confirm, resume; returns once all loaded; then, off the trainer's path (every
+                  │         `weights.parity_every` publishes), the parity probe: servers and trainer score one fixed sequence; a
+                  │         server off by more than `weights.parity_tol` stops the run (`watch_parity`) or is re-synced
                   v
               StalenessManager.set_version ─> admits more groups
 
@@ -48,8 +48,8 @@ first evaluation), and the `FleetManager` owns which servers those are: one that
 publish is taken out of routing and re-synced; a restarted one is synced before it takes work.
 - health loop (`FleetManager.watch`): every `rollout.health_interval_s` it probes each routed
   server; a dead or hung one (no answer in `rollout.health_timeout_s`) is killed and restarted,
-  its samples move to other servers. A trainer step with a non-finite gradient is skipped
-  (counted as `bad_steps`); `trainer.max_bad_steps` in a row stop the run.
+  its samples move to other servers (`FleetManager.watch_parity`: waits for a failed parity check that
+  stops the run). A step with a non-finite gradient is skipped (`bad_steps`); `trainer.max_bad_steps` in a row stop it.
 Checkpoints (`save`, every `trainer.save_every` steps, in the trainer loop): the trainer's state, then
 what is in flight (`asyncrl/rollout/resume.py`): the groups the in-process queue holds, with their
 arrays, and every running group with what each sample has generated so far (each server's
@@ -305,7 +305,7 @@ class Pipeline(PipelineCheckpoint):
         health = asyncio.create_task(self.parts.fleets.watch(self.cfg.rollout.health_interval_s))
         leases = asyncio.create_task(self.queue.keep_leases())
         control = asyncio.create_task(self._control_loop())
-        loops = {roll, train, health, leases, control}
+        loops = {roll, train, health, leases, control, asyncio.create_task(self.parts.fleets.watch_parity())}
         if self.autoscaler is not None:
             loops.add(asyncio.create_task(self._autoscale_loop()))
         if self.cfg.ray.detached:  # the actors outlive this process: tell them it is there

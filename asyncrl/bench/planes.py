@@ -30,6 +30,13 @@ machine (`planes_hosts.py`: the same controller figures with the trainer ranks a
 gloo weights and zmq data across the bridge, a bare gloo `Sender` across the same link, and records/s through
 the data plane between two hosts against one).
 
+Where a pipeline publish's time goes: `publish_phases_s`, the mean of each phase over the publishes after
+the first (`asyncrl/rollout/publish_phases.py`: lock, join, transfer, finish, probe_trainer, dispatch,
+probe_servers, bookkeeping; they add up to `publish_s_pipeline`), and what the parity probe cost after the
+publish returned (`parity_trainer_after`, `parity_servers_after`: on no one's wait but the next step's,
+which waits for the trainer's forward when it comes before the forward ended: `train_lock_s`, the mean wait
+of the steps after the first for the trainer).
+
 Publish ratio, how it is measured: the pipeline's publishes after the first (the first also
 forms FSDP's state) against the bare Sender's publishes after the first (the first pays the
 receivers' first-touch page faults), medians of each; the bare publishes run in a child process
@@ -170,9 +177,21 @@ def run_pipeline(model: str, tokens: int, address: str = "", extra: list[str] | 
         "publish_s_pipeline_each": [round(x, 4) for x in publishes],
         "sender_s_pipeline_each": [round(m.get("weights/sender_s", 0.0), 4) for m in pubs],
         "gather_s_pipeline": round(sum(gathers) / len(gathers), 4),
+        "publish_phases_s": publish_phases(pubs[1:] or pubs),
+        "train_lock_s": round(sum(m.get("train/lock_s", 0.0) for m in pubs[1:]) / max(len(pubs) - 1, 1), 4),
         "publish_bytes": max(m.get("weights/bytes", 0) for m in logged),
         "rank_read_bytes_per_step": sum(m.get("train/read_bytes", 0) for m in logged) / max(pipeline.step, 1),
     }
+
+
+def publish_phases(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean seconds of each phase of the pipeline's publishes (`asyncrl/rollout/publish_phases.py`) over
+    `rows` (their metrics.jsonl lines), and what the probe cost where it ran after the publish returned."""
+    from asyncrl.rollout.publish_phases import PHASES, metric
+
+    keys = {p: metric(p) for p in PHASES} | {"parity_trainer_after": "weights/parity_trainer_s",
+                                             "parity_servers_after": "weights/parity_servers_s"}
+    return {p: round(sum(m.get(k, 0.0) for m in rows) / max(len(rows), 1), 4) for p, k in keys.items()}
 
 
 def bare_publish(model: str, repeats: int = 6) -> dict[str, Any]:
@@ -235,7 +254,8 @@ def run(quick: bool = False, cache: str = "~/.cache/asyncrl/models") -> dict[str
         res["sizes"][name] = row
     s = res["sizes"]
     for key in ("controller_tensor_bytes_per_step", "controller_weight_bytes_per_publish", "metadata_bytes_per_trajectory",
-                "controller_peak_rss_mb", "publish_s_pipeline", "gather_s_pipeline", "publish_s_bare", "publish_ratio"):
+                "controller_peak_rss_mb", "publish_s_pipeline", "gather_s_pipeline", "publish_s_bare", "publish_ratio",
+                "publish_phases_s"):
         res[key] = {n: r[key] for n, r in s.items()}
     res["controller_rss_ratio_large_vs_small"] = round(s["large"]["controller_peak_rss_mb"] / s["small"]["controller_peak_rss_mb"], 3)
     meta = res["metadata_bytes_per_trajectory"]
@@ -274,6 +294,7 @@ def print_table(res: dict[str, Any]) -> None:
         (b0, b1), p = r["loadavg_bare"], r["loadavg_pipeline"]
         print(f"{name}: load average (1 min) bare {b0[0][0]}-{b0[1][0]}, pipeline {p[0][0]}-{p[1][0]}, bare {b1[0][0]}-{b1[1][0]}; "
               f"publish_s pipeline {r['publish_s_pipeline_each']}, bare {r['publish_s_bare_each']}")
+        print(f"{name}: publish phases (mean s): " + ", ".join(f"{k} {v}" for k, v in r["publish_phases_s"].items()))
     print("gather_s: time the ranks spent producing what they send (their rows; all-gathered full tensors with gloo/nccl)")
     for name, t in res["targets"].items():
         print(f"target {name} {t['target']}: measured {t['measured']} -> {'met' if t['met'] else 'NOT met'}")

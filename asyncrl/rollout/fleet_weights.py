@@ -3,7 +3,8 @@
 Job: `FleetWeights`, the `FleetManager`'s part that joins servers to the trainer's weight plane
 (`attach_weights`, `_join`), has the trainer publish each version to exactly the routed servers and takes
 out of routing one that did not load it (`publish`), checks loaded versions with the parity probe
-(`_parity`), and sends one server the current version before it is routed (`_bring_current`), or after
+after the publish returned (`_settle`; a re-sync's before the server is routed: `_parity`), times the
+publish's phases (`publish_phases.py`), and sends one server the current version before it is routed (`_bring_current`), or after
 it missed a publish (`_recover`, in the background). Weights travel trainer -> server, never through
 this process.
 A mixin on the manager's shared state (`fleet_state.py` says why, not a part the manager owns); it asks
@@ -23,6 +24,7 @@ from checkpoint_engine.membership import DISCONNECTED, SILENT
 from asyncrl.engines.base import PauseMode, RolloutServer
 from asyncrl.rollout.fleet_state import FleetState, WeightSource, note_loaded, server_name
 from asyncrl.rollout.parity import ParityCheck, WeightParityError
+from asyncrl.rollout.publish_phases import phase_metrics
 from asyncrl.rollout.router import ServerDied
 from asyncrl.trainer.rank import TrainerDied
 
@@ -36,6 +38,12 @@ waited the whole grace (2 s before 2026-12-06), with the fleet idle."""
 
 class FleetWeights(FleetState):
     """The weight plane's side of the `FleetManager`: a publish reaches exactly the servers that take requests."""
+
+    _checking: asyncio.Task | None = None
+    """The parity check of the last publish that had one (`_settle`), while and after it runs."""
+    _parity_event: asyncio.Event | None = None
+    """Set when a check fails with `weights.parity_action=stop` (`watch_parity` wakes on it)."""
+    _parity_stop: WeightParityError | None = None
 
     async def attach_weights(self, source: WeightSource, cfg: Any, pause_mode: PauseMode = "keep",
                              parity: ParityCheck | None = None) -> None:
@@ -75,14 +83,32 @@ class FleetWeights(FleetState):
 
     async def publish(self, version: int) -> dict[str, float]:
         """Publish `version` to every routed server; returns when each loaded it or was taken out
-        of routing (then re-synced in the background). Metrics `weights/*`."""
+        of routing (then re-synced in the background). Metrics `weights/*`: the publish's phases
+        (`publish_phases.py`) and the parity of the latest checks that ended.
+        When the parity probe is due, it is checked after the publish returns (`_settle`), so no train
+        step waits for it: the servers score it at once (they resumed after their load) while the
+        membership lock, handed on from the publish, keeps any other load or routing change out; the
+        trainer scores its reference before its next verb (`AsyncTrainer.publish`); the two are
+        compared when both are in, and a failure stops the run (`watch_parity`) or re-syncs the server
+        as `weights.parity_action` says. The next publish starts after both sides scored."""
         self._check()
         if self._weights is None:
             raise RuntimeError("publish: no weight source attached (attach_weights)")
-        async with self._membership:
-            return await self._publish(version)
+        await self._membership.acquire()
+        release = _Once(self._membership.release)
+        try:
+            metrics, check = await self._publish(version)
+        except BaseException:
+            release()
+            raise
+        if check is None:
+            release()
+        else:  # the check releases the lock once the servers scored (or if it never runs)
+            self._checking = self._background(check(release))
+            self._checking.add_done_callback(lambda _: release())
+        return metrics
 
-    async def _publish(self, version: int) -> dict[str, float]:
+    async def _publish(self, version: int) -> tuple[dict[str, float], Any]:
         t0 = time.time()
         pending = [s for s in self._pending if s not in self.router.servers and self._member(s)]
         live = self.router.servers + pending
@@ -104,15 +130,52 @@ class FleetWeights(FleetState):
             elif s in self.router.servers:  # not taken out meanwhile (a death is the router's)
                 self._take_out(s, out["evicted"].get(server_name(s), "not loaded"))
         self.last_publish_time, self.last_publish_s = time.time(), time.time() - t0
-        if checked:
-            for s, verdict in await self._parity(loaded, version, out.get("probe")):
-                if self.parity.action == "stop":  # type: ignore[union-attr]
-                    raise WeightParityError(verdict)
-                self._take_out(s, "parity", resend=True)  # the version is sent again, then checked again
+        check = (lambda release: self._settle(loaded, version, out.get("probe"), release)) if checked else None
         return {"weights/publish_s": self.last_publish_s, "weights/gbps": float(out.get("gbps", 0.0)),
+                **phase_metrics(out, self.last_publish_s),
                 "weights/evicted": float(len(live) - len(done)), "weights/bytes": float(out.get("bytes", 0)),
                 "weights/sender_s": float(out.get("seconds", 0.0)), "weights/gather_s": float(out.get("gather_s", 0.0)),
-                **(self.parity.metrics() if checked else {})}  # type: ignore[union-attr]
+                **(self.parity.metrics() if self.parity is not None else {})}, check
+
+    async def _settle(self, servers: list[RolloutServer], version: int, reference: Any, release: Any) -> None:
+        """The parity check of a publish, after it returned: the servers' scores (under the membership
+        lock the publish handed on, `release`d once they are in), then the trainer's `reference` (a list,
+        or a future of (list, seconds)); a server above the tolerance stops the run or is re-synced."""
+        parity = self.parity
+        assert parity is not None
+        t0 = time.time()
+        try:
+            scored = await self._scores(servers)
+        finally:
+            release()
+        parity.servers_s = time.time() - t0
+        if isinstance(reference, asyncio.Future):
+            reference, parity.trainer_s = await asyncio.shield(reference)  # the trainer's lock is released with it
+        parity.ended += 1
+        for s, verdict in self._judge(scored, version, reference):
+            if parity.action == "stop":
+                self._parity_stop = WeightParityError(verdict)
+                self._parity_failed().set()
+                raise self._parity_stop
+            if s in self.router.servers:  # else it is being re-synced or replaced already (checked then)
+                self._take_out(s, "parity", resend=True)  # the version is sent again, then checked again
+
+    def _parity_failed(self) -> asyncio.Event:
+        if self._parity_event is None:
+            self._parity_event = asyncio.Event()
+        return self._parity_event
+
+    async def watch_parity(self) -> None:
+        """Raise the `WeightParityError` of the first check that fails with `weights.parity_action=stop`, as
+        soon as it is in (one of the run's loops: checks end after their publish returned)."""
+        await self._parity_failed().wait()
+        raise self._parity_stop  # type: ignore[misc]
+
+    async def parity_settled(self) -> None:
+        """Wait for the parity check in flight, if any; raises the error of one that failed (its stop)."""
+        if self._checking is not None:
+            await asyncio.gather(self._checking, return_exceptions=True)
+        self._check()
 
     def _take_out(self, server: RolloutServer, why: str, resend: bool = False) -> None:
         """A routed server that does not serve the current version: out of routing, re-synced in the
@@ -129,13 +192,23 @@ class FleetWeights(FleetState):
         """Score the probe on `servers` (which just loaded `version`) against the trainer's `reference`
         (scored with the weights it sent them); the servers above the tolerance, each with its one-line
         verdict. A server that dies meanwhile is the router's."""
-        parity = self.parity
-        if parity is None or not servers or reference is None:  # no reference: a trainer without a model (benchmarks)
+        if self.parity is None or not servers or reference is None:  # no reference: a trainer without a model (benchmarks)
             return []
-        servers = [s for s in servers if self._member(s)]  # a server taken away meanwhile (`resize`) is not judged
-        scores = await asyncio.gather(*(s.score(parity.ids) for s in servers), return_exceptions=True)
+        return self._judge(await self._scores(servers), version, reference)
+
+    async def _scores(self, servers: list[RolloutServer]) -> list[tuple[RolloutServer, Any]]:
+        """Each member's log-probs of the probe (or the error it raised); a server taken away meanwhile (`resize`) is not asked."""
+        servers = [s for s in servers if self._member(s)]
+        got = await asyncio.gather(*(s.score(self.parity.ids) for s in servers), return_exceptions=True)  # type: ignore[union-attr]
+        return list(zip(servers, got))
+
+    def _judge(self, scored: list[tuple[RolloutServer, Any]], version: int, reference: list[float] | None
+               ) -> list[tuple[RolloutServer, str]]:
+        parity = self.parity
+        if parity is None or reference is None:
+            return []
         failed = []
-        for s, got in zip(servers, scores):
+        for s, got in scored:
             if not self._member(s):  # taken away while it scored (closed by a drain): no verdict
                 continue
             if isinstance(got, ServerDied):
@@ -207,3 +280,15 @@ class FleetWeights(FleetState):
             self._on_dead(server, exc if isinstance(exc, ServerDied) else ServerDied(f"{server_name(server)}: re-sync failed: {exc}"))
             return
         self.resyncs += 1
+
+
+class _Once:
+    """`fn` called at most once, however many call it (a lock handed on, released by whoever is last to know)."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn: Any = fn
+
+    def __call__(self) -> None:
+        fn, self.fn = self.fn, None
+        if fn is not None:
+            fn()

@@ -10,13 +10,13 @@ log-probs of the probe's tokens with the weights it just published, against each
 
 Boundary: pure decisions and arithmetic; the `FleetManager` asks servers and the trainer for
 their scores and acts on the verdict (stop the run, or re-sync the server and re-send the
-version).
+version), after the publish returned (`FleetWeights._settle`: no train step waits for it).
 
 Trace (parity_every 2, tol 0.01, action stop):
-    publish v0  -> due: trainer scores the probe; main-0 gap 3e-7, main-1 gap 2e-7 -> ok
+    publish v0  -> due; returns; trainer and servers score the probe; main-0 gap 3e-7, main-1 gap 2e-7 -> ok
     publish v1  -> not due (every 2nd publish), nothing scored
-    publish v2  -> due: main-1 gap 0.93 > 0.01 -> WeightParityError("... main-1 ... version 2 ... 0.93 ...")
-    a restarted server's sync -> always checked (one server, rare)
+    publish v2  -> due; returns; step 3 trains; main-1 gap 0.93 > 0.01 -> WeightParityError("... main-1 ... version 2 ... 0.93 ...")
+    a restarted server's sync -> always checked, before it is routed (one server, rare)
 With action `resync`, main-1 is taken out of routing and re-synced (the version is sent again);
 a re-sync that still fails the probe restarts the server, and a restart that fails it stops the run.
 """
@@ -110,6 +110,12 @@ class ParityCheck:
     """Server name -> (version, gap) of its last check (None-scoring servers are absent)."""
     failures: int = 0
     """Checks above `tol` so far (each one a stop or a re-sync)."""
+    trainer_s: float = 0.0
+    """Seconds the trainer's reference forward took at the last check (`weights/parity_trainer_s`)."""
+    servers_s: float = 0.0
+    """Seconds the servers took to score the probe at the last check (`weights/parity_servers_s`)."""
+    ended: int = 0
+    """Checks that ended (each after its publish returned; a re-sync's are not counted)."""
 
     @classmethod
     def from_config(cls, weights: Any, dtype: str, vocab_size: int | None) -> "ParityCheck | None":
@@ -143,9 +149,11 @@ class ParityCheck:
         return max((g for _, g in self.gaps.values()), default=0.0)
 
     def metrics(self) -> dict[str, float]:
-        """`weights/parity_max_abs` (over servers) and `weights/parity_max_abs/<server>`."""
-        if not self.gaps:
-            return {}
-        out = {"weights/parity_max_abs": self.max_gap()}
+        """`weights/parity_max_abs` (over servers), `weights/parity_max_abs/<server>`, the newest version
+        checked (`weights/parity_version`: checks end after their publish) and what the last check cost."""
+        out = {"weights/parity_trainer_s": self.trainer_s, "weights/parity_servers_s": self.servers_s} if self.ended else {}
+        if not self.gaps:  # no server could score (a benchmark's cost-model servers): nothing compared
+            return out
+        out.update({"weights/parity_max_abs": self.max_gap(), "weights/parity_version": float(max(v for v, _ in self.gaps.values()))})
         out.update({f"weights/parity_max_abs/{name}": gap for name, (_, gap) in sorted(self.gaps.items())})
         return out

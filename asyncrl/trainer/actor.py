@@ -114,6 +114,9 @@ class TrainerRankActor:
     def sync(self, receivers: list[str], resend: bool = False, probe: list[int] | None = None) -> dict[str, Any] | None:
         return self.trainer.sync(receivers, resend, probe)
 
+    def score(self, token_ids: list[int]) -> list[float] | None:
+        return self.trainer.score(token_ids)
+
     def save(self, path: str) -> None:
         self.trainer.save(path)
 
@@ -328,6 +331,10 @@ class TrainerGroup:
 
     def sync(self, receivers: list[str], resend: bool = False, probe: list[int] | None = None) -> dict[str, Any]:
         return merge_outcomes(self._all("sync", list(receivers), resend, probe))
+
+    def score(self, token_ids: list[int]) -> list[float] | None:
+        """The parity probe's reference under the weights last published (every rank runs the forward)."""
+        return self._all("score", list(token_ids))[0]
 
     def save(self, path: str) -> None:
         self._all("save", path)

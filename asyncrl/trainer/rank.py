@@ -134,26 +134,34 @@ class TrainerRank:
         loaded them or was evicted: `{"version", "completed", "evicted", "bytes", "seconds", ...}`.
         `probe`: also score these tokens with the weights just sent (`"probe"`: the parity probe's
         reference, taken in the same verb so no step can change the weights in between)."""
-        return self._probed(self._publish(version, receivers), probe)
+        t0 = time.perf_counter()
+        return _timed(self._probed(self._publish(version, receivers), probe), "rank_s", t0)
 
     def _probed(self, out: dict[str, Any] | None, probe: list[int] | None) -> dict[str, Any] | None:
         if probe:
+            t0 = time.perf_counter()
             reference = self.score(probe)  # every rank: the forward is collective
             if out is not None:
                 out["probe"] = reference
+            _timed(out, "probe_s", t0)
         return out
 
     def _publish(self, version: int, receivers: list[str]) -> dict[str, Any] | None:
-        params = self._params()
+        """The transfer, its phases timed (`join_s`, the sender's `seconds`, `finish_s`: `publish_phases.py`)."""
+        params, out = self._params(), None
         try:
-            if self.sender is None:
-                return None
-            missing = self.sender.wait_for_ids(receivers, self.sender.config.timeout_s)
-            out = self.sender.publish(params, version, receivers=[r for r in receivers if r not in missing])
-            out.evicted.update({r: "not joined" for r in missing})
-            return dict(_outcome(out), gather_s=self.gather_s)
+            if self.sender is not None:
+                t0 = time.perf_counter()
+                missing = self.sender.wait_for_ids(receivers, self.sender.config.timeout_s)
+                join_s = time.perf_counter() - t0
+                sent = self.sender.publish(params, version, receivers=[r for r in receivers if r not in missing])
+                sent.evicted.update({r: "not joined" for r in missing})
+                out = dict(_outcome(sent), gather_s=self.gather_s, join_s=join_s)
         finally:
+            t1 = time.perf_counter()
             self._finish(params)
+            _timed(out, "finish_s", t1)
+        return out
 
     def sync(self, receivers: list[str], resend: bool = False, probe: list[int] | None = None) -> dict[str, Any] | None:
         """Bring `receivers` that do not hold the current version (restarted, evicted) to it;
@@ -228,7 +236,19 @@ def merge_outcomes(outs: list[dict[str, Any] | None]) -> dict[str, Any]:
             "bytes": sum(o["bytes"] for o in outs), "seconds": max(o["seconds"] for o in outs),
             "gbps": sum(o["bytes"] for o in outs) / max(max(o["seconds"] for o in outs), 1e-9) / 1e9,
             "buckets": sum(o["buckets"] for o in outs), "gather_s": max(o.get("gather_s", 0.0) for o in outs),
+            **{k: max(o.get(k, 0.0) for o in outs) for k in PHASE_TIMES},  # the slowest rank's: all wait for it
             **({"probe": outs[0]["probe"]} if "probe" in outs[0] else {})}
+
+
+PHASE_TIMES = ("join_s", "finish_s", "probe_s", "rank_s")
+"""What a rank's publish times besides the sender's `seconds` (`asyncrl/rollout/publish_phases.py`)."""
+
+
+def _timed(out: dict[str, Any] | None, key: str, since: float) -> dict[str, Any] | None:
+    """`out` with the seconds from `since` to now under `key` (a rank without an outcome has none)."""
+    if out is not None:
+        out[key] = time.perf_counter() - since
+    return out
 
 
 def _outcome(out: Any) -> dict[str, Any]:

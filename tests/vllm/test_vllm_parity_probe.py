@@ -45,9 +45,12 @@ def test_probe_passes_a_clean_multi_bucket_load_and_stops_the_old_corruption(tin
         await manager.attach_weights(AsyncTrainer(rank), cfg, "keep", parity=parity)
         try:
             clean = await manager.publish(0)
+            await manager.parity_settled()  # the check runs after the publish returned
+            clean.update(parity.metrics())
             monkeypatch.setattr(ext, "own_pending", lambda model, buf: 0)  # the worker as it was
+            await manager.publish(1)
             with pytest.raises(WeightParityError) as err:
-                await manager.publish(1)
+                await manager.parity_settled()
             return clean, str(err.value)
         finally:
             await manager.close()

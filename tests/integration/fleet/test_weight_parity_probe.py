@@ -4,8 +4,9 @@
 
 A corrupted load is made by a server subclass that adds noise to one weight after the real load
 (what a reused transport buffer did to vLLM's layerwise reload): the probe must catch it at the
-first publish, with one line naming the server, the version and the gap; with
-`weights.parity_action=resync` the server is re-synced instead and passes once it loads cleanly.
+first publish's check, with one line naming the server, the version and the gap; with
+`weights.parity_action=resync` the server is re-synced instead and passes once it loads cleanly. A publish
+returns before its check (no train step waits for it): `parity_settled()` waits for the verdict.
 """
 
 from __future__ import annotations
@@ -81,15 +82,17 @@ def test_clean_publishes_pass_and_a_corrupted_load_stops_at_the_first_publish(tr
         bad = CorruptingServer(tiny_model, threads=1)
         manager = await _manager([clean], handle, cfg, _parity(tiny_model))
         v = next(VERSIONS)
-        m = await manager.publish(v)
-        gap_clean = m["weights/parity_max_abs/main-0"]
+        await manager.publish(v)
+        await manager.parity_settled()
+        gap_clean = manager.parity.metrics()["weights/parity_max_abs/main-0"]
         stats = await manager.stats()
         await manager.close()
 
         manager = await _manager([TorchRolloutServer(tiny_model, threads=1), bad], handle, cfg, _parity(tiny_model))
         bad_version = next(VERSIONS)
+        await manager.publish(bad_version)
         with pytest.raises(WeightParityError) as err:
-            await manager.publish(bad_version)
+            await manager.parity_settled()
         await manager.close()
         return v, gap_clean, stats, bad_version, str(err.value)
 
@@ -112,7 +115,9 @@ def test_resync_action_sends_the_version_again_and_routes_the_server_once_it_pas
         bad = CorruptingServer(tiny_model, threads=1, corrupt_loads=1)  # wrong once, then clean
         parity = _parity(tiny_model, "resync")
         manager = await _manager([TorchRolloutServer(tiny_model, threads=1), bad], handle, cfg, parity)
-        first = await manager.publish(next(VERSIONS))
+        await manager.publish(next(VERSIONS))
+        await manager.parity_settled()
+        first = parity.metrics()
         routed_after_publish = len(manager.router.servers)
         await manager.wait_restarts()
         routed = len(manager.router.servers)
@@ -123,7 +128,7 @@ def test_resync_action_sends_the_version_again_and_routes_the_server_once_it_pas
 
     first, routed_after_publish, routed, loads, gaps, failures, resyncs, evicted = asyncio.run(go())
     assert first["weights/parity_max_abs/main-1"] > 0.05 and first["weights/parity_max_abs/main-0"] <= 1e-5
-    assert routed_after_publish == 1  # taken out at once
+    assert routed_after_publish == 1  # taken out at once by the check
     assert routed == 2 and loads == 2 and resyncs == 1 and failures == 1  # re-sent, passed, routed again
     assert gaps["main-1"][1] <= 1e-5 and evicted == {"main-1": "parity"}
 
