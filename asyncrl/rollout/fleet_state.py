@@ -39,7 +39,9 @@ class WeightSource(Protocol):
 
     async def publish(self, version: int, receivers: list[str], probe: list[int] | None = None) -> dict[str, Any]:
         """`probe`: also return, as `"probe"`, the log-probs of `probe[1:]` under the weights just sent
-        (None from a source without a model): the parity probe's reference, in the same call."""
+        (None from a source without a model): the parity probe's reference. Either that list, scored in the
+        call, or a future of (the list, seconds the forward took), scored after it while the source keeps
+        any step from changing the weights (`trainer.calls.AsyncTrainer.publish`)."""
         ...
 
     async def sync(self, receivers: list[str], resend: bool = False, probe: list[int] | None = None) -> dict[str, Any]: ...
