@@ -44,6 +44,8 @@ BENCHES = (
           "the same run without faults (wall ratio); lost and trained-twice counts", "about 4 min; --quick 2 min"),
     Bench("elastic", "asyncrl.bench.elastic", "a live run whose fleet goes 4 -> 8 -> 2 -> 6 servers (--autoscale: sizes itself)",
           "each phase's capacity", "about 5 min; --quick 150 s"),
+    Bench("corrections", "asyncrl.bench.corrections", "held-out reward, dropped share, step cost of each off-policy correction at eta 4 / 8",
+          "no correction (`none`) in the same run", "about 12 min; --quick 25 s"),
 )
 
 
