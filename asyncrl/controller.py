@@ -103,7 +103,7 @@ class Pipeline(PipelineCheckpoint):
                                      consumer_id=f"{socket.gethostname()}:{run_dir.name}",
                                      token_level=cfg.trainer.staleness_level == "token", on_stale=self._stale_dropped)
         self.trainer = AsyncTrainer(parts.trainer)
-        self.parity = ParityCheck.from_config(cfg.weights, cfg.model.dtype, vocab_bound(parts.tokenizer, parts.model_path))
+        self.parity = ParityCheck.from_config(cfg.weights, cfg.model.dtype, vocab_bound(parts.tokenizer, parts.model_path), cfg.rollout)
         """The weight-parity probe after publishes (`weights.parity_*`; the `FleetManager` runs it)."""
         self.rollouter = Rollouter(
             run_sample=self._run_sample, prompts=parts.prompts, staleness=self.staleness, sink=self.queue.put,

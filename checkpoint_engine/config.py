@@ -93,8 +93,10 @@ class WeightsConfig:
 
     parity_tol: float = 0.0
     """Largest max-abs log-prob gap on the parity probe a server may show (logged as
-    `weights/parity_max_abs`). 0: by `model.dtype`, 1e-2 for float32 and 0.25 for 16-bit
-    (correct engines differ by about 1e-6 in float32; a corrupted load by about 1)."""
+    `weights/parity_max_abs`). 0: by the least precise of asyncrl's `model.dtype` and `rollout.dtype`:
+    1e-2 when both are float32; when either is 16-bit, 0.25 plus 2^-6 of the trainer's |log-prob| on each
+    token (16-bit rounding is relative to the value). Correct engines differ by about 1e-6 in float32, a
+    corrupted load by about 1 or more. A value > 0 is this absolute bound alone."""
 
     parity_action: str = "stop"
     """A server above `parity_tol`: `stop` ends the run with one line naming the server, the version

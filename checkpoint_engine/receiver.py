@@ -290,11 +290,18 @@ class Update:
         Receiver.delivered_bytes += meta.nbytes
 
 
-def land_into(update: "Update | Any", dest: dict[str, torch.Tensor], *, strict: bool = True) -> int:
+def land_into(update: "Update | Any", dest: dict[str, torch.Tensor], *, strict: bool = True,
+              cast_from: torch.dtype | None = None) -> int:
     """Receive `update` into `dest` (name -> tensor): in place where dtype and shape match, copied
     otherwise; returns the number of tensors. `strict`: a name `dest` lacks raises KeyError, a
     shape or dtype it does not match ValueError; else an unknown name is added to `dest` (an
-    engine that allocates on first sight). Tensors landed before an error stay landed."""
+    engine that allocates on first sight). Tensors landed before an error stay landed.
+
+    `cast_from`: an engine configured in another float dtype than its sender (a bfloat16 rollout
+    engine, a float32 trainer) names the sender's dtype here; a tensor of that dtype is then cast
+    into its floating destination as it is copied (the publish sends the trainer's dtype and every
+    receiver casts: a sender that cast once before sending would move fewer bytes). Any other dtype
+    mismatch, a cast into a non-float destination and every shape mismatch are still refused."""
     n = 0
     for name, t in update.into(dest):
         d = dest.get(name)
@@ -303,7 +310,8 @@ def land_into(update: "Update | Any", dest: dict[str, torch.Tensor], *, strict: 
                 raise KeyError(f"update: model has no parameter {name!r} (names look like: {', '.join(list(dest)[:4])}, ...)")
             dest[name] = t
         elif t is not d:
-            if t.shape != d.shape or t.dtype != d.dtype:
+            castable = t.dtype == cast_from and t.dtype.is_floating_point and d.dtype.is_floating_point
+            if t.shape != d.shape or (t.dtype != d.dtype and not castable):
                 raise ValueError(f"update: {name} is {t.dtype} {tuple(t.shape)}, the model's is {d.dtype} {tuple(d.shape)}")
             d.copy_(t)
         n += 1

@@ -95,6 +95,8 @@ class RolloutConfig:
     """Nucleus sampling; keep 1.0 for RL so the log-probs are those of the sampling distribution."""
     top_k: int = -1
     """Top-k sampling; -1 is off."""
+    dtype: Literal["", "float32", "bfloat16", "float16"] = ""
+    """Parameter dtype of the rollout engines (`torch`, `vllm`): float32, bfloat16 or float16; empty: `model.dtype`. One lower than `model.dtype` (bfloat16 against a float32 trainer) is a cheaper engine whose log-probs differ from the trainer's by its rounding (`train/mismatch/*`, what `algorithm.correction` corrects): the trainer publishes in `model.dtype` and each server casts as the weights land, and the parity probe's default tolerance is the lower dtype's (`weights.parity_tol`)."""
     max_tokens: int = 4
     """Most tokens generated per response (the demo's answers are 4 digits; GPU recipes raise it)."""
     stop: list[str] = field(default_factory=list)
@@ -167,7 +169,7 @@ class RolloutConfig:
     """The controller sizes the `main` fleet itself (off by default; see `rollout.autoscale.*`)."""
 
     def __post_init__(self) -> None:
-        _check_literals(self, "rollout")  # external_weights, placement_strategy, update_mode
+        _check_literals(self, "rollout")  # dtype, external_weights, placement_strategy, update_mode
         _one_of(self.backend, "rollout.backend", BACKENDS.names())  # a backend is its module + its line in engines/registry.py
         _check(all(isinstance(x, str) and x for x in self.stop), "rollout.stop", f"must be a list of non-empty strings, got {self.stop!r}")
         _check(self.request_timeout_s > 0, "rollout.request_timeout_s", f"must be > 0, got {self.request_timeout_s}")
@@ -204,6 +206,10 @@ class RolloutConfig:
             names.append(extra["name"])
             for k in extra:
                 _check(k == "name" or (k in RolloutConfig.__dataclass_fields__ and k != "fleets"), f"{key}.{k}", "is not a rollout key")
+
+    def engine_dtype(self, model_dtype: str) -> str:
+        """The dtype this fleet's engines run in: `rollout.dtype`, else the trainer's `model.dtype`."""
+        return self.dtype or model_dtype
 
     def _check_openai(self) -> None:
         _check(bool(self.server_urls), "rollout.server_urls", "rollout.backend=openai needs at least one server URL (e.g. [http://127.0.0.1:8000])")

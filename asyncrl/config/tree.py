@@ -61,7 +61,7 @@ class ModelConfig:
     path: str = ""
     """Local folder of a HF causal LM (config.json, weights, tokenizer). Empty: build the tiny demo model. Never downloaded."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Parameter dtype for trainer and rollout: float32, bfloat16 or float16."""
+    """Parameter dtype for trainer and rollout: float32, bfloat16 or float16 (`rollout.dtype` gives the rollout engines another)."""
     cache_dir: str = "~/.cache/asyncrl/models"
     """Where the tiny demo model is built (once per size/seed)."""
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)

@@ -49,6 +49,9 @@ class TorchRolloutServer(RolloutServer):
     Args:
         model_path: a local HF model folder (config + safetensors).
         dtype: `float32`, `bfloat16` or `float16`; the model and KV cache run in it.
+        weights_dtype: the dtype published weights arrive in (the trainer's `model.dtype`) when it is
+            not `dtype` (`rollout.dtype`): such tensors are cast into the parameters as they land
+            (`land_into`'s `cast_from`); None: every tensor must arrive in `dtype`.
         device: torch device string (`cpu`, `cuda:0`).
         max_batch_size: most requests decoded together; more wait in the queue.
         seed: base seed for requests without `SamplingParams.seed` (drawn in arrival order).
@@ -63,14 +66,17 @@ class TorchRolloutServer(RolloutServer):
     @classmethod
     def from_config(cls, cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int, index: int = 0,
                     log_dir: str | None = None) -> TorchRolloutServer:
-        return cls(model_path, dtype=dtype, max_batch_size=cfg.max_batch_size, seed=seed + index,
-                   threads=cfg.torch_threads, prefix_cache_size=cfg.prefix_cache_size)
+        """`dtype` is the trainer's (what weights are published in); the engine runs in `rollout.dtype`
+        when set (`cfg.engine_dtype`) and casts what lands."""
+        return cls(model_path, dtype=cfg.engine_dtype(dtype), weights_dtype=dtype, max_batch_size=cfg.max_batch_size,
+                   seed=seed + index, threads=cfg.torch_threads, prefix_cache_size=cfg.prefix_cache_size)
 
     def __init__(
         self,
         model_path: str | os.PathLike,
         *,
         dtype: str = "float32",
+        weights_dtype: str | None = None,
         device: str = "cpu",
         max_batch_size: int = 512,
         seed: int = 0,
@@ -82,8 +88,9 @@ class TorchRolloutServer(RolloutServer):
         skip_unused_backends()
         from transformers import AutoModelForCausalLM
 
-        if dtype not in DTYPES:
-            raise ValueError(f"TorchRolloutServer dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        for arg, value in (("dtype", dtype), ("weights_dtype", weights_dtype or dtype)):
+            if value not in DTYPES:
+                raise ValueError(f"TorchRolloutServer {arg} must be one of {sorted(DTYPES)}, got {value!r}")
         if max_batch_size < 1:
             raise ValueError(f"TorchRolloutServer max_batch_size must be >= 1, got {max_batch_size}")
         if threads > 0:
@@ -94,6 +101,8 @@ class TorchRolloutServer(RolloutServer):
         self.model = model
         self._params: dict[str, torch.Tensor] = {k: v.data for k, v in model.state_dict(keep_vars=True).items()}
         """HF name -> the parameter's storage (what updates copy into)."""
+        self.cast_from = DTYPES[weights_dtype] if weights_dtype and weights_dtype != dtype else None
+        """The trainer's dtype when it is not the engine's: updates in it are cast on landing."""
         self.model_path = str(model_path)
         self.tokenizer = load_tokenizer(model_path)
         """The folder's tokenizer (None without one): EOS ids and stop strings."""
@@ -186,7 +195,8 @@ class TorchRolloutServer(RolloutServer):
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
         """Copy (name, tensor) pairs into the model between decode steps, drop the prefix cache,
         recompute the KV of running requests with the new weights, and stamp `version` on every
-        token sampled from then on. All pairs are checked (name, shape, dtype) before any is copied."""
+        token sampled from then on. All pairs are checked (name, shape, dtype) before any is copied; a
+        tensor in `weights_dtype` is cast into its parameter by the copy."""
         updates: list[tuple[torch.Tensor, torch.Tensor]] = []
         for name, value in named_tensors:
             tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
@@ -196,7 +206,7 @@ class TorchRolloutServer(RolloutServer):
                 raise KeyError(f"update_weights: model has no parameter {name!r} (names look like: {known}, ...)")
             if tensor.shape != param.shape:
                 raise ValueError(f"update_weights: {name} has shape {tuple(tensor.shape)}, model expects {tuple(param.shape)}")
-            if tensor.dtype != param.dtype:
+            if tensor.dtype != param.dtype and tensor.dtype != self.cast_from:
                 raise ValueError(f"update_weights: {name} has dtype {tensor.dtype}, model expects {param.dtype}")
             updates.append((param, tensor))
         await self._command("update", (updates, int(version)))
@@ -210,11 +220,12 @@ class TorchRolloutServer(RolloutServer):
         allocation; `checkpoint_engine.land_into`), then, on the engine thread, the prefix cache is
         dropped, running KV recomputed and `update.version` stamped from then on. An unknown name
         or a mismatched shape stops the load midway (`loads_in_place`: the server stays paused
-        until a later update succeeds)."""
+        until a later update succeeds). The update carries the trainer's dtype; with `weights_dtype`
+        set each tensor is cast into its parameter as it lands (one copy, as without a cast)."""
         from checkpoint_engine.receiver import land_into
         from checkpoint_engine.server_loop import blocking
 
-        await blocking(land_into, update, self._params)
+        await blocking(land_into, update, self._params, cast_from=self.cast_from)
         await self._command("update", ([], int(update.version)))
 
     async def reset_prefix_cache(self) -> None:

@@ -75,7 +75,8 @@ class VLLMRolloutServer(RolloutServer):
     @classmethod
     def from_config(cls, cfg: RolloutConfig, model_path: str, *, dtype: str, seed: int, index: int = 0,
                     log_dir: str | None = None) -> VLLMRolloutServer:
-        return cls(model_path, dtype=dtype, seed=seed + index, enforce_eager=cfg.enforce_eager,
+        """`dtype` is the trainer's; vLLM runs in `rollout.dtype` when set (its weight loaders cast what lands)."""
+        return cls(model_path, dtype=cfg.engine_dtype(dtype), seed=seed + index, enforce_eager=cfg.enforce_eager,
                    gpu_memory_utilization=cfg.gpu_memory_utilization, cpu_kv_cache_gb=cfg.cpu_kv_cache_gb,
                    tensor_parallel_size=cfg.tensor_parallel_size,
                    log_path=os.path.join(log_dir, "vllm.log") if log_dir else None)

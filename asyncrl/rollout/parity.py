@@ -86,11 +86,34 @@ def max_abs_gap(reference: list[float], scored: list[float]) -> float:
     return gap
 
 
-def default_tol(dtype: str) -> float:
-    """`weights.parity_tol` when it is 0: what two correct engines of `model.dtype` differ by on
-    the probe, with room (fp32: about 1e-6 measured between the trainer and both engines here;
-    16-bit: rounding of every logit). A corrupted load is off by about 1 or more."""
-    return 1e-2 if dtype == "float32" else 0.25
+REL_TOL_16BIT = 2.0**-6
+"""The relative part of the 16-bit default: per unit of |log-prob|, four bfloat16 epsilons (2^-8)."""
+
+
+def default_tol(dtype: str, *rollout_dtypes: str) -> tuple[float, float]:
+    """(`tol`, `rel_tol`) when `weights.parity_tol` is 0: what two correct engines differ by on the probe,
+    with room, set by the least precise of the trainer's `model.dtype` and the servers' `rollout.dtype`s
+    (empty: `model.dtype`). A token passes when |gap| <= tol + rel_tol * |trainer's log-prob|.
+    Both float32: 0.01 (about 1e-6 measured between the trainer and both engines here), no relative part.
+    Either side 16-bit: 0.25 plus 2^-6 of |log-prob|. Rounding error is relative: the log-prob of an
+    unlikely token (-10, -20) is the difference of logits that large, rounded to 8 significant bits
+    layer after layer on the 16-bit side, whether the other side rounds too or not. A bfloat16 engine
+    against a float32 trainer, measured on the demo model: 0.004 untrained; after 60 steps up to 0.08,
+    1.1% of |log-prob| (and 0.27 once, at version 50 of a bench run: over a flat 0.25). A corrupted
+    load measured there: o_proj noise 0.66 untrained, 7.6 trained; two layers' down_proj swapped 0.34
+    and 6.4; one stale v_proj 0.86 (0.26 to 7.4 above the relative part: all caught).
+
+    >>> default_tol("float32"), default_tol("float32", ""), default_tol("float32", "bfloat16"), default_tol("bfloat16")
+    ((0.01, 0.0), (0.01, 0.0), (0.25, 0.015625), (0.25, 0.015625))
+    """
+    if {dtype, *(d for d in rollout_dtypes if d)} == {"float32"}:
+        return 1e-2, 0.0
+    return 0.25, REL_TOL_16BIT
+
+
+def rollout_dtypes(rollout: Any) -> list[str]:
+    """The `rollout.dtype` of every fleet (`main`'s, then each `rollout.fleets` entry's, inheriting it)."""
+    return [rollout.dtype, *(f.get("dtype", rollout.dtype) for f in rollout.fleets)]
 
 
 @dataclass
@@ -100,7 +123,9 @@ class ParityCheck:
     every: int
     """Check every this many publishes (the first one included); 0: never (syncs still are not)."""
     tol: float
-    """Largest max-abs log-prob gap a server may show."""
+    """Largest log-prob gap a server may show on a token (beside `rel_tol`'s part)."""
+    rel_tol: float = 0.0
+    """Added allowance per unit of the trainer's |log-prob| on a token (16-bit rounding is relative)."""
     action: str = "stop"
     """`stop`: raise `WeightParityError`; `resync`: re-sync the server (then restart it, then stop)."""
     ids: list[int] = field(default_factory=list)
@@ -118,13 +143,14 @@ class ParityCheck:
     """Checks that ended (each after its publish returned; a re-sync's are not counted)."""
 
     @classmethod
-    def from_config(cls, weights: Any, dtype: str, vocab_size: int | None) -> "ParityCheck | None":
-        """From the `weights:` section (`parity_every`, `parity_tol`, `parity_action`); None when off
-        (or with no vocabulary to draw the probe from: a model-less pipeline has nothing to compare)."""
+    def from_config(cls, weights: Any, dtype: str, vocab_size: int | None, rollout: Any = None) -> "ParityCheck | None":
+        """From the `weights:` section (`parity_every`, `parity_tol`, `parity_action`), `model.dtype` and
+        the `rollout:` section (its fleets' dtypes: None, all `model.dtype`); None when off (or with no
+        vocabulary to draw the probe from: a model-less pipeline has nothing to compare)."""
         if weights.parity_every <= 0 or vocab_size is None:
             return None
-        tol = weights.parity_tol if weights.parity_tol > 0 else default_tol(dtype)
-        return cls(every=weights.parity_every, tol=tol, action=weights.parity_action, ids=probe_ids(vocab_size))
+        tol, rel = (weights.parity_tol, 0.0) if weights.parity_tol > 0 else default_tol(dtype, *(rollout_dtypes(rollout) if rollout else ()))
+        return cls(every=weights.parity_every, tol=tol, rel_tol=rel, action=weights.parity_action, ids=probe_ids(vocab_size))
 
     def due(self) -> bool:
         """Count one publish; whether it is checked."""
@@ -138,11 +164,14 @@ class ParityCheck:
             return None
         gap = max_abs_gap(reference, scored)
         self.gaps[name] = (version, gap)
-        if gap <= self.tol:
+        excess = gap if not self.rel_tol or math.isinf(gap) else max(
+            abs(float(a) - float(b)) - self.rel_tol * abs(float(a)) for a, b in zip(reference, scored))
+        if excess <= self.tol:
             return None
         self.failures += 1
+        rel = f" + {self.rel_tol:g} x |log-prob|, by dtype" if self.rel_tol else ""
         return (f"weights: server {name} serves version {version} with log-probs {gap:.4g} away from the trainer's "
-                f"on the parity probe (weights.parity_tol={self.tol:g}): the weights it loaded are not the ones published")
+                f"on the parity probe (weights.parity_tol={self.tol:g}{rel}): the weights it loaded are not the ones published")
 
     def max_gap(self) -> float:
         """The largest gap of the servers' last checks (0 when none was checked)."""

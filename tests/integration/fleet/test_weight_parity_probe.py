@@ -7,6 +7,7 @@ A corrupted load is made by a server subclass that adds noise to one weight afte
 first publish's check, with one line naming the server, the version and the gap; with
 `weights.parity_action=resync` the server is re-synced instead and passes once it loads cleanly. A publish
 returns before its check (no train step waits for it): `parity_settled()` waits for the verdict.
+With bfloat16 engines against the float32 trainer (`rollout.dtype`) the same holds under the 16-bit tolerance.
 """
 
 from __future__ import annotations
@@ -131,6 +132,36 @@ def test_resync_action_sends_the_version_again_and_routes_the_server_once_it_pas
     assert routed_after_publish == 1  # taken out at once by the check
     assert routed == 2 and loads == 2 and resyncs == 1 and failures == 1  # re-sent, passed, routed again
     assert gaps["main-1"][1] <= 1e-5 and evicted == {"main-1": "parity"}
+
+
+@pytest.mark.timeout(120)
+def test_bf16_rollout_passes_under_its_tolerance_and_a_corrupted_bf16_load_still_stops(trainer, tiny_model):
+    """`rollout.dtype=bfloat16` against the float32 trainer: the real publish lands float32 buckets in
+    bfloat16 engines (cast on landing); the default tolerance is the 16-bit one, which the clean engine's
+    rounding stays under and the corrupted one does not."""
+    from asyncrl.config import RolloutConfig
+
+    handle, cfg = trainer
+    rollout = RolloutConfig(dtype="bfloat16")
+    parity = ParityCheck.from_config(WeightsConfig(), "float32", vocab_bound(None, str(tiny_model)), rollout)
+    assert (parity.tol, parity.rel_tol) == (0.25, 2**-6) and (_parity(tiny_model).tol, _parity(tiny_model).rel_tol) == (0.01, 0)
+
+    async def go():
+        bf16 = dict(dtype="bfloat16", weights_dtype="float32", threads=1)
+        manager = await _manager([TorchRolloutServer(tiny_model, **bf16), CorruptingServer(tiny_model, **bf16)],
+                                 handle, cfg, parity)
+        bad_version = next(VERSIONS)
+        await manager.publish(bad_version)
+        with pytest.raises(WeightParityError) as err:
+            await manager.parity_settled()
+        gaps = dict(parity.gaps)
+        await manager.close()
+        return bad_version, gaps, str(err.value)
+
+    bad_version, gaps, message = asyncio.run(go())
+    assert 1e-5 < gaps["main-0"][1] <= 0.05  # bf16 rounding: above float32's 1e-6, far under the tolerance
+    assert "server main-1" in message and f"version {bad_version}" in message and "weights.parity_tol=0.25" in message
+    assert gaps["main-1"][1] > 0.25
 
 
 def test_probe_ids_are_fixed_and_within_the_vocabulary():

@@ -19,7 +19,7 @@ CHOICE_KEYS = {
     "model.dtype", "data.task", "trainer.mode", "trainer.admission", "trainer.staleness_level", "trainer.lr_schedule",
     "trainer.device", "trainer.engine", "algorithm.proximal", "algorithm.mis_level", "algorithm.loss_agg",
     "algorithm.kl_estimator", "algorithm.kl_ctrl.type", "rollout.external_weights",
-    "rollout.update_mode", "rollout.placement_strategy", "hardware",
+    "rollout.update_mode", "rollout.placement_strategy", "rollout.dtype", "hardware",
 }
 
 
