@@ -39,18 +39,30 @@ _NAME = re.compile(PREFIX + r"\d+-[0-9a-f]{8}-[01]")
 
 def _map(path: str, size: int, create: bool, lock: list[int] | None = None) -> mmap.mmap:
     """Map `path` (`create`: a new 0600 file of `size` bytes); `lock`: keep the descriptor open there,
-    holding a shared flock (the owner's mark, dropped by the kernel when the process ends)."""
-    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT | os.O_EXCL if create else 0)
-    fd = os.open(path, flags, 0o600)
+    holding a shared flock (the owner's mark, dropped by the kernel when the process ends). A new file is
+    made under a name no sweep matches (a leading dot), locked, then linked to `path` (which must not exist)
+    and its first name removed: a sweep by a sender starting at that moment finds it locked or not at all.
+    Made under `path` itself, a sweep between its creation and its lock took it for an orphan and removed it
+    (seen once in the suite: a receiver's open of the slot failed with FileNotFoundError)."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+    tmp = os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".new")
+    fd = os.open(tmp if create else path, flags | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
     try:
-        if create:
-            os.ftruncate(fd, size)
-        mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         if lock is not None:
             fcntl.flock(fd, fcntl.LOCK_SH)
+        if create:
+            os.ftruncate(fd, size)
+            os.link(tmp, path)
+            os.unlink(tmp)
+        mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        if lock is not None:
             lock.append(fd)
             fd = -1
         return mm
+    except BaseException:
+        if create and os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
     finally:
         if fd >= 0:
             os.close(fd)

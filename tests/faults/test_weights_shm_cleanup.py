@@ -56,3 +56,35 @@ def test_slots_of_a_sigkilled_sender_are_swept_by_the_next_sender():
     finally:
         nxt.close()
     assert not any(os.path.exists(p) for p in nxt.paths)
+
+
+@pytest.mark.timeout(120)
+def test_a_sweep_running_beside_a_new_sender_never_takes_its_slots():
+    """Every new sender sweeps the slots of dead ones (an exclusive flock granted: nobody holds it). A slot
+    made under its own name and locked a moment later could be taken for an orphan in between by a sweep of
+    another sender starting then (a suite run lost one: the receiver's open failed). Slots are now made under
+    a name no sweep matches, locked, then linked into place: a sweep in a loop beside 300 new senders takes
+    none of their slots."""
+    import threading
+
+    from checkpoint_engine.backends.shm import sweep_dead
+
+    stop, swept = threading.Event(), []
+
+    def sweep():
+        while not stop.is_set():
+            swept.append(sweep_dead())
+
+    th = threading.Thread(target=sweep)
+    th.start()
+    lost = []
+    try:
+        for _ in range(300):
+            t = ShmSenderTransport(WeightsConfig(backend="shm", bucket_size_mb=0.0625))
+            lost += [p for p in t.paths if not os.path.exists(p)]
+            t.close()
+    finally:
+        stop.set()
+        th.join()
+    assert not lost, f"{len(lost)} slots of live senders were swept"
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(".asyncrl-weights-")]  # no first name left
