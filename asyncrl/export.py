@@ -73,11 +73,11 @@ def load_policy_weights(trainer_dir: Path) -> dict[str, "object"]:
 
     from asyncrl.trainer.ckpt_format import CheckpointFormatError, LoadPlannerNoPickle, Reader, verify
 
-    reader = Reader(trainer_dir)
     try:
-        meta = verify(trainer_dir).state_dict_metadata
+        verified = verify(trainer_dir)
     except CheckpointFormatError as e:
         raise ExportError(str(e)) from None
+    reader, meta = Reader(trainer_dir, verified), verified.state_dict_metadata
     sd = {k: torch.empty(v.size, dtype=v.properties.dtype) for k, v in meta.items()
           if k.startswith(MODEL_PREFIX) and isinstance(v, TensorStorageMetadata)}
     if not sd:

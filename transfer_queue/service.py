@@ -55,7 +55,7 @@ from plane_common import curve
 from plane_common.net import endpoint, resolve
 from transfer_queue import auth
 from transfer_queue.codec import WireError, decode, pack
-from transfer_queue.config import TransferQueueConfig
+from transfer_queue.config import TransferQueueConfig, new_run_id
 from transfer_queue.metadata.base import GetRequest, MetadataStore, default_consumer_id
 from transfer_queue.metadata.memory import MemoryController
 from transfer_queue.protocol import (ARGS, RESULTS, AckArgs, DropArgs, GetArgs, Hello, HelloArgs, Info, NackArgs,
@@ -393,13 +393,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--capacity", type=int, default=4096)
     p.add_argument("--consumer-groups", default="trainer")
     p.add_argument("--lease-timeout-s", type=float, default=60.0)
-    p.add_argument("--run-id", default=None, help="the queue's namespace (queue.run_id); default: one of its own "
-                   "(tq-<12 hex>), printed on the second line: give every client of this queue the same")
+    p.add_argument("--run-id", default=new_run_id(), help="queue.run_id (default: its own, printed on line 2)")
     p.add_argument("--max-connections", type=int, default=256)
     a = p.parse_args(argv)
     cfg = TransferQueueConfig(storage=a.storage, capacity=a.capacity, bind_host=a.bind_host,
                               consumer_groups=a.consumer_groups.split(","), lease_timeout_s=a.lease_timeout_s,
-                              max_connections=a.max_connections, **({"run_id": a.run_id} if a.run_id else {}))
+                              max_connections=a.max_connections, run_id=a.run_id)
     cfg.secret = os.environ.get("TQ_SECRET", "")  # never on the command line (visible to every user in ps)
     svc = ControllerService(cfg, port=a.port)
     print(svc.address, flush=True)

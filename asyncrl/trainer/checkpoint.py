@@ -67,5 +67,5 @@ def save(engine: "TrainerEngine", path: str) -> None:
 def load(engine: "TrainerEngine", path: str) -> None:
     """Restore model, optimizer, schedule and step from `path` into an engine built with the same model
     (`ckpt_format.CheckpointFormatError`: not a checkpoint this version reads)."""
-    ckpt_format.verify(path)  # its one line here, before DCP would wrap it in a rank's traceback
-    dcp.load(_states(engine), storage_reader=ckpt_format.Reader(path), planner=ckpt_format.LoadPlannerNoPickle())
+    verified = ckpt_format.verify(path)  # its one line here, before DCP would wrap it in a rank's traceback
+    dcp.load(_states(engine), storage_reader=ckpt_format.Reader(path, verified), planner=ckpt_format.LoadPlannerNoPickle())

@@ -300,20 +300,22 @@ def refuse_other_format(path: Path) -> None:
 
 
 class Reader(StorageReader):
-    """Reads what `Writer` wrote: JSON, safetensors and msgpack only."""
+    """Reads what `Writer` wrote: JSON, safetensors and msgpack only. `verified`: what `verify(path)` returned
+    (the caller checked the folder already: it is not read twice); else `read_metadata` verifies it."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, verified: Metadata | None = None) -> None:
         super().__init__()
         self.path = Path(path)
+        self.verified = verified
         self.storage: dict[MetadataIndex, dict[str, str]] = {}
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         self.storage = {}
-        if checkpoint_id:
-            self.path = Path(checkpoint_id)
+        if checkpoint_id and Path(checkpoint_id) != self.path:
+            self.path, self.verified = Path(checkpoint_id), None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        return verify(self.path)
+        return self.verified if self.verified is not None else verify(self.path)
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.storage = metadata.storage_data
@@ -343,19 +345,11 @@ class Reader(StorageReader):
         return fut
 
     def _read_one(self, f: Any, req: ReadItem, planner: LoadPlanner, where: Path) -> None:
-        key = self.storage[req.storage_index]["key"]
-        if key not in f.keys():
-            raise CheckpointFormatError(f"{where}: no tensor {key!r} ({req.storage_index.fqn})")
-        t = f.get_tensor(key)
+        """One item; its key, dtype and shape were checked against the index by `verify`."""
+        t = f.get_tensor(self.storage[req.storage_index]["key"])
         if req.type == LoadItemType.BYTE_IO:
-            if t.dtype != torch.uint8 or t.dim() != 1:
-                raise CheckpointFormatError(f"{where}: {req.storage_index.fqn} is not a byte string")
             planner.load_bytes(req, io.BytesIO(t.numpy().tobytes()))
             return
-        for d, (o, n) in enumerate(zip(req.storage_offsets, req.lengths)):
-            if d >= t.dim() or o + n > t.shape[d]:
-                raise CheckpointFormatError(f"{where}: {req.storage_index.fqn} has shape {list(t.shape)}, smaller "
-                                            "than its index says")
         part = t
         for d, (o, n) in enumerate(zip(req.storage_offsets, req.lengths)):
             part = part.narrow(d, o, n)
