@@ -32,6 +32,7 @@ whenever the receiver reads its socket.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from typing import Any, Iterator
@@ -54,6 +55,10 @@ LOADED = -3
 
 class ChecksumError(RuntimeError):
     """A bucket's bytes did not match its checksum; the update was refused."""
+
+
+LEAVE_POLL_S = 0.2
+"""How often a wait on the sender looks whether the receiver is leaving (`Receiver.leave`)."""
 
 
 class UpdateAborted(RuntimeError):
@@ -86,6 +91,8 @@ class Receiver:
         """Messages read ahead while looking for an Abort (see `_evicted`)."""
         self._rejoin = False
         """Set when the sender dropped us from an update; the next `next_update` joins again."""
+        self._leaving = threading.Event()
+        """Set by `leave` (any thread): every wait on the sender ends within `LEAVE_POLL_S`."""
 
     def _join(self) -> Join:
         return Join(self.receiver_id, self.version, self.transport.width)
@@ -106,14 +113,25 @@ class Receiver:
             return None
         return msg
 
+    def leave(self) -> None:
+        """Stop waiting on the sender (safe from any thread; the socket is left to the thread using it): a
+        wait for an update, or for the next bucket of one in flight, raises `UpdateAborted` within
+        `LEAVE_POLL_S`. For a server leaving this weight plane (it joins another: the trainer restarted),
+        whose sender may have died mid-update (the bucket wait alone lasts `3 * timeout_s + 5` s)."""
+        self._leaving.set()
+
     def _recv(self, timeout_s: float | None):
         if self._inbox:
             return self._inbox.popleft()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            if not self._sock.poll(ms):
-                raise TimeoutError(f"receiver {self.receiver_id}: no message from the sender in {timeout_s} s")
+            if self._leaving.is_set():
+                raise UpdateAborted(f"receiver {self.receiver_id}: left the weight plane")
+            left_s = LEAVE_POLL_S if deadline is None else min(LEAVE_POLL_S, deadline - time.monotonic())
+            if not self._sock.poll(max(0, int(left_s * 1000))):
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"receiver {self.receiver_id}: no message from the sender in {timeout_s} s")
+                continue
             msg = self._read()
             if msg is not None:
                 return msg

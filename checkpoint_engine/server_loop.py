@@ -103,8 +103,8 @@ async def serve_updates(server: Updatable, receiver: Receiver, pause_mode: str =
             try:
                 await apply_update(server, update, pause_mode)
             except (ChecksumError, UpdateAborted, RuntimeError, ValueError, KeyError) as e:  # reported to the sender
-                if on_error is not None:
-                    on_error(e)
+                if on_error is not None and not (stop is not None and stop.is_set() and isinstance(e, UpdateAborted)):
+                    on_error(e)  # (an update left on purpose, `Receiver.leave`, is no failure)
                 continue
     finally:
         poller.shutdown(wait=False, cancel_futures=True)

@@ -62,6 +62,11 @@ class ShardedReceiver:
             raise RuntimeError(f"receiver {self.receiver_id}: senders began different versions {sorted(versions)}")
         return ShardedUpdate(self, updates)
 
+    def leave(self) -> None:
+        """Every sender's wait ends (`Receiver.leave`); safe from any thread."""
+        for r in self.receivers:
+            r.leave()
+
     def close(self) -> None:
         for r in self.receivers:
             r.close()

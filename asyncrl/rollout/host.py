@@ -200,6 +200,7 @@ class ServerHost(RolloutServer):
     async def _leave_weights(self) -> None:
         if self._weights is not None:
             self._stop.set()  # type: ignore[union-attr]
+            self._receiver.leave()  # an update in flight from a sender that died ends now, not after its timeout
             await asyncio.gather(self._weights, return_exceptions=True)
             self._weights = None
         if self._receiver is not None:
