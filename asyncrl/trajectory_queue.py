@@ -154,8 +154,6 @@ class TrajectoryQueue:
         """Trained batches not yet acked (durable queue: until the next checkpoint)."""
         self.pending_drops: list[Batch] = []
         """Their records the trainer could not read, dropped at the same checkpoint (`drop_unreadable`)."""
-        self.metadata_bytes = 0
-        """Bytes of the records this queue was handed (their msgpack size): the controller's share of a trajectory."""
         self.inline_tensor_bytes = 0
         """Tensor bytes that rode inside those records' handles (`queue.inline_max_bytes`)."""
         self.records = 0
@@ -169,14 +167,14 @@ class TrajectoryQueue:
     def storage(self) -> StoragePlane:
         return self.client.sync.storage
 
-    def received(self, samples: list[SampleMeta], wire_bytes: int) -> None:
-        """Account for records that reached this process (`wire_bytes`: their encoded size)."""
+    def received(self, samples: list[SampleMeta]) -> None:
+        """Account for records handed to this queue (their bytes on the wire are counted where they crossed
+        one, `RemoteServer.delivered_record_bytes`, not by encoding them again here)."""
         self.records += len(samples)
-        self.metadata_bytes += wire_bytes
         self.inline_tensor_bytes += sum(inline_bytes(s.handles) for s in samples)
 
     async def put(self, group: list[SampleMeta]) -> None:
-        self.received(group, sum(len(msgspec.msgpack.encode(s)) for s in group))
+        self.received(group)
         if self.token_level:  # the queue's version of a group: its newest token's (see `__init__`)
             newest = max(int(s.meta["max_version"]) for s in group)
             group = [dataclasses.replace(s, version=newest) for s in group]
@@ -192,7 +190,7 @@ class TrajectoryQueue:
     async def restore(self, groups: list[list[SampleMeta]]) -> None:
         """Put back groups a checkpoint kept (`queued`), their versions as they were."""
         for group in groups:
-            self.received(group, sum(len(msgspec.msgpack.encode(s)) for s in group))
+            self.received(group)
             await self.client.add(group)
             self._put_ids.add(group[0].group_id)
             if not self.ack_at_checkpoint:

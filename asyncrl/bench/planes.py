@@ -135,10 +135,11 @@ def run_pipeline(model: str, tokens: int, address: str = "", extra: list[str] | 
     from asyncrl.controller import Pipeline
     from asyncrl.launch import build
     from asyncrl.metrics import MetricsLogger
+    from asyncrl.rollout.remote_server import RemoteServer
     from checkpoint_engine import Receiver
     from transfer_queue import StoragePlane
 
-    read0, weights0 = StoragePlane.delivered_bytes, Receiver.delivered_bytes
+    read0, weights0, records0 = StoragePlane.delivered_bytes, Receiver.delivered_bytes, RemoteServer.delivered_record_bytes
     with tempfile.TemporaryDirectory(prefix="asyncrl-bench-planes-") as tmp:
         cfg = load(None, overrides(model, tokens, tmp) + ([f"ray.address={address}"] if address else []) + list(extra or []))
         run_dir = Path(tmp) / "run"
@@ -170,7 +171,7 @@ def run_pipeline(model: str, tokens: int, address: str = "", extra: list[str] | 
         "publishes": len(publishes) + 1,  # + the version-0 publish at start
         "controller_tensor_bytes_per_step": (StoragePlane.delivered_bytes - read0 + q.inline_tensor_bytes) / max(pipeline.step, 1),
         "controller_weight_bytes_per_publish": (Receiver.delivered_bytes - weights0) / (len(publishes) + 1),
-        "metadata_bytes_per_trajectory": round(q.metadata_bytes / max(q.records, 1), 1),
+        "metadata_bytes_per_trajectory": round((RemoteServer.delivered_record_bytes - records0) / max(q.records, 1), 1),
         "records": q.records,
         "controller_peak_rss_mb": round(peak_rss_bytes() / 2**20, 1),
         "publish_s_pipeline": round(statistics.median(steady), 4),

@@ -42,6 +42,10 @@ class RemoteServer(RolloutServer):
     interface, so they answer from what this proxy saw last (its own in-flight count, the last
     `refresh()`); `FleetManager.stats()` refreshes first."""
 
+    delivered_record_bytes: int = 0
+    """Bytes of the queue records that reached this process from every server actor (`run_sample` replies,
+    as they came over the wire): the controller's metadata share of a trajectory (`bench planes`)."""
+
     def __init__(self, handle: Any, name: str, control_timeout_s: float = 60.0) -> None:
         self.handle = handle
         self.name = name
@@ -168,6 +172,7 @@ class RemoteServer(RolloutServer):
         data = await self._call("run_sample", encode_sample(sample), None if resume is None else encode_saved([resume]),
                                 None if resume_from is None else msgspec.msgpack.encode(resume_from))
         self.record_bytes += len(data)
+        RemoteServer.delivered_record_bytes += len(data)
         return decode_record(data)
 
     async def partial_samples(self) -> list[Any]:

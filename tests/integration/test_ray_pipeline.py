@@ -20,6 +20,7 @@ def test_ray_pipeline_keeps_tensors_and_weights_out_of_the_controller(tmp_path, 
     ray = pytest.importorskip("ray")
     import checkpoint_engine.receiver
     import checkpoint_engine.sender
+    from asyncrl.rollout.remote_server import RemoteServer
     from checkpoint_engine import Receiver
     from transfer_queue import StoragePlane
 
@@ -27,7 +28,7 @@ def test_ray_pipeline_keeps_tensors_and_weights_out_of_the_controller(tmp_path, 
     for cls in (checkpoint_engine.sender.Sender, checkpoint_engine.receiver.Receiver):
         init = cls.__init__
         monkeypatch.setattr(cls, "__init__", lambda self, *a, _init=init, **k: (built.append(type(self).__name__), _init(self, *a, **k))[1])
-    read0, weights0 = StoragePlane.delivered_bytes, Receiver.delivered_bytes
+    read0, weights0, records0 = StoragePlane.delivered_bytes, Receiver.delivered_bytes, RemoteServer.delivered_record_bytes
 
     cfg = load("configs/demo.yaml", [
         "ray.enabled=true", "ray.num_cpus=4", "trainer.num_ranks=2", "rollout.num_servers=2", "trainer.mode=one_step_off",
@@ -67,7 +68,7 @@ def test_ray_pipeline_keeps_tensors_and_weights_out_of_the_controller(tmp_path, 
     assert Receiver.delivered_bytes == weights0, "the controller received weights"
     q = pipeline.queue
     assert q.records >= 3 * 16 and q.records % 4 == 0 and q.inline_tensor_bytes == 0
-    per_record = q.metadata_bytes / q.records
+    per_record = (RemoteServer.delivered_record_bytes - records0) / q.records  # as the records came over the wire
     assert 300 < per_record <= 2048, per_record
     assert not list(tmp_path.glob("tq-*")), "the servers' arenas were removed at the end"
 
