@@ -17,6 +17,9 @@ malloc_trim, Linux) during that step above the RSS just before it: what the step
 model, optimizer state and runtime left out.
 
     asyncrl bench trainer [--json] [--quick]
+
+`--shape NAME` runs another bench instead (`trainer_memory.py`): one micro-batch's log-prob/loss step at a
+published model's width, full against chunked logits, peak memory (`asyncrl bench trainer --shape NAME --help`).
 """
 
 from __future__ import annotations
@@ -199,7 +202,14 @@ def run(size_name: str) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from asyncrl.bench import trainer_memory
+
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a == "--shape" or a.startswith("--shape=") for a in argv):
+        return trainer_memory.main(argv)
     p = argparse.ArgumentParser(prog="asyncrl bench trainer", description=__doc__.splitlines()[0])
+    p.add_argument("--shape", metavar="NAME", help="instead: peak memory of one micro-batch's log-prob step at a model's "
+                   f"width, full vs chunked logits ({', '.join(trainer_memory.SHAPES)}; --shape NAME --help: its options)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--quick", action="store_true", help="a ~0.1M-parameter model and lengths 8-256 (seconds)")
     args = p.parse_args(argv)

@@ -30,7 +30,6 @@ from typing import Iterator, Sequence
 
 import torch
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 
 def token_budget_groups(lengths: Sequence[int], budget: int) -> list[list[int]]:
@@ -89,14 +88,65 @@ def pack(input_ids: Tensor, attention_mask: Tensor) -> Packed:
     return Packed(input_ids[rows, cols].unsqueeze(0), cols.unsqueeze(0), rows, cols, tuple(input_ids.shape))
 
 
-def _chunk_scores(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float,
-                  entropy_grad: bool) -> tuple[Tensor, Tensor]:
-    z = torch.nn.functional.linear(hidden, weight, bias).float() / temperature
-    lse = torch.logsumexp(z, dim=-1)
-    lp = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        ent = lse - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
-    return lp, ent
+def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
+    return torch.nn.functional.linear(hidden, weight, bias).float() / temperature
+
+
+class _ChunkedHead(torch.autograd.Function):
+    """The LM head and its scores, chunk by chunk, with a backward of its own: each chunk's logits are
+    recomputed in backward and its weight gradient is added into ONE buffer (`addmm_`). Autograd's own
+    sum of a weight used in K chunks (what `checkpoint` per chunk gave) held three weight-sized gradients
+    at once: at Qwen2.5-7B's head (152k x 3584) that was 2 GiB more than the full logits of a small
+    micro-batch (`asyncrl bench trainer --shape`). At most one chunk's [chunk, V] logits (fp32) and their
+    softmax live at a time, forward or backward.
+
+    Gradients, per token with p = softmax(z), z = logits / temperature: d log p[target] / dz = onehot - p;
+    d entropy / dz = -p * (z - E_p[z]); then / temperature, and through the linear map."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float,
+                chunk: int, entropy_grad: bool) -> tuple[Tensor, Tensor]:
+        n = hidden.shape[0]
+        lp = hidden.new_empty(n, dtype=torch.float32)
+        ent = hidden.new_empty(n, dtype=torch.float32)
+        for s in range(0, n, chunk):
+            z = _chunk_logits(hidden[s : s + chunk], weight, bias, temperature)
+            lse = torch.logsumexp(z, dim=-1)
+            lp[s : s + chunk] = z.gather(-1, targets[s : s + chunk].unsqueeze(-1)).squeeze(-1) - lse
+            ent[s : s + chunk] = lse - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
+        ctx.save_for_backward(hidden, weight, bias, targets)
+        ctx.temperature, ctx.chunk, ctx.entropy_grad = temperature, chunk, entropy_grad
+        if not entropy_grad:
+            ctx.mark_non_differentiable(ent)
+        return lp, ent
+
+    @staticmethod
+    def backward(ctx, grad_lp: Tensor, grad_ent: Tensor | None):
+        hidden, weight, bias, targets = ctx.saved_tensors
+        t, chunk = ctx.temperature, ctx.chunk
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros_like(weight) if need_w else None
+        grad_b = torch.zeros_like(bias) if need_b and bias is not None else None
+        use_ent = ctx.entropy_grad and grad_ent is not None
+        for s in range(0, hidden.shape[0], chunk):
+            h = hidden[s : s + chunk]
+            z = _chunk_logits(h, weight, bias, t)
+            p = torch.softmax(z, dim=-1)
+            g = p.mul(-grad_lp[s : s + chunk].unsqueeze(-1))  # d lp: (onehot - p) * grad_lp
+            g.scatter_add_(-1, targets[s : s + chunk].unsqueeze(-1), grad_lp[s : s + chunk].unsqueeze(-1))
+            if use_ent:  # d entropy: -p * (z - E_p[z]) * grad_ent
+                z.sub_((p * z).sum(dim=-1, keepdim=True)).mul_(p).mul_(grad_ent[s : s + chunk].unsqueeze(-1))
+                g.sub_(z)
+            del z, p
+            g = g.div_(t).to(weight.dtype)
+            if grad_h is not None:
+                grad_h[s : s + chunk] = g @ weight
+            if grad_w is not None:
+                grad_w.addmm_(g.t(), h)
+            if grad_b is not None:
+                grad_b.add_(g.sum(dim=0))
+        return grad_h, grad_w, grad_b, None, None, None, None
 
 
 def chunked_scores(hidden: Tensor, weight: Tensor, bias: Tensor | None, input_ids: Tensor, *, temperature: float,
@@ -104,26 +154,19 @@ def chunked_scores(hidden: Tensor, weight: Tensor, bias: Tensor | None, input_id
     """([B, T] log-prob, [B, T] entropy) aligned like `TrainBatch` (column t scores input_ids[:, t];
     column 0 is 0) from final hidden states [B, T, H] and the LM head's `weight` [V, H] / `bias`.
 
-    Each chunk of `chunk` positions is a checkpoint: backward recomputes its logits, so at most one
-    chunk's [chunk, V] logits live at a time, forward or backward. The entropy carries a gradient
+    Chunks of `chunk` positions (`_ChunkedHead`): at most one chunk's [chunk, V] logits live at a time,
+    forward or backward, and the head's weight gradient is one buffer. The entropy carries a gradient
     only with `entropy_grad`.
     """
     b, t, h = hidden.shape
     flat = hidden[:, :-1].reshape(-1, h)
     targets = input_ids[:, 1:].reshape(-1)
-    lps, ents = [], []
-    for s in range(0, flat.shape[0], chunk):
-        args = (flat[s : s + chunk], weight, bias, targets[s : s + chunk], temperature, entropy_grad)
-        if torch.is_grad_enabled():
-            lp, ent = checkpoint(_chunk_scores, *args, use_reentrant=False)
-        else:
-            lp, ent = _chunk_scores(*args)
-        lps.append(lp)
-        ents.append(ent)
     pad = torch.nn.functional.pad
-    lp = pad(torch.cat(lps).view(b, t - 1), (1, 0)) if lps else hidden.new_zeros(b, t, dtype=torch.float32)
-    ent = pad(torch.cat(ents).view(b, t - 1), (1, 0)) if ents else hidden.new_zeros(b, t, dtype=torch.float32)
-    return lp, ent
+    if flat.shape[0] == 0:
+        zeros = hidden.new_zeros(b, t, dtype=torch.float32)
+        return zeros, zeros.clone()
+    lp, ent = _ChunkedHead.apply(flat, weight, bias, targets, temperature, max(int(chunk), 1), entropy_grad)
+    return pad(lp.view(b, t - 1), (1, 0)), pad(ent.view(b, t - 1), (1, 0))
 
 
 @contextmanager

@@ -42,6 +42,7 @@ def test_every_module_of_asyncrl_bench_with_a_main_is_in_the_catalog():
         if re.search(r"^def main\(", f.read_text(), re.M) and f.stem not in ("catalog", "__init__"):
             mains.add(f"asyncrl.bench.{f.stem}")
     helpers = {f"asyncrl.bench.{m}" for m in ("host_probes", "planes_hosts", "sim_cluster")}  # run by `planes --hosts`
+    helpers.add("asyncrl.bench.trainer_memory")  # run by `trainer --shape`
     assert mains - helpers - listed == set(), "bench modules missing from asyncrl/bench/catalog.py"
 
 
