@@ -4,7 +4,8 @@
                                                   run a job (no CONFIG: the embedded demo; --help: recipes, keys)
     asyncrl bench NAME [--json] [--quick]         measurements, ratios against baselines measured in the same run;
                                                   NAME: rollout, rollout --fleet, queue, weights, pipeline, planes,
-                                                  trainer, trainer-load, chaos, elastic, corrections (asyncrl bench --help: each one)
+                                                  trainer, trainer-load, chaos, elastic, corrections, controller
+                                                  (asyncrl bench --help: each one)
     asyncrl plan [--profile NAME] [--gpus 128,256] [--validate] [--json]
                                                   predicted throughput, staleness, best split (asyncrl/plan)
     asyncrl config [CONFIG.yaml] [key=value ...] [--doc]
