@@ -192,15 +192,14 @@ class ServerHost(RolloutServer):
             self._receiver = ShardedReceiver(cfg, self.name, endpoints, confirm_loads=True)
         self._stop = asyncio.Event()
         self._weights = asyncio.get_running_loop().create_task(
-            serve_updates(self, self._receiver, pause_mode, stop=self._stop, poll_s=0.2, on_error=self._failed))
+            serve_updates(self, self._receiver, pause_mode, stop=self._stop, on_error=self._failed))
 
     def _failed(self, exc: BaseException) -> None:
         self.load_errors.append(f"{type(exc).__name__}: {exc}"[:300])
 
     async def _leave_weights(self) -> None:
         if self._weights is not None:
-            self._stop.set()  # type: ignore[union-attr]
-            self._receiver.leave()  # an update in flight from a sender that died ends now, not after its timeout
+            self._stop.set()  # type: ignore[union-attr]  # the receiver leaves: a wait on a dead sender ends now
             await asyncio.gather(self._weights, return_exceptions=True)
             self._weights = None
         if self._receiver is not None:

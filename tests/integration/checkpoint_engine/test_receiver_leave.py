@@ -94,3 +94,58 @@ def test_a_receiver_whose_sender_died_mid_update_leaves_at_once(backend, tmp_pat
             sender.wait()
         if rx is not None:
             rx.close()
+
+
+def test_serve_updates_waits_without_waking_its_loop_and_stops_at_once():
+    """The server's update loop waits for the sender with no timeout (no wake-ups of its event loop while
+    idle) and still ends within a moment of `stop`."""
+    import asyncio
+
+    from checkpoint_engine import Sender
+    from checkpoint_engine.server_loop import serve_updates
+
+    class Server:
+        loads_in_place = False
+
+        async def pause(self, mode="wait"): ...
+
+        async def load_update(self, update): ...
+
+        async def resume(self): ...
+
+    cfg = WeightsConfig(backend="shm")
+    sender = Sender(cfg)
+    rx = Receiver(cfg, "server-0", endpoint=sender.endpoint, confirm_loads=True)
+
+    async def go() -> tuple[float, int]:
+        loop = asyncio.get_running_loop()
+        scheduled = 0
+        originals = {name: getattr(loop, name) for name in ("call_soon", "call_soon_threadsafe")}
+
+        def counting(name):
+            def call(*a, **k):
+                nonlocal scheduled
+                scheduled += 1
+                return originals[name](*a, **k)
+            return call
+
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(serve_updates(Server(), rx, stop=stop))
+        await asyncio.sleep(0.3)
+        for name in originals:  # what the loop is asked to run while the server waits, idle
+            setattr(loop, name, counting(name))
+        await asyncio.sleep(2.0)
+        for name, fn in originals.items():
+            setattr(loop, name, fn)
+        t0 = time.monotonic()
+        stop.set()
+        await asyncio.wait_for(task, 5)
+        return time.monotonic() - t0, scheduled
+
+    try:
+        took, scheduled = asyncio.run(go())
+    finally:
+        rx.close()
+        sender.close()
+    assert took < 1.0, took
+    assert scheduled <= 2, scheduled  # a wait of 0.2 s at a time: 31 calls in those 2 s
