@@ -169,8 +169,12 @@ class RemoteServer(RolloutServer):
         from asyncrl.rollout.host_spec import decode_record, encode_sample
         from asyncrl.rollout.inflight import encode_saved
 
-        data = await self._call("run_sample", encode_sample(sample), None if resume is None else encode_saved([resume]),
-                                None if resume_from is None else msgspec.msgpack.encode(resume_from))
+        self._in_flight += 1  # what `stats()` (status, a drain's `moved`) counts: here whole samples, not generate calls
+        try:
+            data = await self._call("run_sample", encode_sample(sample), None if resume is None else encode_saved([resume]),
+                                    None if resume_from is None else msgspec.msgpack.encode(resume_from))
+        finally:
+            self._in_flight -= 1
         self.record_bytes += len(data)
         RemoteServer.delivered_record_bytes += len(data)
         return decode_record(data)

@@ -128,3 +128,41 @@ def test_a_probe_answered_after_a_publish_does_not_take_the_version_back():
         assert server.version == 5
 
     asyncio.run(go())
+
+
+def test_a_whole_sample_running_on_an_actor_counts_in_flight(monkeypatch):
+    """`stats().in_flight` (the status view's per-server figure, a drain's `moved`) counts the samples an actor
+    runs: a Ray fleet runs whole samples there, so counting `generate` calls alone read 0 (`bench controller`)."""
+    from asyncrl.rollout import host_spec
+    from transfer_queue.records import SampleMeta
+
+    monkeypatch.setattr(host_spec, "encode_sample", lambda sample: b"sample")  # the stand-in handle reads no sample
+
+    record = SampleMeta(uid="u0", group_id="g0", group_size=1, version=0, meta={}, handles={})
+    answers: list[asyncio.Future] = []
+
+    class Verb:
+        def remote(self, *args):
+            answers.append(asyncio.get_running_loop().create_future())
+            return answers[-1]
+
+    class Handle:
+        def __getattr__(self, name: str) -> Verb:
+            return Verb()
+
+    server = RemoteServer(Handle(), "main-0")
+
+    async def go() -> list[int]:
+        runs = [asyncio.ensure_future(server.run_sample(object())) for _ in range(3)]
+        await asyncio.sleep(0)
+        seen = [server.stats().in_flight]
+        answers[0].set_result(host_spec.encode_record(record))
+        await runs[0]
+        seen.append(server.stats().in_flight)
+        for a in answers[1:]:
+            a.set_exception(RuntimeError("the sample's own error"))
+        await asyncio.gather(*runs[1:], return_exceptions=True)
+        seen.append(server.stats().in_flight)
+        return seen
+
+    assert asyncio.run(go()) == [3, 2, 0]
