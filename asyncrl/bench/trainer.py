@@ -25,8 +25,6 @@ published model's width, full against chunked logits, peak memory (`asyncrl benc
 from __future__ import annotations
 
 import argparse
-import ctypes
-import gc
 import json
 import sys
 import tempfile
@@ -35,6 +33,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from asyncrl.bench.rss import peak_rss_mib, settle
 
 if TYPE_CHECKING:
     import torch
@@ -102,31 +102,6 @@ def model_spec(size: Size):  # -> TinyModelSpec
                          intermediate_size=size.intermediate, max_position_embeddings=max(size.max_len, 512))
 
 
-def _rss_mib() -> float:
-    import psutil
-
-    return psutil.Process().memory_info().rss / 2**20
-
-
-def _settle() -> float:
-    """Free what earlier cases left (gc, glibc malloc_trim), reset the peak RSS; returns the RSS now (MiB)."""
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
-    return _rss_mib()
-
-
-def _peak_rss_mib() -> float:
-    """VmHWM from /proc: psutil has no peak RSS on Linux (its `memory_info` has no peak field)."""
-    with open("/proc/self/status") as f:
-        line = next(x for x in f if x.startswith("VmHWM:"))
-    return int(line.split()[1]) / 1024
-
-
 def measure(size: Size, case: str, model_path: str) -> tuple[dict[str, object], dict[str, "torch.Tensor"]]:
     """One case: a first train_step gives the loss and the full gradients (captured before the optimizer
     applies them); a second one, timed, gives tokens/s and the peak memory it added."""
@@ -152,11 +127,11 @@ def measure(size: Size, case: str, model_path: str) -> tuple[dict[str, object], 
     engine.optimizer_step = capture  # type: ignore[method-assign]
     try:
         first = engine.train_step(batch)  # also allocates the optimizer state and warms FSDP up
-        rss0 = _settle()
+        rss0 = settle()
         t0 = time.perf_counter()
         engine.train_step(batch)
         wall = time.perf_counter() - t0
-        peak = _peak_rss_mib() - rss0
+        peak = peak_rss_mib() - rss0
     finally:
         engine.close()
         del engine

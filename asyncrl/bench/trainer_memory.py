@@ -145,7 +145,7 @@ def measure(case: Case) -> dict[str, Any]:
     """One variant in this (fresh) process: warm-up step, then the measured step's peak above the memory before it."""
     import torch
 
-    from asyncrl.bench.trainer import _peak_rss_mib, _settle
+    from asyncrl.bench.rss import peak_rss_mib, settle
 
     model = _model(case)
     _step(model, *_batch(case, 16), case)  # warm-up: allocates the gradients and lazy runtime state
@@ -157,13 +157,13 @@ def measure(case: Case) -> dict[str, Any]:
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated() / MIB
     else:
-        before = _settle()
+        before = settle()
     t0 = time.perf_counter()
     lp = _step(model, batch, adv, case)
     if cuda:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
-    peak = (torch.cuda.max_memory_allocated() / MIB if cuda else _peak_rss_mib()) - before
+    peak = (torch.cuda.max_memory_allocated() / MIB if cuda else peak_rss_mib()) - before
     if case.save_to:
         head = model.get_output_embeddings().weight.grad
         down = model.model.layers[-1].mlp.down_proj.weight.grad
