@@ -76,7 +76,7 @@ from asyncrl.observe.reporter import StatusReporter
 from asyncrl.pipeline_checkpoint import PipelineCheckpoint
 from asyncrl.progress import Progress
 from asyncrl.rollout.parity import ParityCheck, vocab_bound
-from asyncrl.rollout.resume import run_moving
+from asyncrl.rollout.resume import run_group_moving, run_moving
 from asyncrl.rollout.rollouter import Rollouter
 from asyncrl.rollout.shaping import OverlongShaping, overlong_metrics
 from asyncrl.run_dir import plot_curve, write_published
@@ -106,7 +106,7 @@ class Pipeline(PipelineCheckpoint):
         self.parity = ParityCheck.from_config(cfg.weights, cfg.model.dtype, vocab_bound(parts.tokenizer, parts.model_path), cfg.rollout)
         """The weight-parity probe after publishes (`weights.parity_*`; the `FleetManager` runs it)."""
         self.rollouter = Rollouter(
-            run_sample=self._run_sample, prompts=parts.prompts, staleness=self.staleness, sink=self.queue.put,
+            run_sample=self._run_sample, run_group=self._run_group if cfg.ray.enabled else None, prompts=parts.prompts, staleness=self.staleness, sink=self.queue.put,
             discard=self.queue.discard, group_size=self.n, max_running_samples=cfg.rollout.max_running_samples,
             filter_groups=cfg.algorithm.filter_groups, filter_groups_max_batches=cfg.algorithm.filter_groups_max_batches,
             shaping=OverlongShaping.from_config(cfg), lengths=self.lengths, on_resumed=self._resumed_sample,
@@ -173,13 +173,28 @@ class Pipeline(PipelineCheckpoint):
         that dies under it hands it on with its last snapshot (`run_moving`), counted in `failover`."""
         session = sample.group_id if self.cfg.rollout.group_affinity else None
         record, fate = await run_moving(self.parts.router, sample, resume, free=self.parts.storage.free, session_id=session)
+        self._count_fate(record, fate)
+        return record
+
+    async def _run_group(self, samples: list[Any]) -> list[SampleMeta]:
+        """A new group's samples in one call to the server the router picks (`run_group_moving`); a server that
+        dies under them hands each on alone, counted in `failover` as `_run_sample` counts it. Ray fleets only
+        (`ray.enabled`), where a call per sample was most of the controller's cost (`asyncrl bench controller
+        --ray`); an embedded server's samples are coroutines of this process either way, and there the
+        router spreads a group's samples over the servers."""
+        session = samples[0].group_id if self.cfg.rollout.group_affinity else None
+        out = await run_group_moving(self.parts.router, samples, free=self.parts.storage.free, session_id=session)
+        for record, fate in out:
+            self._count_fate(record, fate)
+        return [record for record, _ in out]
+
+    def _count_fate(self, record: SampleMeta, fate: str | None) -> None:
         if fate is not None:
             used = int(record.meta.get("meta", {}).get("resumed_tokens", 0))
             self.failover[fate] += 1
             self.failover["tokens_kept"] += used if fate == "continued" else 0
             if fate == "redone":
                 self.lengths.add("redone", [response_length(record)])
-        return record
 
     async def evaluate(self) -> dict[str, float]:
         router = self.parts.router

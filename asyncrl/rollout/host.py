@@ -118,6 +118,10 @@ class ServerHost(RolloutServer):
             traj.meta.update(resumed_tokens=client.resumed_tokens, resumed_max_version=client.resumed_max_version)
         return await asyncio.to_thread(trajectory_sample, self.plane, traj)  # may wait for arena space
 
+    async def run_samples(self, samples: list[Sample]) -> list[Any]:
+        """A group's samples (none resumed), run together; their records in order (`run_sample` each)."""
+        return list(await asyncio.gather(*(self.run_sample(s) for s in samples)))
+
     async def partial_samples(self) -> list[SavedSample]:
         """What every training sample running here has generated so far (see the module docstring)."""
         engine = {o.request_id: o for o in await self.server.live_requests()}

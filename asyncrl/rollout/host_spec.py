@@ -159,6 +159,14 @@ def decode_sample(data: bytes) -> Sample:
     return msgspec.msgpack.decode(data, type=Sample)
 
 
+def encode_samples(samples: list[Sample]) -> bytes:
+    return msgspec.msgpack.encode(list(samples))
+
+
+def decode_samples(data: bytes) -> list[Sample]:
+    return msgspec.msgpack.decode(data, type=list[Sample])
+
+
 def encode_handles(handles: dict[str, Any]) -> bytes:
     """{uid: data-plane handle} (a server's snapshots) as msgpack."""
     return msgspec.msgpack.encode(handles)
@@ -174,6 +182,14 @@ def decode_handle(data: bytes) -> Handle:
 
 def encode_record(record: SampleMeta) -> bytes:
     return msgspec.msgpack.encode(record)
+
+
+def encode_records(records: list[SampleMeta]) -> bytes:
+    return msgspec.msgpack.encode(list(records))
+
+
+def decode_records(data: bytes) -> list[SampleMeta]:
+    return msgspec.msgpack.decode(data, type=list[SampleMeta])
 
 
 def decode_record(data: bytes) -> SampleMeta:

@@ -179,6 +179,20 @@ class RemoteServer(RolloutServer):
         RemoteServer.delivered_record_bytes += len(data)
         return decode_record(data)
 
+    async def run_samples(self, samples: list[Any]) -> list[Any]:
+        """A group's samples (none resumed) in one actor call (`ServerActor.run_samples`); their records in
+        order. One Ray call per group: per sample, submitting the call was most of the controller's cost."""
+        from asyncrl.rollout.host_spec import decode_records, encode_samples
+
+        self._in_flight += len(samples)
+        try:
+            data = await self._call("run_samples", encode_samples(samples))
+        finally:
+            self._in_flight -= len(samples)
+        self.record_bytes += len(data)
+        RemoteServer.delivered_record_bytes += len(data)
+        return decode_records(data)
+
     async def partial_samples(self) -> list[Any]:
         """What the actor's running samples have generated so far (`list[inflight.SavedSample]`)."""
         from asyncrl.rollout.inflight import decode_saved

@@ -148,18 +148,37 @@ async def reinstate(state: AsyncState, *, rollouter: Any, queue: Any) -> Counter
     return counts
 
 
+async def run_group_moving(router: Any, samples: list[Any], free: Callable[[list[Any]], None] | None = None,
+                           session_id: str | None = None) -> list[tuple[Any, str | None]]:
+    """A group's samples (none resumed) in one call to the server `router` picks (`run_samples`: one Ray
+    call per group, not per sample); (record, fate) of each, in order, as `run_moving` gives. When that
+    server dies under them, each sample moves alone, as `run_moving` moves it: from the dead server's last
+    snapshot of it where there is one (`continued`), else from its prompt (`redone`). Samples that had
+    finished there are redone too: their records were in the call's unanswered reply."""
+    try:
+        records = await router.call_once(lambda host: host.run_samples(samples), len(samples), session_id)
+    except ServerDied as exc:
+        dead = exc.server  # type: ignore[attr-defined]
+        return list(await asyncio.gather(*(run_moving(router, s, free=free, session_id=session_id, died_on=dead)
+                                           for s in samples)))
+    return [(r, None) for r in records]
+
+
 async def run_moving(router: Any, sample: Any, resume: SavedSample | None = None,
-                     free: Callable[[list[Any]], None] | None = None, session_id: str | None = None) -> tuple[Any, str | None]:
+                     free: Callable[[list[Any]], None] | None = None, session_id: str | None = None,
+                     died_on: Any = None) -> tuple[Any, str | None]:
     """Run `sample` on the server `router` picks (`resume`: its state at a checkpoint). When that server
     dies under it, the router moves it to another, which continues from the dead server's last snapshot
     of it (`RemoteServer.snapshots`, collected by the health probe) where there is one, else as it began.
     Returns (its queue record, None if it never moved, else `continued` (saved tokens used) or `redone`);
     the dead servers' snapshots of it are then freed with `free` (their hosts cannot). `session_id`:
     the router's session (its group's id under `rollout.group_affinity`): where that session runs.
+    `died_on`: a server the sample was running on that died already (its group's call,
+    `run_group_moving`): the sample starts as moved off it.
 
     Trace: s0 generates 300 tokens of u; the probe collects s0's snapshot (280 tokens); s0 is killed ->
     the router moves u to s1 -> s1's host reads the snapshot, continues from token 280 -> `continued`."""
-    tried: list[Any] = []
+    tried: list[Any] = [] if died_on is None else [died_on]
 
     def on(host: Any) -> Any:
         snap = getattr(tried[-1], "snapshots", {}).get(sample.uid) if tried else None

@@ -87,13 +87,16 @@ class Rollouter:
         lengths: Any = None,
         on_resumed: Callable[[str, Any], None] | None = None,
         on_group_end: Callable[[str], None] | None = None,
+        run_group: Callable[[list[Sample]], Awaitable[list[Any]]] | None = None,
     ) -> None:
         """`filter_groups_max_batches`: filtered groups in a row that stop the run, in batches of
         `staleness.batch_groups` groups (0: no limit). `shaping`: applied to every queued record.
-        `on_group_end(group_id)`: once no sample of the group runs any more (the router forgets its session)."""
+        `on_group_end(group_id)`: once no sample of the group runs any more (the router forgets its session).
+        `run_group(samples)`: a new group's samples in one call, their records in order (a group taken back
+        from a checkpoint runs sample by sample, `run_sample`, each from its saved state)."""
         if filter_groups and group_size < 2:
             raise ValueError(f"algorithm.filter_groups needs rollout.group_size >= 2 (a group of one always has equal rewards), got {group_size}")
-        self.run_sample, self.prompts = run_sample, prompts
+        self.run_sample, self.run_group, self.prompts = run_sample, run_group, prompts
         self.on_group_end = on_group_end
         self.staleness, self.sink, self.discard, self.group_size = staleness, sink, discard, group_size
         self.max_running_samples, self.filter_groups = max_running_samples, filter_groups
@@ -200,6 +203,14 @@ class Rollouter:
             self.running_samples -= 1
             self._slot_freed.set()
 
+    async def _run_samples(self, g: RunningGroup, samples: list[Sample]) -> None:
+        try:
+            for s, record in zip(samples, await self.run_group(samples), strict=True):  # type: ignore[misc]
+                g.done[s.index_in_group] = record
+        finally:
+            self.running_samples -= len(samples)
+            self._slot_freed.set()
+
     def _done(self, t: asyncio.Task) -> None:
         self._tasks.discard(t)
         if not t.cancelled() and t.exception() is not None and self._error is None:
@@ -209,7 +220,10 @@ class Rollouter:
     async def _run_group(self, g: RunningGroup, saved: dict[str, Any]) -> None:
         try:
             todo = [s for s in g.samples if s.index_in_group not in g.done]
-            await asyncio.gather(*(self._run_sample(g, s, saved.get(s.uid)) for s in todo))
+            if self.run_group is not None and not g.resumed and len(todo) > 1:
+                await self._run_samples(g, todo)
+            else:
+                await asyncio.gather(*(self._run_sample(g, s, saved.get(s.uid)) for s in todo))
             group = [g.done[i] for i in range(self.group_size)]
             await self._finish(g, group, new=[g.done[s.index_in_group] for s in todo])
         finally:

@@ -322,16 +322,31 @@ class Router:
                 self.failovers += 1
                 slot = await self._pick(session_id, fleet)
 
+    async def call_once(self, verb: Callable[[RolloutServer], Awaitable[T]], requests: int, session_id: str | None = None,
+                        fleet: str | None = None) -> T:
+        """`verb(server)` on the server the policy picks, counted as `requests` in flight there (a group's
+        samples in one call). No failover: a `ServerDied` takes the server out (`on_dead`), counts the
+        `requests` as moved, and is raised with the dead server as its `server`; the caller moves the work
+        (each sample alone, from that server's snapshots: `resume.run_group_moving`)."""
+        slot = await self._pick(session_id, fleet)
+        try:
+            return await self._run(slot, verb(slot.server), requests)
+        except ServerDied as exc:
+            self.take_out(slot.server, exc)
+            self.failovers += requests
+            exc.server = slot.server  # type: ignore[attr-defined]
+            raise
+
     async def _call(self, slot: Slot, prompt: list[int], sampling: SamplingParams, request_id: str | None = None) -> GenerateOutput:
         return await self._run(slot, slot.server.generate(prompt, sampling, request_id))
 
-    async def _run(self, slot: Slot, work: Awaitable[T]) -> T:
-        self._count(slot, +1)
+    async def _run(self, slot: Slot, work: Awaitable[T], requests: int = 1) -> T:
+        self._count(slot, requests)
         slot.idle.clear()
         try:
             return await work
         finally:
-            self._count(slot, -1)
+            self._count(slot, -requests)
             if slot.in_flight == 0:
                 slot.idle.set()
 

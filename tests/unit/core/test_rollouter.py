@@ -193,3 +193,45 @@ def test_filter_groups_drops_equal_reward_groups_counted_and_refills_the_batch()
 def test_filter_groups_refuses_groups_of_one():
     with pytest.raises(ValueError, match="algorithm.filter_groups"):
         Rollouter(run_sample=None, prompts=None, staleness=None, sink=None, discard=_discard, group_size=1, filter_groups=True)
+
+
+def test_a_new_group_runs_in_one_group_call_and_a_resumed_one_sample_by_sample():
+    """`run_group` (Ray fleets): a new group's samples go in one call and their records land in order; a group
+    taken back from a checkpoint runs each remaining sample with its saved state (`run_sample`)."""
+    plane = LocalStorage(inline_max_bytes=0)
+    agent = SingleTurnAgent(decode=lambda ids: "x", reward_fn=lambda response, answer: 1.0, sampling=SamplingParams())
+    single = _runner(agent, ScriptedLLM(), plane)
+    group_calls, sample_calls = [], []
+
+    async def run_group(samples):
+        group_calls.append([s.index_in_group for s in samples])
+        return [await single(s) for s in samples]
+
+    async def run_sample(sample, saved=None):
+        sample_calls.append((sample.uid, saved))
+        return await single(sample)
+
+    async def go():
+        prompts = PromptSet([Prompt(i, "q", [1, 2], "ok") for i in range(4)])
+        queued = []
+
+        async def sink(group):
+            queued.append(group)
+
+        r = Rollouter(run_sample=run_sample, run_group=run_group, prompts=PromptStream(prompts, seed=0),
+                      staleness=StalenessManager(batch_groups=2, eta=0), sink=sink, discard=_discard, group_size=3,
+                      max_running_samples=6)
+        r.resume("g-old", 0, Prompt(9, "q", [1, 2], "ok"), done={}, saved={"g-old-1": "saved-1"})
+        task = asyncio.create_task(r.run())
+        while len(queued) < 2:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return queued, r
+
+    queued, r = asyncio.run(go())
+    assert sorted(sample_calls) == [("g-old-0", None), ("g-old-1", "saved-1"), ("g-old-2", None)]
+    assert group_calls and all(c == [0, 1, 2] for c in group_calls)
+    for group in queued:
+        assert [rec.uid.rsplit("-", 1)[1] for rec in group] == ["0", "1", "2"] and len({rec.group_id for rec in group}) == 1
+    assert r.running_samples >= 0
