@@ -106,7 +106,7 @@ class Pipeline(PipelineCheckpoint):
         self.parity = ParityCheck.from_config(cfg.weights, cfg.model.dtype, vocab_bound(parts.tokenizer, parts.model_path), cfg.rollout)
         """The weight-parity probe after publishes (`weights.parity_*`; the `FleetManager` runs it)."""
         self.rollouter = Rollouter(
-            run_sample=self._run_sample, run_group=self._run_group if cfg.ray.enabled else None, prompts=parts.prompts, staleness=self.staleness, sink=self.queue.put,
+            run_sample=self._run_sample, run_group=self._run_group if cfg.ray.enabled and cfg.rollout.group_affinity else None, prompts=parts.prompts, staleness=self.staleness, sink=self.queue.put,
             discard=self.queue.discard, group_size=self.n, max_running_samples=cfg.rollout.max_running_samples,
             filter_groups=cfg.algorithm.filter_groups, filter_groups_max_batches=cfg.algorithm.filter_groups_max_batches,
             shaping=OverlongShaping.from_config(cfg), lengths=self.lengths, on_resumed=self._resumed_sample,
@@ -178,10 +178,10 @@ class Pipeline(PipelineCheckpoint):
 
     async def _run_group(self, samples: list[Any]) -> list[SampleMeta]:
         """A new group's samples in one call to the server the router picks (`run_group_moving`); a server that
-        dies under them hands each on alone, counted in `failover` as `_run_sample` counts it. Ray fleets only
-        (`ray.enabled`), where a call per sample was most of the controller's cost (`asyncrl bench controller
-        --ray`); an embedded server's samples are coroutines of this process either way, and there the
-        router spreads a group's samples over the servers."""
+        dies under them hands each on alone, counted in `failover` as `_run_sample` counts it. Ray fleets under
+        `rollout.group_affinity` (the group goes to one server anyway), where a call per sample was most of the
+        controller's cost (`asyncrl bench controller --ray`); an embedded server's samples are coroutines of
+        this process either way."""
         session = samples[0].group_id if self.cfg.rollout.group_affinity else None
         out = await run_group_moving(self.parts.router, samples, free=self.parts.storage.free, session_id=session)
         for record, fate in out:
