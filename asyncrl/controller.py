@@ -72,6 +72,7 @@ from asyncrl.config import Config
 from asyncrl.launch import Components
 from asyncrl.lengths import LengthBias
 from asyncrl.metrics import MetricsLogger, idle_ratio
+from asyncrl.observe.loop_lag import LoopLag
 from asyncrl.observe.reporter import StatusReporter
 from asyncrl.pipeline_checkpoint import PipelineCheckpoint
 from asyncrl.progress import Progress
@@ -119,6 +120,8 @@ class Pipeline(PipelineCheckpoint):
 
             self.autoscaler = Autoscaler(cfg.rollout.autoscale, cfg.rollout.num_servers)
         self.control_rejected = 0
+        self.loop_lag = LoopLag()
+        """The event loop's lag, per step in metrics.jsonl (`controller/loop_lag_ms_*`)."""
         """Control requests (`asyncrl scale`) that were not valid requests: counted, logged, not applied."""
         self.failover: Counter[str] = Counter()
         """Samples whose server died under them: `continued` from its snapshot or `redone` from the
@@ -292,6 +295,7 @@ class Pipeline(PipelineCheckpoint):
                 m.update(await self.evaluate())
             m["admission/limit"] = self.staleness.admission_limit()
             m["admission/in_flight_queued"] = self.staleness.running + self.staleness.queued
+            m.update(self.loop_lag.take())
             await self.staleness.step_done(time.time() - t_batch, t_batch - t_wait)
             self.metrics.log(self.step, m)
             progress.update(self.step, m)
@@ -320,7 +324,8 @@ class Pipeline(PipelineCheckpoint):
         health = asyncio.create_task(self.parts.fleets.watch(self.cfg.rollout.health_interval_s))
         leases = asyncio.create_task(self.queue.keep_leases())
         control = asyncio.create_task(self._control_loop())
-        loops = {roll, train, health, leases, control, asyncio.create_task(self.parts.fleets.watch_parity())}
+        loops = {roll, train, health, leases, control, asyncio.create_task(self.parts.fleets.watch_parity()),
+                 asyncio.create_task(self.loop_lag.run())}
         if self.autoscaler is not None:
             loops.add(asyncio.create_task(self._autoscale_loop()))
         if self.cfg.ray.detached:  # the actors outlive this process: tell them it is there

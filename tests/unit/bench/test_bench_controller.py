@@ -11,12 +11,12 @@ import pytest
 from asyncrl.bench import controller as bc
 
 ROW_KEYS = {"servers", "group", "trajectories", "trajectories_per_s", "controller_cpu_ms_per_trajectory",
-            "samples_in_flight_max", "event_loop_lag_ms", "wall_s"}
+            "samples_in_flight_max", "event_loop_lag_ms", "event_loop_lag_ms_max", "wall_s"}
 
 
 def _run(servers: int, trajectories: int, loop_s: float, cpu_s: float, group: int = 8) -> dict:
     return {"servers": servers, "group": group, "trajectories": trajectories, "loop_s": loop_s, "cpu_s": cpu_s,
-            "samples_in_flight_max": servers * 16}
+            "samples_in_flight_max": servers * 16, "event_loop_lag_ms": 0.5, "event_loop_lag_ms_max": 12.0}
 
 
 def test_a_row_is_the_difference_of_the_long_and_the_short_run():
@@ -24,7 +24,7 @@ def test_a_row_is_the_difference_of_the_long_and_the_short_run():
     assert set(r) == ROW_KEYS and r["trajectories"] == 2048 and r["wall_s"] == 2.0
     assert r["trajectories_per_s"] == pytest.approx(1024.0)
     assert r["controller_cpu_ms_per_trajectory"] == pytest.approx(0.2 / 2048 * 1000)
-    assert r["event_loop_lag_ms"] is None and r["samples_in_flight_max"] == 256
+    assert r["event_loop_lag_ms"] == 0.5 and r["event_loop_lag_ms_max"] == 12.0 and r["samples_in_flight_max"] == 256
 
 
 def test_a_long_run_with_no_more_trajectories_is_an_error():
@@ -39,7 +39,7 @@ def test_flat_ratio_is_over_server_counts_at_group_8_only():
     assert bc.flat_ratio(rows[:1]) is None and bc.flat_ratio(rows, group=1) is None
     res = {"rows": rows, "mode": "embedded", "cores": 2, "steps": [4, 16], "flat_ratio_group8": bc.flat_ratio(rows)}
     text = bc.table(res)
-    assert "| 4 | 8 | 1024 | 1024 | 0.0977 | 2.0 | 64 | - | 1.0 |" in text
+    assert "| 4 | 8 | 1024 | 1024 | 0.0977 | 2.0 | 64 | 0.50 / 12.0 | 1.0 |" in text
     assert "64 servers, group 1: 19.5 times the target of 0.05 ms per trajectory (missed)" in text
     assert "(max / min, target 1.2): 1.10 (met)" in text
 
@@ -64,7 +64,8 @@ def test_quick_runs_two_real_cost_model_runs(tmp_path, capsys):
     assert row["trajectories"] == 4 * 256  # 4 more steps of 32 prompts x 8
     cpu = row["controller_cpu_ms_per_trajectory"]
     assert math.isfinite(cpu) and cpu > 0
-    assert row["trajectories_per_s"] > 0 and row["samples_in_flight_max"] > 0 and row["event_loop_lag_ms"] is None
+    assert row["trajectories_per_s"] > 0 and row["samples_in_flight_max"] > 0
+    assert 0 <= row["event_loop_lag_ms"] <= row["event_loop_lag_ms_max"]  # the run logged its loop's lag per step
     short, long = res["runs"]
     assert (short["steps"], long["steps"]) == (2, 6) and 0 < short["cpu_s"] < long["cpu_s"]
     assert 0 < short["loop_s"] < long["loop_s"] <= long["summary_wall_s"] + 0.1
