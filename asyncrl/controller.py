@@ -107,7 +107,8 @@ class Pipeline(PipelineCheckpoint):
         self.parity = ParityCheck.from_config(cfg.weights, cfg.model.dtype, vocab_bound(parts.tokenizer, parts.model_path), cfg.rollout)
         """The weight-parity probe after publishes (`weights.parity_*`; the `FleetManager` runs it)."""
         self.rollouter = Rollouter(
-            run_sample=self._run_sample, run_group=self._run_group if cfg.ray.enabled and cfg.rollout.group_affinity else None, prompts=parts.prompts, staleness=self.staleness, sink=self.queue.put,
+            run_sample=self._run_sample, prompts=parts.prompts, staleness=self.staleness, sink=self.queue.put,
+            run_group=self._run_group if cfg.ray.enabled and cfg.rollout.group_affinity else None,
             discard=self.queue.discard, group_size=self.n, max_running_samples=cfg.rollout.max_running_samples,
             filter_groups=cfg.algorithm.filter_groups, filter_groups_max_batches=cfg.algorithm.filter_groups_max_batches,
             shaping=OverlongShaping.from_config(cfg), lengths=self.lengths, on_resumed=self._resumed_sample,
@@ -120,9 +121,9 @@ class Pipeline(PipelineCheckpoint):
 
             self.autoscaler = Autoscaler(cfg.rollout.autoscale, cfg.rollout.num_servers)
         self.control_rejected = 0
+        """Control requests (`asyncrl scale`) that were not valid requests: counted, logged, not applied."""
         self.loop_lag = LoopLag()
         """The event loop's lag, per step in metrics.jsonl (`controller/loop_lag_ms_*`)."""
-        """Control requests (`asyncrl scale`) that were not valid requests: counted, logged, not applied."""
         self.failover: Counter[str] = Counter()
         """Samples whose server died under them: `continued` from its snapshot or `redone` from the
         prompt, and `tokens_kept` (the snapshots' tokens); records whose producer died or was cut off
