@@ -16,12 +16,13 @@ Method, per case (servers N, group G):
 - `controller_cpu_ms_per_trajectory` = (cpu_long - cpu_short) / (trajectories_long - trajectories_short)
   x 1000, trajectories being `trained_samples` of each run's `summary.json`: the difference cancels
   start-up and shutdown (imports, model build, Ray's start), which both runs pay once;
-- `trajectories_per_s` = the same difference of trajectories over the difference of the runs' loop
-  seconds: from the `metrics.jsonl` row of step 0 (written once the fleet is up, the weights published
-  and the first evaluation done) to the row of the last step. Not `summary.json`'s `wall_s`: that clock
-  starts before the fleet does, and in Ray mode the actors' start (16 servers on 2 cores: about 30 s,
-  varying by seconds run to run) would not cancel in the difference; it is kept in each run's figures
-  (`summary_wall_s`). `wall_s` of a row is the difference of the loop seconds;
+- `trajectories_per_s` = the long run's trajectories over its loop seconds: from the `metrics.jsonl` row
+  of step 0 (written once the fleet is up, the weights published and the first evaluation done) to the row
+  of the last step, so no start-up is in it. (Until 2026-12-07 17:30 the difference of both runs'
+  trajectories over the difference of their loop seconds: with `--quick`'s loops of tenths of a second it
+  came out negative under load.) Not `summary.json`'s `wall_s`: that clock starts before the fleet does
+  (Ray actors: about 30 s for 16 servers on 2 cores); it is kept in each run's figures (`summary_wall_s`).
+  `wall_s` of a row is the long run's loop seconds;
 - `samples_in_flight_max`: the most of `admission/in_flight_queued` x G over the steps of both runs
   (`metrics.jsonl`, at each step's end): samples of the groups in generation or queued and not yet taken
   by the trainer, as the admission counts them. It is the same in both modes; the status snapshot's
@@ -141,9 +142,10 @@ def case_row(short: dict[str, Any], long: dict[str, Any]) -> dict[str, Any]:
     if traj <= 0:
         raise RuntimeError(f"asyncrl bench controller: the long run trained {long['trajectories']} trajectories, the short "
                            f"one {short['trajectories']}: give --steps S1,S2 with S2 > S1")
-    wall = long["loop_s"] - short["loop_s"]
+    wall = long["loop_s"]  # the loop's seconds start after the start-up already: no difference needed, and a
+    # difference of two short loops (--quick: 2 and 6 steps, tenths of a second) came out negative under load
     return {"servers": short["servers"], "group": short["group"], "trajectories": traj,
-            "trajectories_per_s": traj / wall,
+            "trajectories_per_s": long["trajectories"] / wall,
             "controller_cpu_ms_per_trajectory": (long["cpu_s"] - short["cpu_s"]) / traj * 1000,
             "samples_in_flight_max": max(short["samples_in_flight_max"], long["samples_in_flight_max"]),
             "event_loop_lag_ms": long.get("event_loop_lag_ms"), "event_loop_lag_ms_max": long.get("event_loop_lag_ms_max"),

@@ -23,6 +23,7 @@ published: `iter_full_params` hands full tensors to whoever publishes them.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 from typing import Iterator
@@ -425,6 +426,7 @@ class TrainerEngine:
         """Release the models; tear down the process group only if this engine started it."""
         self.model = self.ref_model = self.critic = None  # type: ignore[assignment]
         if self._owns_process_group and dist.is_initialized():
+            gc.collect()  # FSDP's modules sit in reference cycles: freed now, with the group alive, not at a later collection
             if self.world > 1:  # every rank out of its last collective before any tears the group down (gloo
                 dist.barrier()  # aborts a rank still in one whose peer has gone: the teardown race of a clean end)
             dist.destroy_process_group()
