@@ -169,29 +169,29 @@ class RemoteServer(RolloutServer):
         from asyncrl.rollout.host_spec import decode_record, encode_sample
         from asyncrl.rollout.inflight import encode_saved
 
-        self._in_flight += 1  # what `stats()` (status, a drain's `moved`) counts: here whole samples, not generate calls
-        try:
-            data = await self._call("run_sample", encode_sample(sample), None if resume is None else encode_saved([resume]),
-                                    None if resume_from is None else msgspec.msgpack.encode(resume_from))
-        finally:
-            self._in_flight -= 1
-        self.record_bytes += len(data)
-        RemoteServer.delivered_record_bytes += len(data)
-        return decode_record(data)
+        return decode_record(await self._records(1, "run_sample", encode_sample(sample),
+                                                 None if resume is None else encode_saved([resume]),
+                                                 None if resume_from is None else msgspec.msgpack.encode(resume_from)))
 
     async def run_samples(self, samples: list[Any]) -> list[Any]:
         """A group's samples (none resumed) in one actor call (`ServerActor.run_samples`); their records in
         order. One Ray call per group: per sample, submitting the call was most of the controller's cost."""
         from asyncrl.rollout.host_spec import decode_records, encode_samples
 
-        self._in_flight += len(samples)
+        return decode_records(await self._records(len(samples), "run_samples", encode_samples(samples)))
+
+    async def _records(self, samples: int, verb: str, *args: Any) -> bytes:
+        """A call that runs `samples` whole samples on the actor and answers their records' bytes: the samples
+        count in `stats().in_flight` meanwhile (status, a drain's `moved`: not `generate` calls, which a Ray
+        fleet does not make), the bytes in `record_bytes` and `delivered_record_bytes`."""
+        self._in_flight += samples
         try:
-            data = await self._call("run_samples", encode_samples(samples))
+            data = await self._call(verb, *args)
         finally:
-            self._in_flight -= len(samples)
+            self._in_flight -= samples
         self.record_bytes += len(data)
         RemoteServer.delivered_record_bytes += len(data)
-        return decode_records(data)
+        return data
 
     async def partial_samples(self) -> list[Any]:
         """What the actor's running samples have generated so far (`list[inflight.SavedSample]`)."""
