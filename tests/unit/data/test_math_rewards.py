@@ -64,9 +64,17 @@ def test_math_scores_the_last_boxed_answer():
 @pytest.mark.timeout(10)
 def test_no_reward_falls_back_to_the_last_number():
     for fn in (math_answer, gsm8k, math_boxed):
-        assert fn(COUNTING, "99") == (0.0, {"extracted": False}), fn.__name__
+        assert fn(COUNTING, "99")[:2] == (0.0, {"extracted": False, **({"exact": False} if fn is gsm8k else {})}), fn.__name__
         assert fn(COUNTING, "#### 99")[0] == 0.0
     assert math_answer("so #### 99", "99")[0] == 1.0 and math_answer("\\boxed{99}", "#### 99")[0] == 1.0
+
+
+@pytest.mark.timeout(10)
+def test_gsm8k_format_score_is_verls_and_exact_stays_the_accuracy():
+    assert gsm8k("7 + 3 = 10\n#### 10", "#### 10") == (1.0, {"extracted": True, "exact": True})
+    assert gsm8k("7 + 3 = 11\n#### 11", "#### 10", format_score=0.1) == (0.1, {"extracted": True, "exact": False})
+    assert gsm8k("the answer is 10", "#### 10", format_score=0.1) == (0.0, {"extracted": False, "exact": False})
+    assert gsm8k("#### 10", "10", format_score=0.1, score=2.0)[0] == 2.0
 
 
 @pytest.mark.timeout(10)
