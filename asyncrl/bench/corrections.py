@@ -53,6 +53,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from asyncrl.bench.report import pyplot
+
 BASELINE = "none"
 TWIN = "bypass"
 """The same weight function as `none` (w = 1): their difference is a floor for the noise."""
@@ -211,12 +213,8 @@ def table(res: dict[str, Any]) -> str:
 
 def plot(res: dict[str, Any], path: Path) -> bool:
     """Held-out reward (bars: final, dots: mean) and dropped share per correction, one group per setting; False without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     rows = [r for r in res["rows"] if not r.get("error")]
     settings = list(dict.fromkeys(r["setting"] for r in rows))

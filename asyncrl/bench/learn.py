@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from asyncrl.bench.corrections import COMMON, _fmt
+from asyncrl.bench.report import pyplot
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "smollm2_arith.yaml"
@@ -244,12 +245,8 @@ def table(res: dict[str, Any]) -> str:
 
 def plot(res: dict[str, Any], path: Path) -> bool:
     """Held-out accuracy vs trained samples and vs wall seconds, a line per run, dashed: untrained; False without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     runs = {k: r for k, r in res["runs"].items() if not r.get("error") and r["points"]}
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), dpi=90, sharey=True)

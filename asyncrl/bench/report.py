@@ -1,7 +1,7 @@
 """How a bench ends: its figures stamped with the bench's wall seconds, printed as JSON or as its table.
 
-Shared by the benches that print `bench_wall_s` (`pipeline`, `planes`); it knows nothing of what the
-figures are (each bench passes its own `print_table`).
+Shared by the benches that print `bench_wall_s` (`pipeline`, `planes`), and `pyplot` by those that draw
+(`corrections`, `learn`); it knows nothing of what the figures are (each bench passes its own `print_table`).
 """
 
 from __future__ import annotations
@@ -20,3 +20,16 @@ def finish(res: dict[str, Any], started: float, as_json: bool, print_table: Call
     else:
         print_table(res)
     return 0
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on the file-only Agg backend, or None where matplotlib is not installed (a bench then
+    says "no plot")."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt

@@ -70,6 +70,9 @@ class ServerActor:
                  name: str = "", spec: dict[str, Any] | None = None, detached: dict[str, Any] | None = None) -> None:
         self._times = {"init_at": time.time(), "process_at": _process_started()}
         """Wall times of this process's start, this body's construction and the engine's build (`start`)."""
+        from asyncrl.malloc import fixed_mmap_threshold
+
+        fixed_mmap_threshold()  # a model's process (asyncrl/malloc.py)
         self.sockets = on_node(ray.util.get_node_ip_address(), ray.get_runtime_context().gcs_address.rsplit(":", 1)[0])
         """`GLOO_SOCKET_IFNAME` / `NCCL_SOCKET_IFNAME` in force here (`asyncrl/hosts.py`)."""
         cfg = dict(cfg, cost_model=CostModelConfig(**cfg["cost_model"]))

