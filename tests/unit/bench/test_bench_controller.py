@@ -67,6 +67,7 @@ def test_quick_runs_two_real_cost_model_runs(tmp_path, capsys):
     assert row["trajectories_per_s"] > 0 and row["samples_in_flight_max"] > 0
     assert 0 <= row["event_loop_lag_ms"] <= row["event_loop_lag_ms_max"]  # the run logged its loop's lag per step
     short, long = res["runs"]
-    assert (short["steps"], long["steps"]) == (2, 6) and 0 < short["cpu_s"] < long["cpu_s"]
-    assert 0 < short["loop_s"] < long["loop_s"] <= long["summary_wall_s"] + 0.1
+    # each run's own figures (no order between the two: under a loaded host a 2-step run can take longer than a 6-step one)
+    assert (short["steps"], long["steps"]) == (2, 6) and short["cpu_s"] > 0 and long["cpu_s"] > 0
+    assert short["loop_s"] > 0 and 0 < long["loop_s"] <= long["summary_wall_s"] + 0.1
     assert json.loads((tmp_path / "results.json").read_text())["rows"] == res["rows"]

@@ -25,7 +25,7 @@ def test_a_data_path_selects_jsonl_and_a_digit_task_beside_it_is_an_error(data):
     cfg, changes = load_with_changes(None, [f"data.eval_path={data}", f"data.train_path={data}"])
     assert cfg.data.task == "jsonl" and changes == [("data.task", "jsonl", "selected by data.train_path")]
     assert load(None, []).data.task == "increment" and load_with_changes(None, [])[1] == []
-    with pytest.raises(ConfigError, match=r"^data\.eval_path: given, but data\.task=reverse is a built-in digit task"):
+    with pytest.raises(ConfigError, match=r"^data\.eval_path: given, but data\.task=reverse is a built-in task"):
         load(None, ["data.task=reverse", f"data.eval_path={data}"])
 
 
