@@ -22,7 +22,7 @@ evaluations minus sync's accuracy at the same trained samples (sync's curve inte
 and `targets`, `target_gain_met` (per run), `target_parity_met`.
 
     asyncrl bench learn [--json] [--quick] [--model DIR] [--modes sync,one_step_off,fully_async] [--steps N]
-                        [--ablation] [--out DIR] [--seed S] [--set key=value ...]
+                        [--ablation] [--etas 4,8] [--out DIR] [--seed S] [--set key=value ...]
 """
 
 from __future__ import annotations
@@ -52,14 +52,16 @@ SAMPLES = 3
 POLL_S = 30.0
 
 
-def plan_runs(modes: list[str], ablation: bool, correction: str) -> list[tuple[str, list[str]]]:
+def plan_runs(modes: list[str], ablation: bool, correction: str, etas: tuple[int, ...] = ETAS) -> list[tuple[str, list[str]]]:
     """(label, the run's own overrides) for each run, in order.
 
     >>> [label for label, _ in plan_runs(["sync"], True, "tis")]
     ['sync', 'eta4_tis', 'eta4_none', 'eta8_tis', 'eta8_none']
+    >>> [label for label, _ in plan_runs([], True, "tis", (8,))]
+    ['eta8_tis', 'eta8_none']
     """
     runs = [(m, [f"trainer.mode={m}"]) for m in modes]
-    for eta in ETAS if ablation else ():
+    for eta in etas if ablation else ():
         for corr in dict.fromkeys((correction, "none")):
             runs.append((f"eta{eta}_{corr}", ["trainer.mode=fully_async", f"trainer.max_staleness={eta}",
                                               "trainer.admission=bound", f"algorithm.correction={corr}"]))
@@ -272,15 +274,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--quick", action="store_true", help=f"a smoke run: fully_async only, {QUICK_STEPS} steps")
     p.add_argument("--model", type=Path, metavar="DIR", help="the model folder (default: smollm2-135m-instruct float32, prepared if missing)")
-    p.add_argument("--modes", default=",".join(MODES), metavar="M,M", help=f"comma-separated, of {list(MODES)}")
+    p.add_argument("--modes", default=",".join(MODES), metavar="M,M",
+                   help=f"comma-separated, of {list(MODES)}; `none` with --ablation: the ablation's runs only")
     p.add_argument("--steps", type=int, metavar="N", help="trainer steps per run (default: the recipe's trainer.total_steps)")
     p.add_argument("--ablation", action="store_true", help="also fully_async at eta 4 and 8, the recipe's correction and none")
+    p.add_argument("--etas", default=",".join(map(str, ETAS)), metavar="E,E", help="the ablation's staleness bounds")
     p.add_argument("--out", type=Path, metavar="DIR", help="runs, learn.json and learn.png here (default runs/bench_learn-<date>); "
                                             "a run already there with the requested steps is read, not rerun")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="the runs' seed")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override for every run (repeatable)")
     args = p.parse_args(argv)
-    modes = ["fully_async"] if args.quick else args.modes.split(",")
+    modes = ["fully_async"] if args.quick else [] if args.modes == "none" else args.modes.split(",")
     if unknown := [m for m in modes if m not in MODES]:
         p.error(f"unknown modes {unknown}; of {list(MODES)}")
     from asyncrl.config import load
@@ -292,7 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     model = args.model.resolve()
     cfg = load(str(RECIPE), [f"model.path={model}", *args.set])  # a bad --set fails here, before any run
     steps = QUICK_STEPS if args.quick else args.steps or cfg.trainer.total_steps
-    labels = plan_runs(modes, args.ablation and not args.quick, cfg.algorithm.correction)
+    labels = plan_runs(modes, args.ablation and not args.quick, cfg.algorithm.correction,
+                       tuple(int(e) for e in args.etas.split(",")))
+    if not labels:
+        p.error("no run: --modes none runs the --ablation's runs only")
     out = (args.out or Path("runs") / f"bench_learn-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     started = time.time()
     res = run(model, labels, steps, args.seed, args.set, out, cfg.trainer.prompts_per_step * cfg.rollout.group_size, log=sys.stderr)
