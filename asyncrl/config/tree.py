@@ -85,7 +85,7 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     task: Literal["reverse", "increment", "arith", "jsonl"] = "increment"
-    """Task: `increment` (add 1 to every digit, mod 10: the demo), `reverse` (reverse a digit string; harder for a tiny model under RL, see `asyncrl/data/tasks.py`), `arith` (arithmetic word problems in GSM8K's layout made from `data.seed`, rendered by the chat template, GSM8K's `####` reward: for a pretrained instruct model, `configs/smollm2_arith.yaml`) or `jsonl` (prompt data: jsonl, parquet or a `datasets` save_to_disk folder, flat or verl's layout; the reward by `data_source`, see `agent.reward`). A `data.train_path` or `data.eval_path` given where no recipe or override sets `data.task` selects `jsonl`; one given with a digit task set is a config error (the digit tasks read no file)."""
+    """Task: `increment` (add 1 to every digit, mod 10: the demo), `reverse` (reverse a digit string; harder for a tiny model under RL, see `asyncrl/data/tasks.py`), `arith` (arithmetic word problems in GSM8K's layout made from `data.seed`, rendered by the chat template, GSM8K's `####` reward: for a pretrained instruct model, `configs/smollm2_arith.yaml`) or `jsonl` (prompt data: jsonl, parquet or a `datasets` save_to_disk folder, flat or verl's layout; the reward by `data_source`, see `agent.reward`). A `data.train_path` or `data.eval_path` given where no recipe or override sets `data.task` selects `jsonl`; one given with a built-in task set (`increment`, `reverse`, `arith`) is a config error (they read no file)."""
     train_path: str = ""
     """Training prompts (task `jsonl`): a jsonl or parquet file, or a folder written by `datasets`' `save_to_disk` (one split)."""
     eval_path: str = ""
