@@ -47,7 +47,7 @@ BENCHES = (
     Bench("corrections", "asyncrl.bench.corrections", "held-out reward, dropped share, step cost of each off-policy correction at eta 4 / 8",
           "no correction (`none`) in the same run", "about 12 min; --quick 25 s"),
     Bench("learn", "asyncrl.bench.learn", "held-out accuracy of SmolLM2-135M learning arithmetic, per mode, vs samples and wall s",
-          "the untrained model (gain >= 0.25) and sync at equal trained samples", "est. 75 min (3 runs of 24 steps; --ablation 7 runs); --quick 3 min"),
+          "the untrained model (gain >= 0.25) and sync at equal trained samples", "about 53 min (3 runs of 20 steps); --ablation 4 more runs; --quick 3 min"),
     Bench("controller", "asyncrl.bench.controller", "controller CPU ms per trajectory and trajectories/s at 4-64 servers, group 1 / 8",
           "the 0.05 ms per trajectory target; flat within 20% over server counts", "about 2 min; --quick 12 s"),
 )
