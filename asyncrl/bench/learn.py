@@ -203,7 +203,8 @@ def train_once(label: str, overrides: list[str], common: list[str], out: Path, s
                 seen = len(points)
     if proc.returncode != 0 or not (run / "summary.json").exists():
         lines = (out / f"{label}.log").read_text().strip().splitlines()
-        return {"label": label, "error": lines[-1] if lines else f"exit {proc.returncode}", "log": str(out / f"{label}.log")}
+        why = f"exit {proc.returncode}" + (" (killed by a signal: for memory?)" if proc.returncode < 0 else "")
+        return {"label": label, "error": f"{why}: {lines[-1] if lines else 'no output'}", "log": str(out / f"{label}.log")}
     return {"label": label, "reused": False, **read_run(run, per_step)}
 
 

@@ -164,9 +164,8 @@ def _prepare(name: str, out: Path, dtype: str, cache: Path | None) -> dict[str, 
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=file)
     src = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32).eval()
     config = AutoConfig.from_pretrained(folder, gguf_file=file)
-    for key in ("quantization_config",):
-        if hasattr(config, key):
-            delattr(config, key)
+    if hasattr(config, "quantization_config"):  # the folder is an ordinary model to every loader
+        del config.quantization_config
     config.dtype = dtype
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     missing, unexpected = plain.load_state_dict(src.state_dict(), strict=False)
