@@ -147,6 +147,16 @@ class TrainerConfig:
     """Compute log-probs and entropy from the final hidden states this many tokens at a time (the LM head applied per chunk and recomputed in backward), so no full-vocabulary logits of a whole micro-batch exist at once (at a 152k vocabulary, 1024 tokens of fp32 logits are 0.6 GB; a micro-batch of 16k tokens would be 10 GB). 0: the full logits of each micro-batch at once (the same values; measured no faster on the demo)."""
     gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward instead of keeping them (less memory, about one more forward of compute)."""
+    attn_implementation: Literal["auto", "sdpa", "eager", "flex_attention", "flash_attention_2"] = "auto"
+    """The trainer model's attention kernel (transformers' `attn_implementation`). With `packing`, `sdpa` and `eager` attend through a dense block-diagonal mask, O(N^2) in the packed length; `flex_attention` uses a document mask (sparse blocks; torch compiles it on first use, and on CPU it runs forward only: scoring, not training) and `flash_attention_2` flash-attention's varlen kernel (CUDA, the `flash-attn` package). `auto`: `flash_attention_2` on CUDA where flash-attn is installed, else `flex_attention` on CUDA with `packing`, else `sdpa`."""
+    grad_reduce: Literal["micro_batch", "mini_batch"] = "micro_batch"
+    """When FSDP reduce-scatters gradients: after every micro-batch (`micro_batch`: gradients stay sharded, least memory) or once per mini-batch (`mini_batch`: the micro-batches before the last accumulate unsharded gradients, a full gradient copy per rank, and skip their collectives). The step is the same either way."""
+    optimizer_impl: Literal["auto", "foreach", "fused"] = "auto"
+    """AdamW's implementation: `fused` (one kernel per parameter group), `foreach` (one dispatch per op over all shards), `auto` (`fused` on CUDA, `foreach` on CPU). The same update either way, to rounding."""
+    compile: bool = False
+    """`torch.compile` each decoder layer (before sharding, as torchtitan does): the first steps pay the compilation (seconds to minutes), later ones run fused kernels. Needs a C++ compiler on CPU."""
+    proximal_forward: Literal["auto", "always"] = "auto"
+    """Decoupled corrections' proximal log-probs (the step's starting weights): `always` scores every mini-batch with an extra forward before training; `auto` takes the first mini-batch's from its own training forward (detached: the same weights, so the same values) and scores only the later mini-batches (with `trainer.minibatches=1`, no extra forward at all)."""
     lr: float = 1e-3
     """Peak learning rate of AdamW."""
     weight_decay: float = 0.0
@@ -217,6 +227,8 @@ class TrainerConfig:
         _check(self.minibatches >= 1, "trainer.minibatches", f"must be >= 1, got {self.minibatches}")
         _check(self.micro_batch_size >= 1, "trainer.micro_batch_size", "must be >= 1")
         _check(self.max_tokens_per_micro_batch >= 0, "trainer.max_tokens_per_micro_batch", f"must be >= 0 (0 = off), got {self.max_tokens_per_micro_batch}")
+        _check(not (self.attn_implementation == "flash_attention_2" and self.device == "cpu"), "trainer.attn_implementation",
+               "flash_attention_2 needs CUDA (trainer.device=cpu); use sdpa, eager or flex_attention")
         _check(self.logit_chunk_tokens >= 0, "trainer.logit_chunk_tokens", f"must be >= 0 (0 = full logits), got {self.logit_chunk_tokens}")
         _check(self.lr > 0, "trainer.lr", f"must be > 0, got {self.lr}")
         _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "trainer.betas", "must be two values in [0, 1)")

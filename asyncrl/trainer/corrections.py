@@ -284,8 +284,7 @@ def stat_sums(out: CorrectionOutput, mask: Tensor) -> Tensor:
 
 def stat_max(out: CorrectionOutput, mask: Tensor) -> Tensor:
     """float64 scalar: max rho over loss tokens (-inf if none); reduce with MAX."""
-    r = out.ratio[mask > 0].double()
-    return r.max() if r.numel() else torch.tensor(-float("inf"), dtype=torch.float64, device=out.ratio.device)
+    return out.ratio.double().masked_fill(mask <= 0, -float("inf")).max()  # masked, not indexed: no host sync
 
 
 def stat_metrics(sums: list[float], ratio_max: float, num_tokens: float) -> dict[str, float]:
@@ -319,10 +318,10 @@ def age_sums(out: CorrectionOutput, mask: Tensor, ages: Tensor, eta: int) -> Ten
     >>> age_sums(out, torch.ones(1, 3), torch.tensor([[0, 1, 7]]), eta=1).tolist()
     [[1.0, 1.0, 0.0], [1.0, 1.0, 0.0], [1.0, 1.0, 0.0]]
     """
-    live = mask > 0
-    bucket = ages.clamp(0, eta + 1)[live]
-    vals = torch.stack([torch.ones_like(out.ratio[live]), out.ratio[live], out.kl[live]], dim=1).double()
-    return torch.zeros(eta + 2, 3, dtype=torch.float64, device=vals.device).index_add_(0, bucket.to(vals.device), vals)
+    live = (mask > 0).reshape(-1, 1)  # every token added, 0 where not live: no mask indexing, no host sync
+    bucket = ages.clamp(0, eta + 1).reshape(-1).to(out.ratio.device)
+    vals = torch.stack([torch.ones_like(out.ratio), out.ratio, out.kl], dim=-1).double().reshape(-1, 3).where(live, 0.0)
+    return torch.zeros(eta + 2, 3, dtype=torch.float64, device=vals.device).index_add_(0, bucket, vals)
 
 
 def age_metrics(by_age: Tensor) -> dict[str, float]:

@@ -54,7 +54,8 @@ class CriticEngine:
         # from a causal LM's folder: its `lm_head` is left unread and the value head `score` is drawn new (`load.py`)
         self.model = load_sharded_model(self.cfg.model_path or model_path, self.device, e.dtype, trainable=True,
                                         gradient_checkpointing=self.trainer.gradient_checkpointing,
-                                        auto_class="AutoModelForTokenClassification")
+                                        auto_class="AutoModelForTokenClassification", attn_implementation=e.attn_implementation,
+                                        compile=self.trainer.compile)
         self.optimizer, self.scheduler = adamw_with_schedule(self.model, self.trainer, self.cfg.lr or self.trainer.lr,
                                                              self.cfg.weight_decay)
         alg = self.algorithm

@@ -35,15 +35,15 @@ from torch import Tensor
 from asyncrl.config import AlgorithmConfig, CriticConfig, TrainerConfig
 from asyncrl.trainer.batch import TrainBatch, along_lineage, mask_stale_tokens, micro_batch_plan, micro_batches_in_step, stand_in, token_age_metrics
 from asyncrl.trainer.critic import CriticEngine
-from asyncrl.trainer.corrections import Corrector, age_metrics, age_sums, stat_max, stat_metrics, stat_sums
+from asyncrl.trainer.corrections import Corrector
 from asyncrl.trainer.lora import LoraSpec
 from asyncrl.trainer.mismatch import MismatchStats, rollout_probs_diff
-from asyncrl.trainer.step_metrics import merge_minibatch_metrics
+from asyncrl.trainer.step_metrics import MiniBatchSums, merge_minibatch_metrics
 from asyncrl.trainer.advantages import advantage_spec
 from asyncrl.trainer.losses import POLICY_LOSSES, LossInputs, agg_loss, entropy_from_logits, kl_penalty, token_logprobs
-from asyncrl.trainer.packing import head_scores, pack
+from asyncrl.trainer.packing import Packed, head_scores, pack
 from asyncrl.trainer.load import load_sharded_model
-from asyncrl.trainer.setup import adamw_with_schedule, clip_and_step, ensure_process_group, pick_device
+from asyncrl.trainer.setup import adamw_with_schedule, attention_kernel, clip_and_step, ensure_process_group, pick_device
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +85,17 @@ class TrainerEngine:
         self._owns_process_group = ensure_process_group(self.device)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         torch.manual_seed(seed)
+        self.attn_implementation = attention_kernel(trainer, self.device)
+        """transformers' attention kernel of every model of this rank (`trainer.attn_implementation`)."""
+        if self.attn_implementation == "flex_attention" and self.device.type == "cpu":
+            log.warning("trainer.attn_implementation=flex_attention on CPU: log-probs only, a training step raises "
+                        "(torch has no CPU backward for flex attention)")
+        kernels = dict(attn_implementation=self.attn_implementation, compile=trainer.compile)
         self.model = load_sharded_model(model_path, self.device, self.dtype, trainable=True,
-                                        gradient_checkpointing=trainer.gradient_checkpointing, lora=lora)
+                                        gradient_checkpointing=trainer.gradient_checkpointing, lora=lora, **kernels)
         needs_ref = algorithm.kl_coef > 0 or algorithm.use_kl_in_reward
         self.ref_model = load_sharded_model(model_path, self.device, self.dtype, trainable=False, lora=lora,
-                                            adapters_of=self.model) if needs_ref else None  # LoRA: the base, adapters off
+                                            adapters_of=self.model, **kernels) if needs_ref else None  # LoRA: the base, adapters off
         self.optimizer, self.scheduler = adamw_with_schedule(self.model, trainer, trainer.lr, trainer.weight_decay)
         self.step = 0
         """Trainer steps taken (one per `train_step`, whatever `trainer.minibatches`)."""
@@ -112,28 +118,35 @@ class TrainerEngine:
         return self.step + self.version_offset
 
     # ---- scoring --------------------------------------------------------
-    def _micro_batches(self, rows: TrainBatch) -> list[TrainBatch]:
+    def _micro_batches(self, rows: TrainBatch) -> list[tuple[TrainBatch, Packed | None]]:
         """`trainer.micro_batch_size` rows each, or token-budget groups (`trainer.max_tokens_per_micro_batch`), as
-        many on every rank (`batch.micro_batch_plan`; a stand-in row with no loss token where this rank has none)."""
-        return micro_batches_in_step(rows, self.trainer.micro_batch_size, self.trainer.max_tokens_per_micro_batch, self.world, self.device)
+        many on every rank (`batch.micro_batch_plan`; a stand-in row with no loss token where this rank has none),
+        with their packing (`trainer.packing`). Cut, trimmed and packed where `rows` are (the host, in a step),
+        then moved to the device, all before the loop over them: the loop never waits for a shape from the device."""
+        mbs = micro_batches_in_step(rows, self.trainer.micro_batch_size, self.trainer.max_tokens_per_micro_batch, self.world, self.device)
+        packs = [pack(mb.input_ids, mb.attention_mask).to(self.device) if self.trainer.packing else None for mb in mbs]
+        return [(mb.to(self.device), p) for mb, p in zip(mbs, packs)]
 
     def _micro_batch_rows(self, rows: TrainBatch) -> list[Tensor | None]:
         """Row indices of each micro-batch, as many on every rank (collective with a token budget); None: a stand-in pass."""
         return micro_batch_plan(rows, self.trainer.micro_batch_size, self.trainer.max_tokens_per_micro_batch, self.world, self.device)
 
     def _logprobs_and_entropy(self, model: torch.nn.Module, mb: TrainBatch, *, entropy: bool = True,
-                              entropy_grad: bool = False) -> tuple[Tensor, Tensor | None]:
-        """[b, T] log-probs and entropies (None without `entropy`) at `temperature` of one micro-batch,
-        aligned like `TrainBatch` (column 0 unscored); the entropy carries a gradient only with `entropy_grad`.
+                              entropy_grad: bool = False, packed: Packed | None = None) -> tuple[Tensor, Tensor | None]:
+        """[b, T] log-probs and entropies (None without `entropy`: not computed) at `temperature` of one
+        micro-batch, aligned like `TrainBatch` (column 0 unscored); the entropy carries a gradient only with
+        `entropy_grad`.
 
-        `trainer.packing`: the rows run as one packed row and the scores are unpacked (0 at padding);
-        `trainer.logit_chunk_tokens`: the LM head runs chunk by chunk (`packing.head_scores`)."""
+        `trainer.packing`: the rows run as one packed row (`packed`, or packed here) and the scores are
+        unpacked (0 at padding); `trainer.logit_chunk_tokens`: the LM head runs chunk by chunk (`packing.head_scores`)."""
         ids, inputs = mb.input_ids, {"attention_mask": mb.attention_mask}
-        packed = pack(mb.input_ids, mb.attention_mask) if self.trainer.packing else None
+        if packed is None and self.trainer.packing:
+            packed = pack(mb.input_ids, mb.attention_mask)
         if packed is not None:  # no attention mask: the restarting position ids delimit the sequences
             ids, inputs = packed.input_ids, {"position_ids": packed.position_ids}
         if self.trainer.logit_chunk_tokens:
-            with head_scores(model, ids, temperature=self.temperature, chunk=self.trainer.logit_chunk_tokens, entropy_grad=entropy_grad):
+            with head_scores(model, ids, temperature=self.temperature, chunk=self.trainer.logit_chunk_tokens, entropy_grad=entropy_grad,
+                             entropy=entropy):
                 scores = model(input_ids=ids, use_cache=False, **inputs).logits
             logprobs, ent = scores[..., 0], scores[..., 1] if entropy else None
         else:
@@ -227,7 +240,7 @@ class TrainerEngine:
         if version >= 0:  # the controller's label of the current weights (`BatchPlan.version`)
             self.version_offset = version - self.step
         parts = along_lineage(parts, self.version, lineage or [])  # after a resume: ages along the lineage
-        parts = [self._with_fixed_logprobs(p) for p in parts]
+        parts = [self._with_fixed_logprobs(p, proximal=i > 0 or not self._proximal_from_forward) for i, p in enumerate(parts)]
         critic_metrics: dict[str, float] = {}
         if self.critic is not None:  # GAE over every policy token, before stale tokens leave the loss
             parts, critic_metrics = self.critic.prepare(parts)
@@ -252,7 +265,7 @@ class TrainerEngine:
         metrics.pop("skipped")
         metrics["skipped_minibatches"], metrics["bad_step"] = skipped, float(skipped > 0)
         self._count_bad_step(skipped > 0, metrics["grad_norm"])
-        metrics["entropy_coef"] = self.adapt_entropy_coef(metrics["entropy"]) if not skipped else self.entropy_coef
+        metrics["entropy_coef"] = self.adapt_entropy_coef(metrics.get("entropy", math.nan)) if not skipped else self.entropy_coef
         metrics.update(token_age_metrics(age))
         metrics.update(mismatch.metrics(self.world))  # exact over the whole step (`mismatch.py`)
         metrics.update(critic_metrics)
@@ -273,11 +286,16 @@ class TrainerEngine:
                 f"trainer step {self.step - 1}: {self.bad_steps_in_a_row} steps in a row had a non-finite gradient norm "
                 f"(last {grad_norm}; non-finite loss or logits): stopping (trainer.max_bad_steps={self.trainer.max_bad_steps})")
 
-    def _with_fixed_logprobs(self, rows: TrainBatch) -> TrainBatch:
-        """Fill in the reference and proximal log-probs of this rank's rows, with the current weights."""
+    @property
+    def _proximal_from_forward(self) -> bool:
+        """The first mini-batch's proximal log-probs come from its own training forward (`trainer.proximal_forward=auto`)."""
+        return self.corrector.needs_proximal and self.trainer.proximal_forward == "auto"
+
+    def _with_fixed_logprobs(self, rows: TrainBatch, proximal: bool = True) -> TrainBatch:
+        """Fill in the reference and (with `proximal`) the proximal log-probs of this rank's rows, with the current weights."""
         if self.ref_model is not None and rows.ref_logprobs is None:
             rows = rows.replace(ref_logprobs=self._score_local(self.ref_model, rows).float().cpu())
-        if self.corrector.needs_proximal and rows.proximal_logprobs is None:
+        if proximal and self.corrector.needs_proximal and rows.proximal_logprobs is None:
             rows = rows.replace(proximal_logprobs=self._score_local(self.model, rows).float().cpu())
         return rows
 
@@ -313,65 +331,60 @@ class TrainerEngine:
         gathers the step's `mismatch/*` sums; the caller reduces them once the step's mini-batches are done.
         """
         alg = self.algorithm
-        rows = self._with_fixed_logprobs(rows)
+        # the step's first mini-batch runs on the step's starting weights: its training forward is its proximal policy
+        reuse = first and self._proximal_from_forward
+        rows = self._with_fixed_logprobs(rows, proximal=not reuse)
         norm = dict(num_tokens=num_tokens, num_seqs=num_seqs, norm_len=alg.loss_agg_norm_len)
-        shard = rows.to(self.device)
-        # sums: loss, pg_loss, kl, entropy, clipped, ratio, dual-clipped, correction sums, then rollout_probs_diff's sum and
-        # count; extremes: max ratio, -min ratio, max IS weight, max rollout_probs_diff
-        sums = torch.zeros(15, dtype=torch.float64, device=self.device)
-        extremes = torch.full((4,), -math.inf, dtype=torch.float64, device=self.device)
-        by_age = torch.zeros(self.trainer.eta + 2, 3, dtype=torch.float64, device=self.device)
-        for mb in self._micro_batches(shard):
-            mask = mb.loss_mask
-            logprobs, entropy = self._logprobs_and_entropy(self.model, mb, entropy_grad=self.entropy_coef > 0)
-            corr = self.corrector(
-                logprobs, mb.old_logprobs, mask,
-                proximal_logprobs=mb.proximal_logprobs, token_versions=mb.token_versions, version=self.version,
-            )
-            inputs = LossInputs.of(logprobs, mb.old_logprobs, mb.advantages, mask, proximal_logprobs=corr.proximal_logprobs,
-                                   clip_ratio_low=alg.clip_ratio_low, clip_ratio_high=alg.clip_ratio_high)
-            out = self.policy_loss(inputs, self.loss_settings)
-            pg_loss = agg_loss(out.loss * corr.weight, mask, self.policy_loss.agg(alg.loss_agg), **norm)
-            loss = pg_loss
-            if self.entropy_coef > 0:
-                # with a target, a token's entropy counts only up to it: the bonus lifts collapsed tokens and
-                # never pushes one further (an unbounded bonus can drive the policy to uniform and rewards to 0)
-                bonus = entropy.clamp(max=alg.entropy_target) if alg.entropy_target > 0 else entropy
-                loss = loss - self.entropy_coef * agg_loss(bonus, mask, alg.loss_agg, **norm)
-            kl = torch.zeros_like(logprobs)
-            if mb.ref_logprobs is not None:
-                kl = kl_penalty(logprobs, mb.ref_logprobs, alg.kl_estimator)
-                if alg.kl_coef > 0:
-                    loss = loss + alg.kl_coef * agg_loss(kl, mask, alg.loss_agg, **norm)
-            # FSDP averages gradients over ranks; the loss is already globally normalised, so undo the mean
-            # (a divide factor of 1 would need PREMUL_SUM, which gloo lacks)
-            (loss * self.world).backward()
-            with torch.no_grad():
-                dual = out.dual_clipped if out.dual_clipped is not None else torch.zeros_like(out.ratio)
-                per_tok = torch.stack([kl, entropy, out.clipped, out.ratio, dual]).double() * mask
-                sums[:13] += torch.cat([torch.stack([loss, pg_loss]).double(), per_tok.sum(dim=(1, 2)), stat_sums(corr, mask)])
-                if mb.token_versions is not None:
-                    by_age += age_sums(corr, mask, self.version - mb.token_versions, self.trainer.eta)
-                if mismatch is not None:
-                    mismatch.add(corr, mask)
-                diff_sum, diff_n, diff_max = rollout_probs_diff(mb, logprobs, first, self.version)
-                sums[13:] += torch.stack([diff_sum, diff_n])
-                if mask.any():
-                    r = out.ratio[mask > 0].double()
-                    extremes = torch.maximum(extremes, torch.stack([r.max(), -r.min(), stat_max(corr, mask), diff_max]))
-        if self.world > 1:
-            dist.all_reduce(sums)
-            dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
-            dist.all_reduce(by_age)
-        s, e = sums.tolist(), extremes.tolist()
-        per_token = 1.0 / max(num_tokens, 1.0)
-        diff = {"rollout_probs_diff_mean": s[13] / s[14], "rollout_probs_diff_max": e[3], "rollout_probs_diff_tokens": s[14]} if s[14] else {}
-        return {
-            "loss": s[0], "pg_loss": s[1], "kl": s[2] * per_token, "entropy": s[3] * per_token,
-            "clip_frac": s[4] * per_token, "ratio_mean": s[5] * per_token, "clip_frac_lower": s[6] * per_token,
-            "ratio_max": e[0] if num_tokens else 0.0, "ratio_min": -e[1] if num_tokens else 0.0,
-            "tokens": num_tokens, "seqs": num_seqs, **stat_metrics(s[7:13], e[2], num_tokens), **age_metrics(by_age), **diff,
-        }  # fmt: skip
+        want_entropy = self.entropy_coef > 0 or alg.entropy_target > 0  # else neither the loss nor the control reads it
+        acc = MiniBatchSums.zeros(self.trainer.eta, self.device)
+        mbs = self._micro_batches(rows)
+        once = self.trainer.grad_reduce == "mini_batch" and len(mbs) > 1
+        for j, (mb, packed) in enumerate(mbs):
+            if once:  # FSDP reduce-scatters at the last micro-batch only; before it gradients accumulate unsharded
+                self.model.set_requires_gradient_sync(j == len(mbs) - 1)
+            self._micro_step(mb, packed, acc, norm=norm, first=first, reuse=reuse, entropy=want_entropy, mismatch=mismatch)
+        if once:
+            self.model.set_requires_gradient_sync(True)
+        return acc.metrics(self.world, num_tokens, num_seqs, want_entropy)
+
+    def _micro_step(self, mb: TrainBatch, packed: Packed | None, acc: MiniBatchSums, *, norm: dict[str, float], first: bool,
+                    reuse: bool, entropy: bool, mismatch: MismatchStats | None) -> None:
+        """One micro-batch of `forward_backward` (on the device): forward, loss, backward, its sums into `acc`. No
+        host sync of its own (tests/unit/trainer/test_speed_switches.py counts them)."""
+        alg, mask = self.algorithm, mb.loss_mask
+        logprobs, ent = self._logprobs_and_entropy(self.model, mb, entropy=entropy, entropy_grad=self.entropy_coef > 0, packed=packed)
+        ent = torch.zeros_like(logprobs) if ent is None else ent
+        if reuse:  # the step's starting weights: the proximal policy's log-probs are these, detached
+            mb = mb.replace(proximal_logprobs=logprobs.detach())
+        corr = self.corrector(
+            logprobs, mb.old_logprobs, mask,
+            proximal_logprobs=mb.proximal_logprobs, token_versions=mb.token_versions, version=self.version,
+        )
+        inputs = LossInputs.of(logprobs, mb.old_logprobs, mb.advantages, mask, proximal_logprobs=corr.proximal_logprobs,
+                               clip_ratio_low=alg.clip_ratio_low, clip_ratio_high=alg.clip_ratio_high)
+        out = self.policy_loss(inputs, self.loss_settings)
+        pg_loss = agg_loss(out.loss * corr.weight, mask, self.policy_loss.agg(alg.loss_agg), **norm)
+        loss = pg_loss
+        if self.entropy_coef > 0:
+            # with a target, a token's entropy counts only up to it: the bonus lifts collapsed tokens and
+            # never pushes one further (an unbounded bonus can drive the policy to uniform and rewards to 0)
+            bonus = ent.clamp(max=alg.entropy_target) if alg.entropy_target > 0 else ent
+            loss = loss - self.entropy_coef * agg_loss(bonus, mask, alg.loss_agg, **norm)
+        kl = torch.zeros_like(logprobs)
+        if mb.ref_logprobs is not None:
+            kl = kl_penalty(logprobs, mb.ref_logprobs, alg.kl_estimator)
+            if alg.kl_coef > 0:
+                loss = loss + alg.kl_coef * agg_loss(kl, mask, alg.loss_agg, **norm)
+        # FSDP averages gradients over ranks; the loss is already globally normalised, so undo the mean
+        # (a divide factor of 1 would need PREMUL_SUM, which gloo lacks)
+        (loss * self.world).backward()
+        with torch.no_grad():
+            dual = out.dual_clipped if out.dual_clipped is not None else torch.zeros_like(out.ratio)
+            if mismatch is not None:
+                mismatch.add(corr, mask)
+            acc.add(loss=loss, pg_loss=pg_loss, per_token=torch.stack([kl, ent, out.clipped, out.ratio, dual]), ratio=out.ratio,
+                    corr=corr, mask=mask, eta=self.trainer.eta, diff=rollout_probs_diff(mb, logprobs, first, self.version),
+                    ages=None if mb.token_versions is None else self.version - mb.token_versions)
 
     def optimizer_step(self, end_of_step: bool = True) -> dict[str, float]:
         """Clip, AdamW step; at the end of a trainer step also advance the schedule and `step` += 1.

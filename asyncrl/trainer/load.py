@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 def load_sharded_model(path: str, device: torch.device, dtype: torch.dtype, trainable: bool,
                        gradient_checkpointing: bool = False, auto_class: str = "AutoModelForCausalLM", *,
-                       lora: "LoraSpec | None" = None, adapters_of: torch.nn.Module | None = None) -> Any:
+                       lora: "LoraSpec | None" = None, adapters_of: torch.nn.Module | None = None,
+                       attn_implementation: str = "sdpa", compile: bool = False) -> Any:
     """HF causal LM (or `auto_class`, e.g. the critic's `AutoModelForTokenClassification` with one label)
     from the folder `path`, `fully_shard` per decoder layer and at the root, each rank holding its shard only.
 
@@ -32,6 +33,8 @@ def load_sharded_model(path: str, device: torch.device, dtype: torch.dtype, trai
     (buffers such as rotary `inv_freq` stay fp32, as in the trainable one): what it computes is unchanged.
     With `gradient_checkpointing` (`trainer.gradient_checkpointing`) each decoder layer recomputes its
     activations in backward (non-reentrant `torch.utils.checkpoint`, set before sharding).
+    `attn_implementation` is transformers' (`trainer.attn_implementation`, resolved by `setup.attention_kernel`);
+    with `compile` (`trainer.compile`) each decoder layer is `torch.compile`d in place before it is sharded.
     With `lora` (`model.lora_rank` > 0) a trainable model is peft's wrapper, made before sharding, with
     only its adapters trainable (`lora.py`); a frozen one asked for with `adapters_of` (the LoRA policy)
     is not loaded at all: it is that policy with its adapters disabled (the KL reference).
@@ -56,7 +59,7 @@ def load_sharded_model(path: str, device: torch.device, dtype: torch.dtype, trai
     kwargs = {"num_labels": 1} if auto_class == "AutoModelForTokenClassification" else {}  # the critic's value head
     config = transformers.AutoConfig.from_pretrained(path, **kwargs)
     with torch.device("meta"):
-        hf = model = getattr(transformers, auto_class).from_config(config, dtype=torch.float32)
+        hf = model = getattr(transformers, auto_class).from_config(config, dtype=torch.float32, attn_implementation=attn_implementation)
         if not trainable and dtype != torch.float32:
             for p in hf.parameters():  # the parameters only: buffers (rotary inv_freq) stay fp32
                 p.data = p.data.to(dtype)
@@ -80,6 +83,8 @@ def load_sharded_model(path: str, device: torch.device, dtype: torch.dtype, trai
     if not layers:
         raise ValueError(f"{path}: no decoder layers found to shard (model._no_split_modules={sorted(layer_types)})")
     for layer in layers:
+        if compile:  # in place (the module keeps its class and names): FSDP's hooks stay outside the compiled graph
+            layer.compile()
         fully_shard(layer, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
     model.to_empty(device=device)

@@ -64,13 +64,12 @@ def mismatch_sums(out: CorrectionOutput, mask: Tensor) -> tuple[Tensor, Tensor]:
     row_tokens = m.sum(dim=-1)
     rows = row_tokens > 0
     safe = d.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)  # in float64: a gap of 1e-7 keeps its k3 of 5e-15
-    k3_row = ((torch.expm1(safe) - safe) * m).sum(dim=-1)[rows] / row_tokens[rows]
+    # masked, never indexed by a mask: nothing waits for a count from the device (rows without a loss token: 0 / -inf)
+    k3_row = ((torch.expm1(safe) - safe) * m).sum(dim=-1) / row_tokens.clamp(min=1)
     masked_rows = ((out.masked.double() * m).sum(dim=-1) > 0) & rows
-    per_row = torch.stack([rows.sum(), k3_row.sum(), masked_rows.sum()]).double()
+    per_row = torch.stack([rows.sum(), (k3_row * rows).sum(), masked_rows.sum()]).double()
     sums = torch.cat([per_tok.sum(dim=(1, 2)), per_row])
-    gap = d.abs()[live]
-    none = torch.tensor(-math.inf, dtype=torch.float64, device=m.device)
-    maxima = torch.stack([gap.max() if gap.numel() else none, k3_row.max() if k3_row.numel() else none])
+    maxima = torch.stack([d.abs().masked_fill(~live, -math.inf).max(), k3_row.masked_fill(~rows, -math.inf).max()])
     return sums, maxima
 
 
@@ -128,7 +127,5 @@ def rollout_probs_diff(mb: TrainBatch, logprobs: Tensor, first: bool, version: i
     if ref is None or mb.token_versions is None:
         return zero, zero, none
     fresh = (mb.loss_mask > 0) & (mb.token_versions == version)
-    d = (mb.old_logprobs.exp() - ref.to(logprobs.device).exp()).abs().double()[fresh]
-    if not d.numel():
-        return zero, zero, none
-    return d.sum(), torch.tensor(float(d.numel()), dtype=torch.float64, device=d.device), d.max()
+    d = (mb.old_logprobs.exp() - ref.to(logprobs.device).exp()).abs().double()  # masked, not indexed: no host sync
+    return d.where(fresh, 0.0).sum(), fresh.sum().double(), d.masked_fill(~fresh, -math.inf).max()

@@ -75,6 +75,11 @@ class Packed:
         out = packed.new_zeros(self.shape).index_put((self.rows, self.cols), packed[0])
         return out * (torch.arange(self.shape[1], device=out.device) > 0)
 
+    def to(self, device: torch.device | str) -> "Packed":
+        """The same packing with its tensors on `device` (packed on the host before the micro-batch loop, so
+        the loop itself never waits on the device for `nonzero`'s shape)."""
+        return Packed(self.input_ids.to(device), self.position_ids.to(device), self.rows.to(device), self.cols.to(device), self.shape)
+
     def unpack_positions(self, packed: Tensor) -> Tensor:
         """[1, N] per-position outputs (e.g. the critic's values, not scores of a predicted token) ->
         [b, T], 0 at padding only."""
@@ -105,18 +110,19 @@ class _ChunkedHead(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float,
-                chunk: int, entropy_grad: bool) -> tuple[Tensor, Tensor]:
+                chunk: int, entropy_grad: bool, entropy: bool = True) -> tuple[Tensor, Tensor]:
         n = hidden.shape[0]
         lp = hidden.new_empty(n, dtype=torch.float32)
-        ent = hidden.new_empty(n, dtype=torch.float32)
+        ent = hidden.new_zeros(n, dtype=torch.float32)
         for s in range(0, n, chunk):
             z = _chunk_logits(hidden[s : s + chunk], weight, bias, temperature)
             lse = torch.logsumexp(z, dim=-1)
             lp[s : s + chunk] = z.gather(-1, targets[s : s + chunk].unsqueeze(-1)).squeeze(-1) - lse
-            ent[s : s + chunk] = lse - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
+            if entropy:  # one more pass over the chunk's [chunk, V] logits: skipped when nothing reads it
+                ent[s : s + chunk] = lse - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
         ctx.save_for_backward(hidden, weight, bias, targets)
-        ctx.temperature, ctx.chunk, ctx.entropy_grad = temperature, chunk, entropy_grad
-        if not entropy_grad:
+        ctx.temperature, ctx.chunk, ctx.entropy_grad = temperature, chunk, entropy_grad and entropy
+        if not ctx.entropy_grad:
             ctx.mark_non_differentiable(ent)
         return lp, ent
 
@@ -146,17 +152,17 @@ class _ChunkedHead(torch.autograd.Function):
                 grad_w.addmm_(g.t(), h)
             if grad_b is not None:
                 grad_b.add_(g.sum(dim=0))
-        return grad_h, grad_w, grad_b, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None
 
 
 def chunked_scores(hidden: Tensor, weight: Tensor, bias: Tensor | None, input_ids: Tensor, *, temperature: float,
-                   chunk: int, entropy_grad: bool = True) -> tuple[Tensor, Tensor]:
+                   chunk: int, entropy_grad: bool = True, entropy: bool = True) -> tuple[Tensor, Tensor]:
     """([B, T] log-prob, [B, T] entropy) aligned like `TrainBatch` (column t scores input_ids[:, t];
     column 0 is 0) from final hidden states [B, T, H] and the LM head's `weight` [V, H] / `bias`.
 
     Chunks of `chunk` positions (`_ChunkedHead`): at most one chunk's [chunk, V] logits live at a time,
     forward or backward, and the head's weight gradient is one buffer. The entropy carries a gradient
-    only with `entropy_grad`.
+    only with `entropy_grad`; without `entropy` it is not computed (zeros).
     """
     b, t, h = hidden.shape
     flat = hidden[:, :-1].reshape(-1, h)
@@ -165,13 +171,13 @@ def chunked_scores(hidden: Tensor, weight: Tensor, bias: Tensor | None, input_id
     if flat.shape[0] == 0:
         zeros = hidden.new_zeros(b, t, dtype=torch.float32)
         return zeros, zeros.clone()
-    lp, ent = _ChunkedHead.apply(flat, weight, bias, targets, temperature, max(int(chunk), 1), entropy_grad)
+    lp, ent = _ChunkedHead.apply(flat, weight, bias, targets, temperature, max(int(chunk), 1), entropy_grad, entropy)
     return pad(lp.view(b, t - 1), (1, 0)), pad(ent.view(b, t - 1), (1, 0))
 
 
 @contextmanager
 def head_scores(model: torch.nn.Module, input_ids: Tensor, *, temperature: float, chunk: int,
-                entropy_grad: bool) -> Iterator[None]:
+                entropy_grad: bool, entropy: bool = True) -> Iterator[None]:
     """For one forward of `model` (an HF causal LM), its output embeddings return
     `chunked_scores` stacked as [B, T, 2] (log-prob, entropy) instead of logits: the head runs
     inside the model's forward, where FSDP2 has gathered its weight."""
@@ -181,7 +187,7 @@ def head_scores(model: torch.nn.Module, input_ids: Tensor, *, temperature: float
         if hidden.shape[:2] != input_ids.shape:
             raise ValueError(f"head_scores: hidden states {tuple(hidden.shape)} do not match input_ids {tuple(input_ids.shape)}")
         lp, ent = chunked_scores(hidden, head.weight, head.bias, input_ids, temperature=temperature, chunk=chunk,
-                                 entropy_grad=entropy_grad)
+                                 entropy_grad=entropy_grad, entropy=entropy)
         return torch.stack([lp, ent], dim=-1)
 
     head.forward = forward

@@ -99,12 +99,14 @@ def lr_factor(step: int, *, warmup: int, total: int, schedule: str, min_ratio: f
 
 
 def adamw_with_schedule(model: torch.nn.Module, trainer: Any, lr: float, weight_decay: float) -> tuple[torch.optim.Optimizer, Any]:
-    """AdamW over `model`'s trainable parameters (`trainer.betas`) and its `LambdaLR` on `lr_factor`
+    """AdamW over `model`'s trainable parameters (`trainer.betas`, `trainer.optimizer_impl`) and its `LambdaLR` on `lr_factor`
     (`trainer.warmup_steps`, `total_steps`, `lr_schedule`, `min_lr_ratio`): the policy's and the critic's."""
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=lr, betas=(trainer.betas[0], trainer.betas[1]), weight_decay=weight_decay,
-        foreach=True,  # one dispatch per op over all DTensor shards: much cheaper on CPU than a per-param loop
-    )
+    params = [p for p in model.parameters() if p.requires_grad]
+    impl = trainer.optimizer_impl
+    if impl == "auto":  # foreach: one dispatch per op over all DTensor shards, much cheaper on CPU than a per-param loop
+        impl = "fused" if params and params[0].device.type == "cuda" else "foreach"
+    optimizer = torch.optim.AdamW(params, lr=lr, betas=(trainer.betas[0], trainer.betas[1]), weight_decay=weight_decay,
+                                  **{impl: True})
     schedule = partial(lr_factor, warmup=trainer.warmup_steps, total=trainer.total_steps, schedule=trainer.lr_schedule,
                        min_ratio=trainer.min_lr_ratio)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
@@ -121,3 +123,26 @@ def clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return norm, stepped
+
+
+def attention_kernel(trainer: Any, device: torch.device) -> str:
+    """transformers' `attn_implementation` for `trainer.attn_implementation`; `auto`: flash-attention's varlen
+    kernel on CUDA where the package is installed, else flex attention's document mask on CUDA with packing
+    (no dense [N, N] mask), else `sdpa`.
+
+    >>> from types import SimpleNamespace as NS
+    >>> attention_kernel(NS(attn_implementation="auto", packing=True), torch.device("cpu"))
+    'sdpa'
+    >>> attention_kernel(NS(attn_implementation="eager", packing=True), torch.device("cpu"))
+    'eager'
+    """
+    chosen = trainer.attn_implementation
+    if chosen != "auto":
+        return chosen
+    if device.type != "cuda":
+        return "sdpa"
+    import importlib.util
+
+    if importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "flex_attention" if trainer.packing else "sdpa"

@@ -51,10 +51,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--by-length", action="store_true",
                     help="rows sorted by length, each rank a contiguous slice (not spread by tokens): rank 0's rows "
                          "short, the last rank's long, so their token-budget micro-batch counts differ")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="another trainer.* setting (the speed switches: grad_reduce=mini_batch, optimizer_impl=fused, ...)")
     args = ap.parse_args(argv)
+    extra = {k: {"true": True, "false": False}.get(v, v) for k, v in (item.split("=", 1) for item in args.set)}
 
     trainer = TrainerConfig(micro_batch_size=args.micro_batch_size, lr=args.lr, total_steps=max(args.steps, 1), threads=1,
-                            max_tokens_per_micro_batch=args.max_tokens)
+                            max_tokens_per_micro_batch=args.max_tokens, **extra)
     algorithm = AlgorithmConfig(loss_agg=args.loss_agg, kl_coef=args.kl_coef, advantage=args.advantage,
                                 **({"lam": 0.95, "use_kl_in_reward": True} if args.advantage == "gae" else {}))
     engine = TrainerEngine(args.model, trainer=trainer, algorithm=algorithm, seed=args.seed)

@@ -108,3 +108,19 @@ def test_token_budget_micro_batches_of_skewed_ranks_stay_in_step(tiny_model_path
             assert abs(m1[key] - m2[key]) < 1e-5, (key, m1[key], m2[key])
     grad_diff = max((one["grads"][k] - two["grads"][k]).abs().max().item() for k in one["grads"])
     assert grad_diff < 1e-5
+
+
+def test_two_ranks_with_the_speed_switches_take_one_plain_ranks_step(tiny_model_path, tmp_path):
+    """Two ranks with one gradient reduce-scatter per mini-batch (the micro-batches before the last accumulate
+    unsharded gradients), fused AdamW, packed rows and token-budget micro-batches take the step one rank takes
+    the plain way (tests/unit/trainer/test_speed_switches.py has each switch alone on one rank)."""
+    args = ["--num-seqs", "9", "--micro-batch-size", "2", "--max-tokens", "40", "--steps", "2", "--kl-coef", "0.05", "--seed", "4"]
+    switches = ["--set", "grad_reduce=mini_batch", "--set", "optimizer_impl=fused", "--set", "packing=true"]
+    one, two, _ = one_and_two_ranks(tiny_model_path, tmp_path, args, two_only=switches)
+    for m1, m2 in zip(one["metrics"], two["metrics"], strict=True):
+        for key in ("loss", "pg_loss", "kl", "entropy", "grad_norm", "tokens"):
+            assert abs(m1[key] - m2[key]) < 1e-5, (key, m1[key], m2[key])
+    grad_diff = max((one["grads"][k] - two["grads"][k]).abs().max().item() for k in one["grads"])
+    assert grad_diff < 1e-5 and sum(g.abs().sum().item() for g in one["grads"].values()) > 0
+    param_diff = max((one["params"][k] - two["params"][k]).abs().max().item() for k in one["params"])
+    assert param_diff < 1e-5
