@@ -38,6 +38,9 @@ BENCHES = (
           "a bare Sender publish of the same bytes", "about 70 s; --quick 50 s; --hosts 3: 40 s"),
     Bench("trainer", "asyncrl.bench.trainer", "one long-tail batch's step: padded vs packed micro-batches, checkpointing",
           "the padded step (speed, peak memory, loss and gradients)", "about 50 s; --quick 5 s"),
+    Bench("trainer --speed", "asyncrl.bench.trainer_speed", "tokens/s, MFU, peak memory of a step per trainer speed switch "
+          "(attention kernel, grad reduce, fused AdamW, compile, proximal reuse)",
+          "the baseline step of the same run (its speed; its losses, 1e-5 in fp32)", "about 3 min; --quick 40 s"),
     Bench("trainer-load", "asyncrl.bench.trainer_load", "peak host memory per rank loading a 7B-wide Qwen2 (policy + bf16 reference, 2 gloo ranks)",
           "the old load (every rank from_pretrained in fp32) and the rank's shards + one layer", "about 35 s; --quick 10 s"),
     Bench("chaos", "asyncrl.bench.chaos", "a Ray run while servers, a trainer rank, the controller and rewards fail",

@@ -20,6 +20,8 @@ model, optimizer state and runtime left out.
 
 `--shape NAME` runs another bench instead (`trainer_memory.py`): one micro-batch's log-prob/loss step at a
 published model's width, full against chunked logits, peak memory (`asyncrl bench trainer --shape NAME --help`).
+`--speed` too (`trainer_speed.py`): tokens/s, MFU and loss of a step with each trainer speed switch against a
+baseline (`asyncrl bench trainer --speed --help`).
 """
 
 from __future__ import annotations
@@ -177,14 +179,18 @@ def run(size_name: str) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from asyncrl.bench import trainer_memory
+    from asyncrl.bench import trainer_memory, trainer_speed
 
     argv = sys.argv[1:] if argv is None else argv
+    if "--speed" in argv:
+        return trainer_speed.main([a for a in argv if a != "--speed"])
     if any(a == "--shape" or a.startswith("--shape=") for a in argv):
         return trainer_memory.main(argv)
     p = argparse.ArgumentParser(prog="asyncrl bench trainer", description=__doc__.splitlines()[0])
     p.add_argument("--shape", metavar="NAME", help="instead: peak memory of one micro-batch's log-prob step at a model's "
                    f"width, full vs chunked logits ({', '.join(trainer_memory.SHAPES)}; --shape NAME --help: its options)")
+    p.add_argument("--speed", action="store_true", help="instead: tokens/s, MFU and loss of a step per trainer speed "
+                   "switch against a baseline (--speed --help: its options)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--quick", action="store_true", help="a ~0.1M-parameter model and lengths 8-256 (seconds)")
     args = p.parse_args(argv)

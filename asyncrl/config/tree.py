@@ -216,7 +216,7 @@ class TrainerConfig:
         return self.rule.eta
 
     def __post_init__(self) -> None:
-        _check_literals(self, "trainer")  # mode, admission, staleness_level, lr_schedule, device, engine
+        _check_literals(self, "trainer")  # mode, admission, staleness_level, lr_schedule, device, engine, the speed switches
         _check(self.max_staleness >= 0, "trainer.max_staleness", f"must be >= 0, got {self.max_staleness}")
         _check(self.admission_slack >= 0, "trainer.admission_slack", f"must be >= 0, got {self.admission_slack}")
         _check(self.publish_every >= 1, "trainer.publish_every", f"must be >= 1, got {self.publish_every}")

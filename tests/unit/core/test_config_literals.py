@@ -17,7 +17,8 @@ from asyncrl.config.checks import check_literals, literal_fields
 
 CHOICE_KEYS = {
     "model.dtype", "data.task", "trainer.mode", "trainer.admission", "trainer.staleness_level", "trainer.lr_schedule",
-    "trainer.device", "trainer.engine", "algorithm.proximal", "algorithm.mis_level", "algorithm.loss_agg",
+    "trainer.device", "trainer.engine", "trainer.attn_implementation", "trainer.grad_reduce", "trainer.optimizer_impl",
+    "trainer.proximal_forward", "algorithm.proximal", "algorithm.mis_level", "algorithm.loss_agg",
     "algorithm.kl_estimator", "algorithm.kl_ctrl.type", "rollout.external_weights",
     "rollout.update_mode", "rollout.placement_strategy", "rollout.dtype", "hardware",
 }
