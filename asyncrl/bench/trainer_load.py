@@ -102,7 +102,7 @@ def _rank(rank: int, world: int, port: int, folder: str, path_kind: str, out: st
 
     from asyncrl.hf_imports import skip_unused_backends
     from asyncrl.trainer.load import load_sharded_model
-    from asyncrl.trainer.setup import ensure_process_group
+    from asyncrl.trainer.setup import close_process_group, ensure_process_group
 
     skip_unused_backends()
     importlib.import_module("transformers")  # before the RSS baseline: the imports are not the load
@@ -121,7 +121,8 @@ def _rank(rank: int, world: int, port: int, folder: str, path_kind: str, out: st
     layer = sum(p.numel() * 4 for p in policy.model.layers[0].parameters())  # full (DTensor) shapes, fp32
     with open(os.path.join(out, f"{path_kind}-{rank}.json"), "w") as f:
         json.dump({"peak_mib": peak, "before_mib": before, "shard_mib": shard / MIB, "layer_mib": layer / MIB, "load_s": seconds}, f)
-    torch.distributed.destroy_process_group()
+    del policy, ref
+    close_process_group()
 
 
 def measure(folder: str, path_kind: str, out: str, world: int = 2) -> list[dict[str, float]]:

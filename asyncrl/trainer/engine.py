@@ -23,7 +23,6 @@ published: `iter_full_params` hands full tensors to whoever publishes them.
 
 from __future__ import annotations
 
-import gc
 import logging
 import math
 from typing import Iterator
@@ -43,7 +42,7 @@ from asyncrl.trainer.advantages import advantage_spec
 from asyncrl.trainer.losses import POLICY_LOSSES, LossInputs, agg_loss, entropy_from_logits, kl_penalty, token_logprobs
 from asyncrl.trainer.packing import Packed, head_scores, pack
 from asyncrl.trainer.load import load_sharded_model
-from asyncrl.trainer.setup import adamw_with_schedule, attention_kernel, clip_and_step, ensure_process_group, pick_device
+from asyncrl.trainer.setup import adamw_with_schedule, attention_kernel, clip_and_step, close_process_group, ensure_process_group, pick_device
 
 log = logging.getLogger(__name__)
 
@@ -438,10 +437,8 @@ class TrainerEngine:
     def close(self) -> None:
         """Release the models; tear down the process group only if this engine started it."""
         self.model = self.ref_model = self.critic = None  # type: ignore[assignment]
+        self.optimizer = self.scheduler = None  # type: ignore[assignment]
         if self._owns_process_group and dist.is_initialized():
-            gc.collect()  # FSDP's modules sit in reference cycles: freed now, with the group alive, not at a later collection
-            if self.world > 1:  # every rank out of its last collective before any tears the group down (gloo
-                dist.barrier()  # aborts a rank still in one whose peer has gone: the teardown race of a clean end)
-            dist.destroy_process_group()
+            close_process_group()  # FSDP's cycles freed with the group alive, then a barrier, then the teardown
             self._owns_process_group = False
 

@@ -7,6 +7,7 @@ a unit test, under `torchrun` and inside a rank actor (`actor.py`).
 from __future__ import annotations
 
 import datetime
+import gc
 import math
 import os
 import socket
@@ -86,6 +87,19 @@ def ensure_process_group(device: torch.device) -> bool:
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return True
+
+
+def close_process_group() -> None:
+    """Tear the default process group down in step on every rank (each rank calls it, after dropping its models):
+    FSDP's modules and the collectives' work objects they hold are freed first (they sit in reference cycles;
+    gloo's worker threads freeing one after the group is gone, or at interpreter exit, abort the process:
+    "terminate called without an active exception"), then every rank leaves its last collective (a barrier)
+    before any destroys the group."""
+    gc.collect()
+    if dist.get_world_size() > 1:
+        dist.barrier()
+    dist.destroy_process_group()
+    gc.collect()
 
 
 def lr_factor(step: int, *, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
