@@ -5,7 +5,7 @@
     asyncrl bench NAME [--json] [--quick]         measurements, ratios against baselines measured in the same run;
                                                   NAME: rollout, rollout --fleet, queue, weights, pipeline, planes,
                                                   trainer, trainer-load, chaos, elastic, corrections, controller,
-                                                  learn
+                                                  learn, trainer --speed
                                                   (asyncrl bench --help: each one)
     asyncrl plan [--profile NAME] [--gpus 128,256] [--validate] [--json]
                                                   predicted throughput, staleness, best split (asyncrl/plan)

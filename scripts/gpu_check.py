@@ -8,7 +8,8 @@ rollout engine, `local` weight plane, MLflow off).
 
 Checks: imports, models (the tiny demo models; on CUDA also one of Qwen2.5-0.5B's shape), fsdp_step,
 rollout, cuda_ipc (trainer -> server process, log-prob parity), packing, pipeline_demo,
-pipeline_real, throughput (tokens/s and model FLOPs utilisation at the real size).
+pipeline_real, speed (`asyncrl bench trainer --speed` at three real shapes: each trainer speed switch's
+tokens/s, MFU and loss against the baseline), throughput (tokens/s and model FLOPs utilisation at the real size).
 """
 
 from __future__ import annotations
@@ -40,6 +41,13 @@ REAL = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_k
 THROUGHPUT_LENGTHS = [512 + (i * 97) % 1537 for i in range(16)]
 """Rows of the throughput step: 512 to 2048 tokens, about 20k in all."""
 TIMED_STEPS = 3
+_NO_COMPILE = "flex_attention,flash_attention_2,grad_reduce_mini_batch,fused_adamw,proximal_reuse"
+SPEED_RUNS = {"0.5b": "", "1.5b": _NO_COMPILE, "7b-cut": _NO_COMPILE}
+"""`bench trainer --speed` per shape and its `--switches` ("": all): `compile` (tens of seconds of compiling per case)
+at the smallest shape only, so the three fit the check's 240 s."""
+SPEED_BUDGET_S = 225
+"""The speed check's own deadline, or its limit from gpu_check.sh (GPU_CHECK_LIMIT_S) less 15 s, whichever is less:
+its bench processes end before the check is killed (a killed check would leave one holding the GPU)."""
 PROBE = [1] + [5 + (7 * j) % 90 for j in range(63)]
 """A fixed token sequence whose log-probs trainer and server must agree on (the parity check)."""
 
@@ -323,6 +331,43 @@ def check_pipeline_real(work: Path) -> str:
     return f"2 steps ({s['mode']}), {s['trained_samples']} samples, {s['wall']:.1f} s"
 
 
+def check_speed(work: Path) -> str:
+    """`asyncrl bench trainer --speed --device cuda --steps 2` at the 0.5B, 1.5B and 7B-cut shapes, each in its own
+    process without TORCH_COMPILE_DISABLE (flex_attention and `compile` need torch.compile): one line per case and
+    shape with tokens/s and MFU; PASS when every case that ran gave the baseline's losses (bf16 tolerance)."""
+    need_cuda()
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_COMPILE_DISABLE"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    budget = min(SPEED_BUDGET_S, float(os.environ.get("GPU_CHECK_LIMIT_S", SPEED_BUDGET_S + 15)) - 15)
+    deadline, summary, off = time.monotonic() + budget, [], []
+    for model, switches in SPEED_RUNS.items():
+        cmd = [sys.executable, "-m", "asyncrl.cli", "bench", "trainer", "--speed", "--device", "cuda", "--model", model,
+               "--steps", "2", "--json"] + (["--switches", switches] if switches else [])
+        left = deadline - time.monotonic()
+        if left < 30:
+            summary.append(f"{model}: not run (the check's {budget:.0f} s are spent)")
+            continue
+        proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=left)
+        sys.stderr.write(proc.stderr[-4000:])
+        assert proc.returncode == 0, f"{model}: bench trainer --speed exited {proc.returncode}: {proc.stderr.strip()[-300:]}"
+        res = json.loads(proc.stdout)
+        for name, c in res["cases"].items():
+            if "skipped" in c:
+                print(f"  {model:<7}{name:<24}skipped: {c['skipped']}", flush=True)
+                continue
+            mfu = f"{100 * c['mfu']:.1f}%" if c["mfu"] is not None else "-"
+            print(f"  {model:<7}{name:<24}{c['tokens_per_s']:>9,.0f} tokens/s  MFU {mfu} ({100 * c['mfu_of_measured_gemm']:.1f}% "
+                  f"of the GEMM)  x{res['speedup_vs_baseline'][name]:.2f}  |dloss| {c['max_abs_loss_diff_vs_baseline']:.1e}", flush=True)
+        off += [f"{model} {n}" for n, c in res["cases"].items() if "skipped" not in c and not c["loss_matches_baseline"]]
+        best = max((n for n in res["speedup_vs_baseline"] if n != "baseline"), key=res["speedup_vs_baseline"].get, default="-")
+        base = res["cases"]["baseline"]
+        base_mfu = f"{100 * base['mfu']:.0f}%" if base["mfu"] is not None else "-"
+        summary.append(f"{model}: baseline {base['tokens_per_s']:,.0f} tokens/s MFU {base_mfu}, "
+                       f"best {best} x{res['speedup_vs_baseline'].get(best, 1):.2f}")
+    assert not off, f"loss differs from the baseline's beyond the bf16 tolerance: {', '.join(off)}"
+    return "; ".join(summary) + " (per case: the log)"
+
+
 def check_throughput(work: Path) -> str:
     """Tokens/s of a trainer step (FSDP2, bf16 over fp32 masters, packed; 16 rows of 512-2048 real tokens; the
     mean of 3 steps after a warm-up) at Qwen2.5-0.5B's shape, and its model FLOPs utilisation: tokens/s x model
@@ -344,12 +389,12 @@ def check_throughput(work: Path) -> str:
         mem = torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else 0.0
     finally:
         eng.close()
-    h, layers, v = REAL["hidden_size"], REAL["num_hidden_layers"], REAL["vocab_size"]
-    kv = h // REAL["num_attention_heads"] * REAL["num_key_value_heads"]
-    per_layer = h * h * 2 + h * kv * 2 + 3 * h * REAL["intermediate_size"]  # q, o; k, v; gate, up, down
-    matmul_params = layers * per_layer + h * v
+    from asyncrl.bench.trainer_speed import model_flops_per_token
+
+    widths = dict(hidden=REAL["hidden_size"], intermediate=REAL["intermediate_size"], heads=REAL["num_attention_heads"],
+                  kv_heads=REAL["num_key_value_heads"], vocab=REAL["vocab_size"], layers=REAL["num_hidden_layers"])
     tokens = sum(lengths)
-    flops = 6 * matmul_params * tokens + 6 * layers * h * sum(n * n for n in lengths)
+    flops = sum(n * model_flops_per_token(**widths, seq_len=n) for n in lengths)
     mfu = flops / step_s / PEAK_BF16_FLOPS
     assert step_s > 0 and mfu > 0
     return (f"{tokens / step_s:,.0f} tokens/s ({tokens} tokens, step {step_s:.3f} s), MFU {100 * mfu:.1f}% of 989 TFLOPS "
@@ -358,7 +403,7 @@ def check_throughput(work: Path) -> str:
 
 CHECKS = {"imports": check_imports, "models": check_models, "fsdp_step": check_fsdp_step, "rollout": check_rollout,
           "cuda_ipc": check_cuda_ipc, "packing": check_packing, "pipeline_demo": check_pipeline_demo,
-          "pipeline_real": check_pipeline_real, "throughput": check_throughput}
+          "pipeline_real": check_pipeline_real, "speed": check_speed, "throughput": check_throughput}
 
 
 def main(argv: list[str]) -> int:

@@ -7,7 +7,7 @@
 #   bash scripts/gpu_check.sh              # on the GPU machine, with .gpu_wheels/ carried along
 # Environment: ASYNCRL_PYTHON (default .venv/bin/python if present, else python3), GPU_CHECK_WORK
 # (scratch folder: models, runs, logs; default a new temporary one), GPU_CHECK_LOG (every check's
-# output, default WORK/gpu_check.log), GPU_CHECK_BUDGET_S (total seconds, default 470).
+# output, default WORK/gpu_check.log), GPU_CHECK_BUDGET_S (total seconds, default 600).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 WHEELS=.gpu_wheels
@@ -31,7 +31,7 @@ fi
 
 WORK=${GPU_CHECK_WORK:-$(mktemp -d -t asyncrl-gpu-check.XXXXXX)}
 LOG=${GPU_CHECK_LOG:-$WORK/gpu_check.log}
-BUDGET=${GPU_CHECK_BUDGET_S:-470}
+BUDGET=${GPU_CHECK_BUDGET_S:-600}
 mkdir -p "$WORK"
 : > "$LOG"
 export TORCH_COMPILE_DISABLE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
@@ -49,7 +49,7 @@ fi
 export PYTHONPATH
 
 # name:own timeout (s); the real-size ones last
-CHECKS="imports:90 models:150 fsdp_step:120 rollout:90 cuda_ipc:150 packing:120 pipeline_demo:150 pipeline_real:240 throughput:180"
+CHECKS="imports:90 models:150 fsdp_step:120 rollout:90 cuda_ipc:150 packing:120 pipeline_demo:150 pipeline_real:240 speed:240 throughput:180"
 start=$SECONDS
 passed=0; failed=0; skipped=0
 for item in $CHECKS; do
@@ -62,7 +62,7 @@ for item in $CHECKS; do
   fi
   t0=$SECONDS
   echo "==== $name (limit ${limit} s)" >>"$LOG"
-  out=$(timeout -k 10 "$limit" "$PY" scripts/gpu_check.py "$name" "$WORK" 2>>"$LOG")
+  out=$(GPU_CHECK_LIMIT_S=$limit timeout -k 10 "$limit" "$PY" scripts/gpu_check.py "$name" "$WORK" 2>>"$LOG")
   rc=$?
   printf '%s\n' "$out" >>"$LOG"
   line=$(printf '%s\n' "$out" | grep -E '^(PASS|FAIL|SKIP) ' | tail -1)

@@ -17,6 +17,12 @@ declares whether it needs a proximal-policy pass (`needs_proximal`) and returns 
 weights that multiply the policy loss; the policy loss entry carries its settings and its
 aggregation (`PolicyLoss.agg`); the advantage's spec says whether a critic is built (`needs_critic`).
 
+How a step is computed, never what it computes, is set by the speed switches (`trainer.attn_implementation`,
+`grad_reduce`, `optimizer_impl`, `compile`, `proximal_forward`; each checked equal to the plain step in
+tests/unit/trainer/test_speed_switches.py, measured by `asyncrl bench trainer --speed`). Micro-batches are
+cut and packed on the host before their loop, and the loop keeps its sums on the device: it never waits for
+the device until the mini-batch's metrics are read.
+
 It does not know about queues, versions beyond its own `step`, or how weights are
 published: `iter_full_params` hands full tensors to whoever publishes them.
 """

@@ -7,10 +7,12 @@ optimizers or losses:
   budget of real tokens (`trainer.max_tokens_per_micro_batch`), rows sorted by length, greedy.
 - `pack` / `Packed.unpack`: a micro-batch's sequences concatenated into one `[1, N]` row with
   position ids restarting at 0 per sequence (`trainer.packing`). Hugging Face models read the
-  restarts as packed sequences and keep attention inside each one (flash-attention varlen on GPU,
-  a block-diagonal causal mask with sdpa / eager; only with `use_cache=False` and no attention mask,
-  checked against padded logits in tests/unit/trainer/test_packing.py); scores come back in the
-  `[b, T]` layout, so losses and corrections never see the packing.
+  restarts as packed sequences and keep attention inside each one, as `trainer.attn_implementation`
+  says: flash-attention's varlen kernel, flex attention's document mask (sparse blocks), or with sdpa /
+  eager a dense block-diagonal causal mask, O(N^2) in the packed length (only with `use_cache=False`
+  and no attention mask; checked against padded logits in tests/unit/trainer/test_packing.py and
+  test_speed_switches.py); scores come back in the `[b, T]` layout, so losses and corrections never
+  see the packing.
 - `chunked_scores`: per-token log-prob and entropy from final hidden states, `chunk` tokens at a
   time, the LM head applied per chunk and recomputed in backward (`trainer.logit_chunk_tokens`):
   no full-vocabulary logits of a whole micro-batch ever exist. `head_scores` puts it in place of a
