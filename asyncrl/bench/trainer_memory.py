@@ -2,10 +2,10 @@
 
 A Qwen2 with a published model's widths (`SHAPES`; `--layers` cuts its decoder layers) is built here with
 random weights (nothing is downloaded) in `--dtype`. One micro-batch of `--tokens` tokens (`--rows` rows)
-runs forward through the engine's own scoring (`TrainerEngine._logprobs_and_entropy`, so the full-logits
+runs forward through the engine's own scoring (`scoring.Scorer.logprobs_and_entropy`, so the full-logits
 branch and `packing.head_scores` are the code a trainer step runs), a policy-gradient loss (the token mean
-of log-prob x a random advantage; `--entropy`: an entropy bonus too) and backward. Like a train step it
-always computes the entropy (a metric); only with `--entropy` does it carry a gradient. Two variants:
+of log-prob x a random advantage; `--entropy`: an entropy bonus too) and backward. Like a default train step it
+computes the entropy (the adaptive control reads it); only with `--entropy` does it carry a gradient. Two variants:
 
 - `full`: `trainer.logit_chunk_tokens=0` (the old default): the [rows, T, vocab] logits at once;
 - `chunked`: `trainer.logit_chunk_tokens=--logit-chunk-tokens` (the default 1024): the head per chunk.
@@ -122,17 +122,16 @@ def _batch(case: Case, length: int):  # -> (TrainBatch, advantages [rows, length
 
 
 def _step(model, batch, adv, case: Case):  # -> [rows, T] log-probs
-    """Forward through the engine's scoring, the loss, backward. `_logprobs_and_entropy` reads only the
-    engine's `trainer` and `temperature`; a whole `TrainerEngine` would hold fp32 master weights under FSDP,
-    which at 7B width do not fit the machine this runs on."""
-    from types import SimpleNamespace
+    """Forward through the engine's scoring (`scoring.Scorer`, what `TrainerEngine` runs), the loss, backward.
+    A whole `TrainerEngine` would hold fp32 master weights under FSDP, which at 7B width do not fit the
+    machine this runs on."""
+    import torch
 
     from asyncrl.config import TrainerConfig
-    from asyncrl.trainer.engine import TrainerEngine
+    from asyncrl.trainer.scoring import Scorer
 
-    settings = SimpleNamespace(trainer=TrainerConfig(logit_chunk_tokens=case.logit_chunk_tokens), temperature=1.0)
-    lp, ent = TrainerEngine._logprobs_and_entropy(settings, model, batch,  # type: ignore[arg-type]
-                                                  entropy=True, entropy_grad=case.entropy)
+    scorer = Scorer(TrainerConfig(logit_chunk_tokens=case.logit_chunk_tokens), temperature=1.0, device=torch.device(case.device))
+    lp, ent = scorer.logprobs_and_entropy(model, batch, entropy=True, entropy_grad=case.entropy)
     mask = batch.loss_mask
     loss = -(lp * adv * mask).sum() / mask.sum()
     if case.entropy:

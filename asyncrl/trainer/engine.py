@@ -38,15 +38,16 @@ import torch.distributed as dist
 from torch import Tensor
 
 from asyncrl.config import AlgorithmConfig, CriticConfig, TrainerConfig
-from asyncrl.trainer.batch import TrainBatch, along_lineage, mask_stale_tokens, micro_batch_plan, micro_batches_in_step, stand_in, token_age_metrics
+from asyncrl.trainer.batch import TrainBatch, along_lineage, mask_stale_tokens, token_age_metrics
 from asyncrl.trainer.critic import CriticEngine
 from asyncrl.trainer.corrections import Corrector
 from asyncrl.trainer.lora import LoraSpec
 from asyncrl.trainer.mismatch import MismatchStats, rollout_probs_diff
 from asyncrl.trainer.step_metrics import MiniBatchSums, merge_minibatch_metrics
 from asyncrl.trainer.advantages import advantage_spec
-from asyncrl.trainer.losses import POLICY_LOSSES, LossInputs, agg_loss, entropy_from_logits, kl_penalty, token_logprobs
-from asyncrl.trainer.packing import Packed, head_scores, pack
+from asyncrl.trainer.losses import POLICY_LOSSES, LossInputs, agg_loss, kl_penalty
+from asyncrl.trainer.packing import Packed
+from asyncrl.trainer.scoring import Scorer
 from asyncrl.trainer.load import load_sharded_model
 from asyncrl.trainer.setup import adamw_with_schedule, attention_kernel, clip_and_step, close_process_group, ensure_process_group, pick_device
 
@@ -89,6 +90,8 @@ class TrainerEngine:
         self.device = pick_device(trainer.device)
         self._owns_process_group = ensure_process_group(self.device)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.scorer = Scorer(trainer, temperature, self.device, self.rank, self.world)
+        """Forward passes of this rank's rows: micro-batches in step, packing, chunked log-probs (`scoring.py`)."""
         torch.manual_seed(seed)
         self.attn_implementation = attention_kernel(trainer, self.device)
         """transformers' attention kernel of every model of this rank (`trainer.attn_implementation`)."""
@@ -122,88 +125,15 @@ class TrainerEngine:
         """The policy version of the current weights: what tokens' `token_versions` are compared with."""
         return self.step + self.version_offset
 
-    # ---- scoring --------------------------------------------------------
-    def _micro_batches(self, rows: TrainBatch) -> list[tuple[TrainBatch, Packed | None]]:
-        """`trainer.micro_batch_size` rows each, or token-budget groups (`trainer.max_tokens_per_micro_batch`), as
-        many on every rank (`batch.micro_batch_plan`; a stand-in row with no loss token where this rank has none),
-        with their packing (`trainer.packing`). Cut, trimmed and packed where `rows` are (the host, in a step),
-        then moved to the device, all before the loop over them: the loop never waits for a shape from the device."""
-        mbs = micro_batches_in_step(rows, self.trainer.micro_batch_size, self.trainer.max_tokens_per_micro_batch, self.world, self.device)
-        packs = [pack(mb.input_ids, mb.attention_mask).to(self.device) if self.trainer.packing else None for mb in mbs]
-        return [(mb.to(self.device), p) for mb, p in zip(mbs, packs)]
-
-    def _micro_batch_rows(self, rows: TrainBatch) -> list[Tensor | None]:
-        """Row indices of each micro-batch, as many on every rank (collective with a token budget); None: a stand-in pass."""
-        return micro_batch_plan(rows, self.trainer.micro_batch_size, self.trainer.max_tokens_per_micro_batch, self.world, self.device)
-
-    def _logprobs_and_entropy(self, model: torch.nn.Module, mb: TrainBatch, *, entropy: bool = True,
-                              entropy_grad: bool = False, packed: Packed | None = None) -> tuple[Tensor, Tensor | None]:
-        """[b, T] log-probs and entropies (None without `entropy`: not computed) at `temperature` of one
-        micro-batch, aligned like `TrainBatch` (column 0 unscored); the entropy carries a gradient only with
-        `entropy_grad`.
-
-        `trainer.packing`: the rows run as one packed row (`packed`, or packed here) and the scores are
-        unpacked (0 at padding); `trainer.logit_chunk_tokens`: the LM head runs chunk by chunk (`packing.head_scores`)."""
-        ids, inputs = mb.input_ids, {"attention_mask": mb.attention_mask}
-        if packed is None and self.trainer.packing:
-            packed = pack(mb.input_ids, mb.attention_mask)
-        if packed is not None:  # no attention mask: the restarting position ids delimit the sequences
-            ids, inputs = packed.input_ids, {"position_ids": packed.position_ids}
-        if self.trainer.logit_chunk_tokens:
-            with head_scores(model, ids, temperature=self.temperature, chunk=self.trainer.logit_chunk_tokens, entropy_grad=entropy_grad,
-                             entropy=entropy):
-                scores = model(input_ids=ids, use_cache=False, **inputs).logits
-            logprobs, ent = scores[..., 0], scores[..., 1] if entropy else None
-        else:
-            logits = model(input_ids=ids, use_cache=False, **inputs).logits
-            logprobs, ent = token_logprobs(logits, ids, self.temperature), None
-            if entropy:
-                with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                    ent = torch.nn.functional.pad(entropy_from_logits(logits[:, :-1] / self.temperature), (1, 0))
-        if packed is not None:
-            logprobs, ent = packed.unpack(logprobs), None if ent is None else packed.unpack(ent)
-        return logprobs, ent
-
-    @torch.no_grad()
-    def _score_local(self, model: torch.nn.Module, rows: TrainBatch) -> Tensor:
-        """[b, T] log-probs of this rank's `rows` under `model` (on the device; 0 at t=0 and padding)."""
-        rows = rows.to(self.device)
-        out = torch.zeros(rows.input_ids.shape, dtype=torch.float32, device=self.device)
-        for idx in self._micro_batch_rows(rows):  # token-budget groups are not in row order
-            if idx is None:  # a pass the other ranks run too (their collectives need this rank's)
-                self._logprobs_and_entropy(model, stand_in(rows), entropy=False)
-                continue
-            lp, _ = self._logprobs_and_entropy(model, rows[idx.to(self.device)].trim(), entropy=False)
-            out[idx.to(self.device), : lp.shape[1]] = lp.float()
-        out = out * rows.attention_mask
-        out[:, 0] = 0.0
-        return out
-
-    @torch.no_grad()
-    def _score(self, model: torch.nn.Module, batch: TrainBatch) -> Tensor:
-        """[B, T] log-probs of the full batch under `model`: each rank scores its shard, then all-gather."""
-        shard = batch.shard(self.rank, self.world)
-        local = self._score_local(model, shard)
-        if self.world == 1:
-            out = local[: len(batch)].float().cpu()
-        else:
-            gathered = [torch.empty_like(local) for _ in range(self.world)]
-            dist.all_gather(gathered, local)
-            out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-            for rows, scores in zip(batch.shard_rows(self.world), gathered):  # each rank's rows back in batch order
-                out[rows] = scores[: len(rows)].float().cpu()
-        out[:, 0] = 0.0
-        return out
-
     def compute_logprobs(self, batch: TrainBatch) -> Tensor:
         """[B, T] log p(input_ids[b, t] | input_ids[b, :t]) at `temperature` under the current weights (0 at t=0 and padding)."""
-        return self._score(self.model, batch)
+        return self.scorer.score(self.model, batch)
 
     def compute_ref_logprobs(self, batch: TrainBatch) -> Tensor:
         """Same under the frozen reference policy (the initial weights); needs `algorithm.kl_coef > 0`."""
         if self.ref_model is None:
             raise RuntimeError("compute_ref_logprobs: no reference model (algorithm.kl_coef is 0)")
-        return self._score(self.ref_model, batch)
+        return self.scorer.score(self.ref_model, batch)
 
     @torch.no_grad()
     def score_tokens(self, token_ids: list[int]) -> list[float]:
@@ -299,9 +229,9 @@ class TrainerEngine:
     def _with_fixed_logprobs(self, rows: TrainBatch, proximal: bool = True) -> TrainBatch:
         """Fill in the reference and (with `proximal`) the proximal log-probs of this rank's rows, with the current weights."""
         if self.ref_model is not None and rows.ref_logprobs is None:
-            rows = rows.replace(ref_logprobs=self._score_local(self.ref_model, rows).float().cpu())
+            rows = rows.replace(ref_logprobs=self.scorer.score_local(self.ref_model, rows).float().cpu())
         if proximal and self.corrector.needs_proximal and rows.proximal_logprobs is None:
-            rows = rows.replace(proximal_logprobs=self._score_local(self.model, rows).float().cpu())
+            rows = rows.replace(proximal_logprobs=self.scorer.score_local(self.model, rows).float().cpu())
         return rows
 
     def adapt_entropy_coef(self, entropy: float) -> float:
@@ -342,7 +272,7 @@ class TrainerEngine:
         norm = dict(num_tokens=num_tokens, num_seqs=num_seqs, norm_len=alg.loss_agg_norm_len)
         want_entropy = self.entropy_coef > 0 or alg.entropy_target > 0  # else neither the loss nor the control reads it
         acc = MiniBatchSums.zeros(self.trainer.eta, self.device)
-        mbs = self._micro_batches(rows)
+        mbs = self.scorer.micro_batches(rows)
         once = self.trainer.grad_reduce == "mini_batch" and len(mbs) > 1
         for j, (mb, packed) in enumerate(mbs):
             if once:  # FSDP reduce-scatters at the last micro-batch only; before it gradients accumulate unsharded
@@ -357,7 +287,7 @@ class TrainerEngine:
         """One micro-batch of `forward_backward` (on the device): forward, loss, backward, its sums into `acc`. No
         host sync of its own (tests/unit/trainer/test_speed_switches.py counts them)."""
         alg, mask = self.algorithm, mb.loss_mask
-        logprobs, ent = self._logprobs_and_entropy(self.model, mb, entropy=entropy, entropy_grad=self.entropy_coef > 0, packed=packed)
+        logprobs, ent = self.scorer.logprobs_and_entropy(self.model, mb, entropy=entropy, entropy_grad=self.entropy_coef > 0, packed=packed)
         ent = torch.zeros_like(logprobs) if ent is None else ent
         if reuse:  # the step's starting weights: the proximal policy's log-probs are these, detached
             mb = mb.replace(proximal_logprobs=logprobs.detach())

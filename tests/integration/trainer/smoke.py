@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.max_tokens:  # how many micro-batches this rank's shard needs alone, and how many it runs in step
         rows = own_rows(batch, engine, args.by_length)
         alone = len(rows.micro_batch_rows(args.micro_batch_size, args.max_tokens))
-        print(f"rank {engine.rank}: {alone} micro-batches alone, {len(engine._micro_batch_rows(rows))} in step", flush=True)
+        print(f"rank {engine.rank}: {alone} micro-batches alone, {len(engine.scorer.micro_batch_rows(rows))} in step", flush=True)
     batch = batch.replace(old_logprobs=engine.compute_logprobs(batch) * batch.loss_mask - 0.05 * batch.loss_mask)
     result: dict[str, object] = {"metrics": [], "world": engine.world}
     if engine.critic is not None:  # the full step: minibatches, GAE whitened over the ranks, critic updates

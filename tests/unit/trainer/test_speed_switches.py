@@ -35,7 +35,7 @@ def _steps(path: str, steps: int = 2, algorithm: AlgorithmConfig | None = None, 
     """(metrics of each step, full weights after them, proximal scoring passes) of `steps` trainer steps."""
     engine = _engine(path, algorithm, **trainer)
     passes = 0
-    score = engine._score_local
+    score = engine.scorer.score_local
 
     def counted(model, rows):  # noqa: ANN001, ANN202
         nonlocal passes
@@ -44,7 +44,7 @@ def _steps(path: str, steps: int = 2, algorithm: AlgorithmConfig | None = None, 
 
     try:
         batch = _batch(engine)
-        engine._score_local = counted  # after the batch's own log-probs: count the step's passes only
+        engine.scorer.score_local = counted  # after the batch's own log-probs: count the step's passes only
         metrics = [engine.train_step(batch) for _ in range(steps)]
         return metrics, dict(engine.iter_full_params()), passes
     finally:
