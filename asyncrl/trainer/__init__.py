@@ -13,7 +13,8 @@ The controller runs the rank's or the group's verbs off its event loop, one at a
 - `plan.py`: `BatchPlan`, the handles of one step's rows, and how a rank reads its shard;
 - `advantages.py`, `losses.py`, `corrections.py`: pure tensor functions in registries, picked by `algorithm.*` names;
 - `gae.py`, `critic.py`: GAE and PPO's value model (`algorithm.advantage=gae`);
-- `packing.py`, `lora.py`: packed sequences and chunked log-probs; LoRA adapters merged on the way out;
+- `scoring.py`, `packing.py`: the forward half of a step (`Scorer`), packed sequences and chunked log-probs;
+- `lora.py`: LoRA adapters merged on the way out;
 - `checkpoint.py`: DCP save / load of model, optimizer, schedule and step (and the critic's);
 - `weights.py`: the parameters read out of an FSDP2 model for a publish;
 - `synthetic.py`: a synthetic batch for tests and the FSDP2 equivalence harness (tests/integration/trainer/smoke.py).
