@@ -144,25 +144,20 @@ def measure(case: Case) -> dict[str, Any]:
     """One variant in this (fresh) process: warm-up step, then the measured step's peak above the memory before it."""
     import torch
 
-    from asyncrl.bench.rss import peak_rss_mib, settle
+    from asyncrl.bench.rss import mark, peak_mib
 
     model = _model(case)
     _step(model, *_batch(case, 16), case)  # warm-up: allocates the gradients and lazy runtime state
     model.zero_grad(set_to_none=False)
     batch, adv = _batch(case, case.tokens // case.rows)
     cuda = case.device.startswith("cuda")
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated() / MIB
-    else:
-        before = settle()
+    before = mark(cuda)
     t0 = time.perf_counter()
     lp = _step(model, batch, adv, case)
     if cuda:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
-    peak = (torch.cuda.max_memory_allocated() / MIB if cuda else peak_rss_mib()) - before
+    peak = peak_mib(cuda) - before
     if case.save_to:
         head = model.get_output_embeddings().weight.grad
         down = model.model.layers[-1].mlp.down_proj.weight.grad

@@ -47,7 +47,6 @@ from typing import Any
 
 from asyncrl.bench.trainer_memory import SHAPES, Shape
 
-MIB = 2**20
 MODELS = {
     "tiny": Shape(hidden=256, intermediate=768, heads=4, kv_heads=2, vocab=8192, layers=4, tied=False),
     "0.5b": SHAPES["qwen2.5-0.5b"],
@@ -174,14 +173,17 @@ def long_tail(lengths: list[int], vocab: int, seed: int = 0):  # -> TrainBatch
 
 def cannot_run(switch: str, device: str, quick: bool, named: bool) -> str | None:
     """Why `switch` cannot run here, or None."""
+    compile_off = os.environ.get("TORCH_COMPILE_DISABLE", "0") not in ("", "0")
     if switch == "flex_attention" and device == "cpu":
         return "torch's flex_attention has no backward on CPU (forward only)"
+    if switch == "flex_attention" and compile_off:
+        return "TORCH_COMPILE_DISABLE is set: flex attention needs torch.compile"
     if switch == "flash_attention_2" and device != "cuda":
         return "flash_attention_2 needs CUDA"
     if switch == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
         return "the flash-attn package is not installed"
     if switch == "compile":
-        if os.environ.get("TORCH_COMPILE_DISABLE", "0") not in ("", "0"):
+        if compile_off:
             return "TORCH_COMPILE_DISABLE is set: torch.compile would do nothing"
         if device == "cpu" and not (shutil.which("c++") or shutil.which("g++")):
             return "no C++ compiler on this host (inductor needs one on CPU)"
@@ -209,20 +211,13 @@ class Run:
 
 def measure(run: Run, path: str, batch, overrides: dict[str, Any]) -> dict[str, Any]:
     """One case: its engine, a warm-up step, `run.steps` timed steps; losses of every step, peak memory."""
-    import torch
-
-    from asyncrl.bench.rss import peak_rss_mib, settle
+    from asyncrl.bench.rss import mark, peak_mib
     from asyncrl.config import AlgorithmConfig, TrainerConfig
     from asyncrl.trainer.corrections import Corrector
     from asyncrl.trainer.engine import TrainerEngine
 
     cuda = run.device == "cuda"
-    if cuda:
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated() / MIB
-    else:
-        before = settle()
+    before = mark(cuda)
     trainer = TrainerConfig(device=run.device, micro_batch_size=8, max_tokens_per_micro_batch=run.load.token_budget,
                             logit_chunk_tokens=run.load.logit_chunk_tokens, lr=1e-4, total_steps=10, **(BASELINE | overrides))
     algorithm = AlgorithmConfig(entropy_coef=0.0, entropy_target=0.0, correction="decoupled_ppo", proximal="recompute")
@@ -239,7 +234,7 @@ def measure(run: Run, path: str, batch, overrides: dict[str, Any]) -> dict[str, 
             losses.append(eng.train_step(batch)["loss"])
             _sync(run.device)
             times.append(time.perf_counter() - t0)
-        peak = (torch.cuda.max_memory_allocated() / MIB if cuda else peak_rss_mib()) - before
+        peak = peak_mib(cuda) - before
     finally:
         eng.close()
         del eng

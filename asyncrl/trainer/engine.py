@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from typing import Iterator
 
 import torch
@@ -95,6 +96,12 @@ class TrainerEngine:
         torch.manual_seed(seed)
         self.attn_implementation = attention_kernel(trainer, self.device)
         """transformers' attention kernel of every model of this rank (`trainer.attn_implementation`)."""
+        compile_off = os.environ.get("TORCH_COMPILE_DISABLE", "0") not in ("", "0")
+        if self.attn_implementation == "flex_attention" and compile_off:
+            raise ValueError("trainer.attn_implementation=flex_attention needs torch.compile, and TORCH_COMPILE_DISABLE "
+                             "is set in this process: unset it, or pick sdpa")
+        if trainer.compile and compile_off:
+            log.warning("trainer.compile=true does nothing here: TORCH_COMPILE_DISABLE is set in this process")
         if self.attn_implementation == "flex_attention" and self.device.type == "cpu":
             log.warning("trainer.attn_implementation=flex_attention on CPU: log-probs only, a training step raises "
                         "(torch has no CPU backward for flex attention)")

@@ -10,6 +10,12 @@ test_fsdp_equivalence.py. Speed itself: `asyncrl bench trainer --speed` (on a GP
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 from torch.overrides import TorchFunctionMode
 
@@ -18,6 +24,7 @@ from asyncrl.trainer.engine import TrainerEngine
 from asyncrl.trainer.synthetic import synthetic_batch
 
 VOCAB = 100
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _engine(path: str, algorithm: AlgorithmConfig | None = None, **trainer) -> TrainerEngine:
@@ -136,23 +143,52 @@ def test_the_micro_batch_loop_never_waits_on_the_device(tiny_model_path):
     assert probe.seen == ["__getitem__", "item"]
 
 
-def test_flex_attention_and_compiled_layers_score_as_sdpa(tiny_model_path):
-    """Packed rows through flex attention's document mask, and through compiled decoder layers, give the
-    plain path's log-probs. On CPU flex attention has no backward (torch raises), so its training step is
-    checked on a GPU only (scripts/gpu_check.sh); compiled layers also train here."""
-    plain = _engine(tiny_model_path, packing=True)
+def kernels_check(path: str) -> dict[str, float]:
+    """Flex attention's and compiled layers' figures against the plain path's (run in a process of its own by the
+    test below: torch.compile must be on there, and other test modules turn it off in theirs)."""
+    plain = _engine(path, packing=True)
     try:
         batch = _batch(plain, rows=6)
         want = plain.compute_logprobs(batch)
     finally:
         plain.close()
-    flex = _engine(tiny_model_path, packing=True, attn_implementation="flex_attention")
+    flex = _engine(path, packing=True, attn_implementation="flex_attention")
     try:
-        assert flex.model.config._attn_implementation == "flex_attention"
-        assert (flex.compute_logprobs(batch) - want).abs().max().item() < 1e-5
+        kernel = flex.model.config._attn_implementation
+        flex_diff = (flex.compute_logprobs(batch) - want).abs().max().item()
     finally:
         flex.close()
-    (eager_m,), eager_w, _ = _steps(tiny_model_path, steps=1, packing=True)
-    (comp_m,), comp_w, _ = _steps(tiny_model_path, steps=1, packing=True, compile=True)
-    assert abs(eager_m["loss"] - comp_m["loss"]) < 1e-6 and abs(eager_m["grad_norm"] - comp_m["grad_norm"]) < 1e-5
-    assert _max_diff(eager_w, comp_w) < 1e-4  # one AdamW step: lr x sign where a gradient is ~0 either way
+    (eager_m,), eager_w, _ = _steps(path, steps=1, packing=True)
+    from torch._dynamo.utils import counters
+
+    graphs = counters["stats"]["unique_graphs"]
+    (comp_m,), comp_w, _ = _steps(path, steps=1, packing=True, compile=True)
+    return {"layer_graphs_compiled": float(counters["stats"]["unique_graphs"] - graphs), "kernel_is_flex": float(kernel == "flex_attention"), "flex_logprob_diff": flex_diff,
+            "compile_loss_diff": abs(eager_m["loss"] - comp_m["loss"]), "compile_grad_norm_diff": abs(eager_m["grad_norm"] - comp_m["grad_norm"]),
+            "compile_weight_diff": _max_diff(eager_w, comp_w), "grad_norm": comp_m["grad_norm"]}
+
+
+def test_flex_attention_and_compiled_layers_score_as_sdpa(tiny_model_path):
+    """Packed rows through flex attention's document mask, and through compiled decoder layers, give the
+    plain path's log-probs. On CPU flex attention has no backward (torch raises), so its training step is
+    checked on a GPU only (scripts/gpu_check.sh); compiled layers also train here. In a fresh process without
+    TORCH_COMPILE_DISABLE (vLLM's test modules set it in the worker that imports them)."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_COMPILE_DISABLE"}
+    code = ("import json, sys; from tests.unit.trainer.test_speed_switches import kernels_check; "
+            "print('RESULT ' + json.dumps(kernels_check(sys.argv[1])))")
+    done = subprocess.run([sys.executable, "-c", code, tiny_model_path], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    got = json.loads(next(l for l in done.stdout.splitlines() if l.startswith("RESULT "))[7:])
+    assert got["kernel_is_flex"] == 1.0 and got["flex_logprob_diff"] < 1e-5, got
+    assert got["layer_graphs_compiled"] >= 1, got  # the layers really ran compiled
+    assert got["compile_loss_diff"] < 1e-6 and got["compile_grad_norm_diff"] < 1e-5 and got["grad_norm"] > 0, got
+    assert got["compile_weight_diff"] < 1e-4, got  # one AdamW step: lr x sign where a gradient is ~0 either way
+
+
+def test_flex_attention_without_torch_compile_is_an_error_naming_the_key(tiny_model_path, monkeypatch):
+    import pytest
+
+    monkeypatch.setenv("TORCH_COMPILE_DISABLE", "1")
+    with pytest.raises(ValueError, match="trainer.attn_implementation=flex_attention needs torch.compile"):
+        _engine(tiny_model_path, packing=True, attn_implementation="flex_attention")
