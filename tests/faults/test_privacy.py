@@ -129,7 +129,8 @@ ensure_process_group(torch.device("cpu"))
 t = torch.ones(1)
 dist.all_reduce(t)
 print(int(t.item()), flush=True)
-dist.destroy_process_group()
+from asyncrl.trainer.setup import close_process_group
+close_process_group()
 """
 
 

@@ -113,7 +113,9 @@ def _rank(rank: int, init: str, out: str) -> None:
     stats = MismatchStats()
     stats.add(corr(torch.zeros_like(gap), behav, mask, proximal_logprobs=behav + gap * mask), mask)
     torch.save(stats.metrics(world=2), f"{out}.{rank}")
-    dist.destroy_process_group()
+    from asyncrl.trainer.setup import close_process_group
+
+    close_process_group()  # in step: a barrier before the teardown
 
 
 @pytest.mark.timeout(120)
