@@ -41,7 +41,13 @@ def _raw(address: str, secret: str | None = None) -> zmq.Socket:
 
 
 def _ask(s: zmq.Socket, op: str, args: dict, wait_ms: int = 2000) -> dict | None:
-    s.send(pack({"id": 7, "op": op, "args": args}))
+    """The service's answer, or None: none came in `wait_ms`, or the request could not even be sent (a socket
+    whose handshake the service refused has no peer left, and a DEALER's send then blocks for ever)."""
+    s.setsockopt(zmq.SNDTIMEO, wait_ms)
+    try:
+        s.send(pack({"id": 7, "op": op, "args": args}))
+    except zmq.Again:
+        return None
     return unpack(s.recv(), 1 << 26) if s.poll(wait_ms) else None
 
 
