@@ -36,7 +36,6 @@ import argparse
 import gc
 import importlib.util
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -173,7 +172,9 @@ def long_tail(lengths: list[int], vocab: int, seed: int = 0):  # -> TrainBatch
 
 def cannot_run(switch: str, device: str, quick: bool, named: bool) -> str | None:
     """Why `switch` cannot run here, or None."""
-    compile_off = os.environ.get("TORCH_COMPILE_DISABLE", "0") not in ("", "0")
+    from asyncrl.trainer.setup import compile_disabled
+
+    compile_off = compile_disabled()
     if switch == "flex_attention" and device == "cpu":
         return "torch's flex_attention has no backward on CPU (forward only)"
     if switch == "flex_attention" and compile_off:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from typing import Iterator
 
 import torch
@@ -50,7 +49,7 @@ from asyncrl.trainer.losses import POLICY_LOSSES, LossInputs, agg_loss, kl_penal
 from asyncrl.trainer.packing import Packed
 from asyncrl.trainer.scoring import Scorer
 from asyncrl.trainer.load import load_sharded_model
-from asyncrl.trainer.setup import adamw_with_schedule, attention_kernel, clip_and_step, close_process_group, ensure_process_group, pick_device
+from asyncrl.trainer.setup import adamw_with_schedule, attention_kernel, clip_and_step, close_process_group, compile_disabled, ensure_process_group, pick_device
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +95,7 @@ class TrainerEngine:
         torch.manual_seed(seed)
         self.attn_implementation = attention_kernel(trainer, self.device)
         """transformers' attention kernel of every model of this rank (`trainer.attn_implementation`)."""
-        compile_off = os.environ.get("TORCH_COMPILE_DISABLE", "0") not in ("", "0")
+        compile_off = compile_disabled()
         if self.attn_implementation == "flex_attention" and compile_off:
             raise ValueError("trainer.attn_implementation=flex_attention needs torch.compile, and TORCH_COMPILE_DISABLE "
                              "is set in this process: unset it, or pick sdpa")

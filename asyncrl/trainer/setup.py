@@ -139,6 +139,11 @@ def clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grad
     return norm, stepped
 
 
+def compile_disabled() -> bool:
+    """torch.compile is turned off in this process (`TORCH_COMPILE_DISABLE` set to anything but 0)."""
+    return os.environ.get("TORCH_COMPILE_DISABLE", "0") not in ("", "0")
+
+
 def attention_kernel(trainer: Any, device: torch.device) -> str:
     """transformers' `attn_implementation` for `trainer.attn_implementation`; `auto`: flash-attention's varlen
     kernel on CUDA where the package is installed, else flex attention's document mask on CUDA with packing
